@@ -1,0 +1,1 @@
+//! Benchmark helpers (criterion suites live in `benches/benches/`).

@@ -1,0 +1,1 @@
+//! The urnic polling datapath (filled by the datapath issue).

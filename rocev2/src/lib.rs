@@ -1,0 +1,13 @@
+//! Sans-IO RoCEv2 for urnic: wire formats, ICRC, PSN arithmetic, the RC/UD
+//! transport state machines and DCQCN.
+//!
+//! Nothing in this crate does I/O, reads a clock or spawns a thread: time is
+//! passed in as `now`, frames are passed in and out as byte slices.
+
+#![deny(missing_docs)]
+#![forbid(unsafe_op_in_unsafe_fn)]
+
+pub mod psn;
+pub mod wire;
+
+pub use psn::Psn;

@@ -1,0 +1,1 @@
+//! The urnic verbs API (filled by the verbs issue).

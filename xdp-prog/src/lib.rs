@@ -1,0 +1,1 @@
+//! The urnic XDP program and loader (filled by the datapath issue).
