@@ -11,3 +11,7 @@ pub mod psn;
 pub mod wire;
 
 pub use psn::Psn;
+pub mod time;
+pub mod transport;
+
+pub use time::Instant;

@@ -1,0 +1,12 @@
+//! The transport: RC (and UC/UD) queue pairs as sans-IO state machines.
+//!
+//! Split as rxe does: the requester turns work requests into request packets,
+//! the completer matches responses (ACK, NAK, READ responses, atomic ACKs) to
+//! outstanding requests and completes them, the responder executes incoming
+//! requests against registered memory and answers.
+
+pub mod attr;
+pub mod memory;
+pub mod packet;
+pub mod stats;
+pub mod wr;

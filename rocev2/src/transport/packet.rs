@@ -1,0 +1,98 @@
+//! Framing: turning transport headers into whole Ethernet frames for a path.
+
+use crate::transport::attr::AddressVector;
+use crate::wire::repr::{
+    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr,
+};
+use crate::wire::{WireError, ROCEV2_UDP_PORT};
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// IP protocol number of UDP.
+pub const IPPROTO_UDP: u8 = 17;
+
+/// Everything below the BTH for frames sent on one path: built once per QP
+/// (or per UD destination) and reused for every packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathHeaders {
+    eth: EthernetRepr,
+    ip: IpRepr,
+    udp: UdpRepr,
+}
+
+impl PathHeaders {
+    /// Headers for frames along `av`, from UDP source port `sport`
+    /// (see [`crate::wire::sport`] for the Linux-compatible choice).
+    pub fn new(av: &AddressVector, sport: u16) -> PathHeaders {
+        let v4 = AddressVector::is_ipv4_mapped(&av.sgid) && AddressVector::is_ipv4_mapped(&av.dgid);
+        let eth = EthernetRepr {
+            dst: av.dmac,
+            src: av.smac,
+            vlan: av.vlan,
+            ethertype: if v4 { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 },
+        };
+        let ip = if v4 {
+            let mut src = [0u8; 4];
+            let mut dst = [0u8; 4];
+            src.copy_from_slice(&av.sgid[12..]);
+            dst.copy_from_slice(&av.dgid[12..]);
+            IpRepr::V4(Ipv4Repr {
+                src,
+                dst,
+                dscp: av.traffic_class >> 2,
+                ecn: av.traffic_class & 3,
+                ident: 0,
+                dont_frag: true,
+                ttl: av.hop_limit,
+                protocol: IPPROTO_UDP,
+                payload_len: 0,
+            })
+        } else {
+            IpRepr::V6(Ipv6Repr {
+                src: av.sgid,
+                dst: av.dgid,
+                traffic_class: av.traffic_class,
+                flow_label: av.flow_label & 0xf_ffff,
+                next_header: IPPROTO_UDP,
+                hop_limit: av.hop_limit,
+                payload_len: 0,
+            })
+        };
+        let udp = UdpRepr { src_port: sport, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 };
+        PathHeaders { eth, ip, udp }
+    }
+
+    /// Set the ECN bits of outgoing frames (0 not-ECT, 2 ECT(0), 1 ECT(1)).
+    pub fn set_ecn(&mut self, ecn: u8) {
+        match &mut self.ip {
+            IpRepr::V4(v4) => v4.ecn = ecn & 3,
+            IpRepr::V6(v6) => v6.traffic_class = (v6.traffic_class & !3) | (ecn & 3),
+        }
+    }
+
+    /// Set the IPv4 identification of the next frame (rxe increments it per frame).
+    pub fn set_ident(&mut self, ident: u16) {
+        if let IpRepr::V4(v4) = &mut self.ip {
+            v4.ident = ident;
+        }
+    }
+
+    /// The frame headers for `transport` along this path.
+    pub fn frame(&self, transport: TransportRepr) -> FrameRepr {
+        FrameRepr { eth: self.eth, ip: self.ip, udp: self.udp, transport }
+    }
+
+    /// Emit a whole frame into `buf`, letting `fill` write the payload in place.
+    /// Returns the frame length.
+    pub fn emit_with(
+        &self,
+        transport: TransportRepr,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8]),
+    ) -> Result<usize, WireError> {
+        self.frame(transport).emit_with(payload_len, buf, fill)
+    }
+}
