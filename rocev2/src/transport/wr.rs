@@ -260,4 +260,7 @@ pub struct Completion {
     pub cq: CqId,
     /// The completion.
     pub wc: WorkCompletion,
+    /// A receive completion for a message that had the solicited-event bit
+    /// set (wakes a CQ armed with `solicited_only`; error completions always do).
+    pub solicited: bool,
 }

@@ -1,0 +1,422 @@
+//! The in-memory port: several engines in one process exchanging whole
+//! Ethernet frames (real RoCEv2 bytes, ICRC included) through a hub that
+//! forwards by destination MAC, like a switch.
+//!
+//! Optional impairments, applied per sending port with a seeded RNG so runs
+//! are repeatable: drop, duplicate, reorder, corrupt, ECN CE marking and a rate
+//! limit. Used by unit tests and by the no-privilege quick start; real links
+//! use the AF_XDP port.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_queue::ArrayQueue;
+use rand::{Rng, SeedableRng};
+use rand_chacha::ChaCha8Rng;
+
+use crate::port::{Port, PortError, PortInfo};
+
+/// Largest frame the hub carries (a 4096-byte-MTU RoCEv2 frame plus VLAN tag fits).
+pub const MAX_FRAME: usize = 9216;
+
+/// Impairments applied to frames a port sends. Probabilities are in `0.0..=1.0`.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Impairments {
+    /// Drop a frame.
+    pub drop: f64,
+    /// Deliver a frame twice.
+    pub duplicate: f64,
+    /// Hold a frame back and deliver it after the next one.
+    pub reorder: f64,
+    /// Flip one random bit after the Ethernet header (the ICRC catches it).
+    pub corrupt: f64,
+    /// Mark ECN-capable IPv4/IPv6 frames Congestion Experienced.
+    pub ecn_mark: f64,
+    /// Limit the sending rate to this many bytes per second (tail drop past
+    /// `rate_burst_bytes` of backlog). `None`: unlimited.
+    pub rate_bytes_per_sec: Option<u64>,
+    /// Bytes of credit the rate limiter allows in a burst.
+    pub rate_burst_bytes: u64,
+}
+
+impl Default for Impairments {
+    fn default() -> Self {
+        Impairments {
+            drop: 0.0,
+            duplicate: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+            ecn_mark: 0.0,
+            rate_bytes_per_sec: None,
+            rate_burst_bytes: 64 * 1024,
+        }
+    }
+}
+
+/// What the hub did to frames, summed over all ports.
+#[derive(Debug, Default)]
+pub struct HubStats {
+    /// Frames delivered to a port's inbox.
+    pub delivered: AtomicU64,
+    /// Frames dropped by the drop impairment.
+    pub dropped: AtomicU64,
+    /// Frames duplicated.
+    pub duplicated: AtomicU64,
+    /// Frames reordered.
+    pub reordered: AtomicU64,
+    /// Frames corrupted.
+    pub corrupted: AtomicU64,
+    /// Frames ECN-marked.
+    pub ecn_marked: AtomicU64,
+    /// Frames dropped by the rate limiter.
+    pub rate_dropped: AtomicU64,
+    /// Frames dropped because the receiver's inbox was full.
+    pub inbox_full: AtomicU64,
+    /// Frames addressed to a MAC no port has.
+    pub unknown_dst: AtomicU64,
+}
+
+struct Attached {
+    mac: [u8; 6],
+    inbox: Arc<ArrayQueue<Vec<u8>>>,
+}
+
+/// A switch joining in-memory ports.
+pub struct MemHub {
+    ports: Mutex<Vec<Attached>>,
+    seed: u64,
+    /// Counters.
+    pub stats: HubStats,
+}
+
+impl MemHub {
+    /// A hub whose impairment RNGs derive from `seed`.
+    pub fn new(seed: u64) -> Arc<MemHub> {
+        Arc::new(MemHub { ports: Mutex::new(Vec::new()), seed, stats: HubStats::default() })
+    }
+
+    /// Attach a port with `mac` and link `mtu`, impairing what it sends.
+    pub fn attach(self: &Arc<Self>, mac: [u8; 6], mtu: u32, impair: Impairments) -> MemPort {
+        let inbox = Arc::new(ArrayQueue::new(8192));
+        let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let index = ports.len() as u64;
+        ports.push(Attached { mac, inbox: inbox.clone() });
+        MemPort {
+            hub: self.clone(),
+            info: PortInfo { mac, mtu },
+            inbox,
+            impair,
+            rng: ChaCha8Rng::seed_from_u64(self.seed ^ (index.wrapping_mul(0x9e37_79b9_7f4a_7c15))),
+            held: None,
+            tx_buf: vec![0u8; MAX_FRAME],
+            credit: impair.rate_burst_bytes as f64,
+            last_refill: Instant::now(),
+        }
+    }
+
+    fn forward(&self, frame: Vec<u8>) {
+        if frame.len() < 14 {
+            return;
+        }
+        let dst: [u8; 6] = frame[..6].try_into().unwrap_or([0; 6]);
+        let src: [u8; 6] = frame[6..12].try_into().unwrap_or([0; 6]);
+        let ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        let broadcast = dst[0] & 1 == 1;
+        let mut sent = false;
+        for p in ports.iter() {
+            if p.mac == src || !(broadcast || p.mac == dst) {
+                continue;
+            }
+            sent = true;
+            if p.inbox.push(frame.clone()).is_ok() {
+                self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats.inbox_full.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        if !sent {
+            self.stats.unknown_dst.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+/// One port on a [`MemHub`].
+pub struct MemPort {
+    hub: Arc<MemHub>,
+    info: PortInfo,
+    inbox: Arc<ArrayQueue<Vec<u8>>>,
+    impair: Impairments,
+    rng: ChaCha8Rng,
+    held: Option<Vec<u8>>,
+    tx_buf: Vec<u8>,
+    credit: f64,
+    last_refill: Instant,
+}
+
+impl MemPort {
+    /// The hub this port is attached to.
+    pub fn hub(&self) -> &Arc<MemHub> {
+        &self.hub
+    }
+
+    /// Change the impairments of frames this port sends.
+    pub fn set_impairments(&mut self, impair: Impairments) {
+        self.impair = impair;
+    }
+
+    fn rate_allows(&mut self, len: usize) -> bool {
+        let Some(rate) = self.impair.rate_bytes_per_sec else { return true };
+        let now = Instant::now();
+        let dt = now.duration_since(self.last_refill);
+        self.last_refill = now;
+        self.credit = (self.credit + dt.as_secs_f64() * rate as f64).min(self.impair.rate_burst_bytes as f64);
+        if self.credit >= len as f64 {
+            self.credit -= len as f64;
+            true
+        } else {
+            false
+        }
+    }
+
+    fn send_impaired(&mut self, mut frame: Vec<u8>) {
+        let hub = self.hub.clone();
+        let st = &hub.stats;
+        if !self.rate_allows(frame.len()) {
+            st.rate_dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.impair.drop > 0.0 && self.rng.gen_bool(self.impair.drop) {
+            st.dropped.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        if self.impair.corrupt > 0.0 && frame.len() > 14 && self.rng.gen_bool(self.impair.corrupt) {
+            let byte = self.rng.gen_range(14..frame.len());
+            frame[byte] ^= 1 << self.rng.gen_range(0..8);
+            st.corrupted.fetch_add(1, Ordering::Relaxed);
+        }
+        if self.impair.ecn_mark > 0.0 && self.rng.gen_bool(self.impair.ecn_mark) && mark_ce(&mut frame) {
+            st.ecn_marked.fetch_add(1, Ordering::Relaxed);
+        }
+        let dup = self.impair.duplicate > 0.0 && self.rng.gen_bool(self.impair.duplicate);
+        if self.impair.reorder > 0.0 && self.held.is_none() && self.rng.gen_bool(self.impair.reorder) {
+            st.reordered.fetch_add(1, Ordering::Relaxed);
+            self.held = Some(frame);
+            return;
+        }
+        if dup {
+            st.duplicated.fetch_add(1, Ordering::Relaxed);
+            self.hub.forward(frame.clone());
+        }
+        self.hub.forward(frame);
+        if let Some(h) = self.held.take() {
+            self.hub.forward(h);
+        }
+    }
+}
+
+/// Set ECN to CE (0b11) on an ECN-capable IPv4 or IPv6 frame, fixing the IPv4
+/// header checksum. The ICRC does not cover these bits. Returns whether it marked.
+pub fn mark_ce(frame: &mut [u8]) -> bool {
+    let mut off = 12;
+    let mut ethertype = match frame.get(off..off + 2) {
+        Some(b) => u16::from_be_bytes([b[0], b[1]]),
+        None => return false,
+    };
+    if ethertype == 0x8100 {
+        off += 4;
+        ethertype = match frame.get(off..off + 2) {
+            Some(b) => u16::from_be_bytes([b[0], b[1]]),
+            None => return false,
+        };
+    }
+    let ip = off + 2;
+    match ethertype {
+        0x0800 => {
+            let Some(hdr) = frame.get_mut(ip..ip + 20) else { return false };
+            if hdr[1] & 3 == 0 {
+                return false;
+            }
+            hdr[1] |= 3;
+            let ihl = usize::from(hdr[0] & 0x0f) * 4;
+            let Some(hdr) = frame.get_mut(ip..ip + ihl.max(20)) else { return false };
+            hdr[10] = 0;
+            hdr[11] = 0;
+            let mut sum = 0u32;
+            for c in hdr.chunks(2) {
+                sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+            }
+            while sum > 0xffff {
+                sum = (sum & 0xffff) + (sum >> 16);
+            }
+            let ck = !(sum as u16);
+            hdr[10..12].copy_from_slice(&ck.to_be_bytes());
+            true
+        }
+        0x86dd => {
+            let Some(hdr) = frame.get_mut(ip..ip + 2) else { return false };
+            // Traffic class spans the low nibble of byte 0 and the high nibble of byte 1;
+            // ECN is the traffic class's low two bits: bits 5:4 of byte 1.
+            if (hdr[1] >> 4) & 3 == 0 {
+                return false;
+            }
+            hdr[1] |= 0x30;
+            true
+        }
+        _ => false,
+    }
+}
+
+impl Port for MemPort {
+    fn info(&self) -> PortInfo {
+        self.info
+    }
+
+    fn transmit_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError> {
+        let Some(len) = fill(&mut self.tx_buf) else { return Ok(false) };
+        if len > self.tx_buf.len() {
+            return Err(PortError::FrameTooLarge { len, max: self.tx_buf.len() });
+        }
+        let frame = self.tx_buf[..len].to_vec();
+        self.send_impaired(frame);
+        Ok(true)
+    }
+
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> Result<usize, PortError> {
+        let mut n = 0;
+        while n < budget {
+            let Some(frame) = self.inbox.pop() else { break };
+            handler(&frame);
+            n += 1;
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> Result<(), PortError> {
+        // A frame held back for reordering goes out once nothing follows it.
+        if let Some(h) = self.held.take() {
+            self.hub.forward(h);
+        }
+        Ok(())
+    }
+}
+
+/// Time since an arbitrary process-wide epoch, for the engines' `now`.
+pub fn monotonic_now(epoch: Instant) -> Duration {
+    Instant::now().duration_since(epoch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn frame(dst: [u8; 6], src: [u8; 6], body: u8) -> Vec<u8> {
+        let mut f = vec![0u8; 60];
+        f[..6].copy_from_slice(&dst);
+        f[6..12].copy_from_slice(&src);
+        f[12] = 0x08;
+        f[14] = 0x45;
+        f[15] = 0x02; // ECT(0)
+        f[20] = body;
+        f
+    }
+
+    fn send(p: &mut MemPort, f: &[u8]) {
+        p.transmit_with(&mut |buf| {
+            buf[..f.len()].copy_from_slice(f);
+            Some(f.len())
+        })
+        .unwrap();
+    }
+
+    fn drain(p: &mut MemPort) -> Vec<Vec<u8>> {
+        let mut v = Vec::new();
+        p.receive(usize::MAX, &mut |f| v.push(f.to_vec())).unwrap();
+        v
+    }
+
+    const A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+    const C: [u8; 6] = [2, 0, 0, 0, 0, 3];
+
+    #[test]
+    fn forwards_by_mac_and_broadcasts() {
+        let hub = MemHub::new(1);
+        let mut a = hub.attach(A, 1500, Impairments::default());
+        let mut b = hub.attach(B, 1500, Impairments::default());
+        let mut c = hub.attach(C, 1500, Impairments::default());
+        send(&mut a, &frame(B, A, 7));
+        assert_eq!(drain(&mut b).len(), 1);
+        assert!(drain(&mut c).is_empty());
+        send(&mut a, &frame([0xff; 6], A, 8));
+        assert_eq!(drain(&mut b).len(), 1);
+        assert_eq!(drain(&mut c).len(), 1);
+        assert!(drain(&mut a).is_empty(), "no echo to the sender");
+        send(&mut a, &frame([2, 9, 9, 9, 9, 9], A, 9));
+        assert_eq!(hub.stats.unknown_dst.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn drop_rate_is_seeded_and_close() {
+        let hub = MemHub::new(42);
+        let imp = Impairments { drop: 0.1, ..Default::default() };
+        let mut a = hub.attach(A, 1500, imp);
+        let mut b = hub.attach(B, 1500, Impairments::default());
+        let mut got = 0;
+        for i in 0..10_000u32 {
+            send(&mut a, &frame(B, A, i as u8));
+            got += drain(&mut b).len();
+        }
+        let dropped = hub.stats.dropped.load(Ordering::Relaxed) as usize;
+        assert_eq!(got + dropped, 10_000);
+        assert!((800..1200).contains(&dropped), "dropped {dropped}");
+    }
+
+    #[test]
+    fn reorder_and_duplicate() {
+        let hub = MemHub::new(3);
+        let imp = Impairments { reorder: 1.0, ..Default::default() };
+        let mut a = hub.attach(A, 1500, imp);
+        let mut b = hub.attach(B, 1500, Impairments::default());
+        send(&mut a, &frame(B, A, 1));
+        send(&mut a, &frame(B, A, 2));
+        let got: Vec<u8> = drain(&mut b).iter().map(|f| f[20]).collect();
+        assert_eq!(got, vec![2, 1]);
+        a.set_impairments(Impairments { duplicate: 1.0, ..Default::default() });
+        send(&mut a, &frame(B, A, 3));
+        assert_eq!(drain(&mut b).len(), 2);
+    }
+
+    #[test]
+    fn ce_marking_fixes_ipv4_checksum() {
+        let mut f = frame(B, A, 0);
+        // valid checksum first
+        assert!(mark_ce(&mut f));
+        assert_eq!(f[15] & 3, 3);
+        let mut sum = 0u32;
+        for c in f[14..34].chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+        }
+        while sum > 0xffff {
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        assert_eq!(sum, 0xffff, "header checksum verifies");
+        let mut not_ect = frame(B, A, 0);
+        not_ect[15] = 0;
+        assert!(!mark_ce(&mut not_ect));
+        assert!(!mark_ce(&mut [0u8; 10]));
+    }
+
+    #[test]
+    fn rate_limit_drops_past_burst() {
+        let hub = MemHub::new(5);
+        let imp = Impairments { rate_bytes_per_sec: Some(1), rate_burst_bytes: 600, ..Default::default() };
+        let mut a = hub.attach(A, 1500, imp);
+        let mut b = hub.attach(B, 1500, Impairments::default());
+        for i in 0..20 {
+            send(&mut a, &frame(B, A, i));
+        }
+        assert_eq!(drain(&mut b).len(), 10);
+        assert_eq!(hub.stats.rate_dropped.load(Ordering::Relaxed), 10);
+    }
+}

@@ -1,0 +1,66 @@
+//! The port interface: how whole Ethernet frames enter and leave an engine.
+//!
+//! Implemented by the in-memory port ([`crate::memport`]) and, on real links,
+//! by the AF_XDP port. A port hands out transmit buffers so the engine can
+//! build frames in place (for AF_XDP, straight into UMEM).
+
+use core::fmt;
+
+/// What a port is attached to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortInfo {
+    /// The port's MAC address.
+    pub mac: [u8; 6],
+    /// The link MTU (bytes of IP packet).
+    pub mtu: u32,
+}
+
+/// Why a port operation failed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PortError {
+    /// No transmit buffer is free right now; try again after the next poll.
+    TxFull,
+    /// The frame does not fit the port's frame size.
+    FrameTooLarge {
+        /// Frame length.
+        len: usize,
+        /// Largest frame the port carries.
+        max: usize,
+    },
+    /// The port is gone (its hub or device was closed).
+    Closed,
+    /// An operating-system error.
+    Io(String),
+}
+
+impl fmt::Display for PortError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PortError::TxFull => write!(f, "no free transmit buffer"),
+            PortError::FrameTooLarge { len, max } => write!(f, "frame of {len} bytes exceeds the port's {max}"),
+            PortError::Closed => write!(f, "port closed"),
+            PortError::Io(e) => write!(f, "I/O error: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for PortError {}
+
+/// A source and sink of Ethernet frames.
+pub trait Port: Send {
+    /// Addresses of the port.
+    fn info(&self) -> PortInfo;
+
+    /// Offer a transmit buffer to `fill`, which writes one frame at its start
+    /// and returns its length, or `None` to send nothing. Returns whether a
+    /// frame was queued.
+    fn transmit_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError>;
+
+    /// Hand up to `budget` received frames to `handler`. Returns how many.
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> Result<usize, PortError>;
+
+    /// Push queued transmissions out (a syscall kick for AF_XDP). Default: nothing.
+    fn flush(&mut self) -> Result<(), PortError> {
+        Ok(())
+    }
+}

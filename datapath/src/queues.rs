@@ -1,0 +1,269 @@
+//! Queues shared between application threads and the datapath: the urnic
+//! equivalent of the rings a hardware NIC shares with its driver.
+//!
+//! Posting and polling are lock-free (crossbeam `ArrayQueue`) and touch only
+//! the queue of the QP or CQ concerned.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+
+use crossbeam_queue::ArrayQueue;
+use rocev2::transport::wr::{CqId, RecvWr, SendWr, WcStatus, WorkCompletion};
+
+/// A QP's send and receive rings plus its doorbell flag.
+pub struct QpRings {
+    /// Local QPN.
+    pub qpn: u32,
+    /// Send WRs posted by the application, not yet taken by the datapath.
+    pub send: ArrayQueue<SendWr>,
+    /// Receive WRs posted by the application (QPs without an SRQ).
+    pub recv: ArrayQueue<RecvWr>,
+    /// Set while the QP's QPN sits in the device doorbell queue.
+    pub(crate) rung: AtomicBool,
+}
+
+impl QpRings {
+    /// Rings for `qpn` with the given depths (at least 1 each).
+    pub fn new(qpn: u32, send_depth: usize, recv_depth: usize) -> QpRings {
+        QpRings {
+            qpn,
+            send: ArrayQueue::new(send_depth.max(1)),
+            recv: ArrayQueue::new(recv_depth.max(1)),
+            rung: AtomicBool::new(false),
+        }
+    }
+}
+
+/// An eventfd: a counter the datapath bumps and a waiter can block on.
+pub struct EventFd {
+    fd: OwnedFd,
+}
+
+impl EventFd {
+    /// A new, non-blocking-write eventfd.
+    pub fn new() -> io::Result<EventFd> {
+        // SAFETY: eventfd takes no pointers; a negative return is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh descriptor we own.
+        Ok(EventFd { fd: unsafe { OwnedFd::from_raw_fd(fd) } })
+    }
+
+    /// Add one to the counter, waking a blocked `wait`.
+    pub fn signal(&self) {
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a valid u64 to our own descriptor.
+        let _ = unsafe { libc::write(self.fd.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+
+    /// Block until the counter is non-zero, then reset it; returns its value.
+    pub fn wait(&self) -> io::Result<u64> {
+        let mut v: u64 = 0;
+        loop {
+            // SAFETY: reads 8 bytes into a valid u64 from our own descriptor.
+            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+            if n == 8 {
+                return Ok(v);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+}
+
+impl AsRawFd for EventFd {
+    fn as_raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): CQs armed with
+/// `req_notify` report here when a completion arrives.
+pub struct CompletionChannel {
+    fd: EventFd,
+    ready: ArrayQueue<CqId>,
+}
+
+impl CompletionChannel {
+    /// A new channel able to hold `capacity` pending CQ events.
+    pub fn new(capacity: usize) -> io::Result<CompletionChannel> {
+        Ok(CompletionChannel { fd: EventFd::new()?, ready: ArrayQueue::new(capacity.max(1)) })
+    }
+
+    fn notify(&self, cq: CqId) {
+        let _ = self.ready.push(cq);
+        self.fd.signal();
+    }
+
+    /// Block until some CQ has an event (`ibv_get_cq_event`); returns its id.
+    pub fn get_event(&self) -> io::Result<CqId> {
+        loop {
+            if let Some(cq) = self.ready.pop() {
+                return Ok(cq);
+            }
+            self.fd.wait()?;
+        }
+    }
+
+    /// A CQ event if one is pending, without blocking.
+    pub fn try_get_event(&self) -> Option<CqId> {
+        self.ready.pop()
+    }
+
+    /// The eventfd, for use with poll/epoll.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+}
+
+const ARM_NONE: u8 = 0;
+const ARM_ANY: u8 = 1;
+const ARM_SOLICITED: u8 = 2;
+
+/// A completion queue's ring.
+pub struct CqRing {
+    /// The CQ's id.
+    pub id: CqId,
+    ring: ArrayQueue<WorkCompletion>,
+    armed: AtomicU8,
+    overflowed: AtomicBool,
+    channel: Option<std::sync::Arc<CompletionChannel>>,
+}
+
+impl CqRing {
+    /// A CQ ring of `depth` entries, optionally reporting to `channel`.
+    pub fn new(id: CqId, depth: usize, channel: Option<std::sync::Arc<CompletionChannel>>) -> CqRing {
+        CqRing { id, ring: ArrayQueue::new(depth.max(1)), armed: AtomicU8::new(ARM_NONE), overflowed: AtomicBool::new(false), channel }
+    }
+
+    /// Capacity in completions.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+
+    /// Completions waiting to be polled.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Whether no completion is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Whether a completion was lost because the ring was full (a CQ overrun,
+    /// reported as an async error as ibverbs does).
+    pub fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::Acquire)
+    }
+
+    /// Datapath side: deliver a completion. Returns false on overrun.
+    pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
+        let ok = self.ring.push(wc).is_ok();
+        if !ok {
+            self.overflowed.store(true, Ordering::Release);
+        }
+        let wake = match self.armed.load(Ordering::Acquire) {
+            ARM_ANY => true,
+            ARM_SOLICITED => solicited || wc.status != WcStatus::Success,
+            _ => false,
+        };
+        if wake && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE {
+            if let Some(ch) = &self.channel {
+                ch.notify(self.id);
+            }
+        }
+        ok
+    }
+
+    /// Application side: take up to `out.len()` completions (`ibv_poll_cq`).
+    pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        let mut n = 0;
+        while n < out.len() {
+            match self.ring.pop() {
+                Some(wc) => {
+                    out[n] = wc;
+                    n += 1;
+                }
+                None => break,
+            }
+        }
+        n
+    }
+
+    /// Application side: arm the CQ (`ibv_req_notify_cq`): the next completion
+    /// (or the next solicited/error one) signals the channel once.
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.armed.store(if solicited_only { ARM_SOLICITED } else { ARM_ANY }, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rocev2::transport::wr::WcOpcode;
+    use std::sync::Arc;
+
+    fn wc(id: u64, status: WcStatus) -> WorkCompletion {
+        WorkCompletion {
+            wr_id: id,
+            status,
+            opcode: WcOpcode::Recv,
+            qp_num: 1,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            src_qp: 0,
+            grh: false,
+        }
+    }
+
+    #[test]
+    fn arm_fires_once() {
+        let ch = Arc::new(CompletionChannel::new(4).unwrap());
+        let cq = CqRing::new(CqId(7), 2, Some(ch.clone()));
+        cq.push(wc(1, WcStatus::Success), false);
+        assert!(ch.try_get_event().is_none(), "not armed");
+        cq.req_notify(false);
+        cq.push(wc(2, WcStatus::Success), false);
+        cq.push(wc(3, WcStatus::Success), false);
+        assert_eq!(ch.get_event().unwrap(), CqId(7));
+        assert!(ch.try_get_event().is_none(), "one event per arm");
+        assert!(cq.overflowed(), "third completion overran a 2-entry CQ");
+        let mut out = [wc(0, WcStatus::Success); 4];
+        assert_eq!(cq.poll(&mut out), 2);
+        assert_eq!((out[0].wr_id, out[1].wr_id), (1, 2));
+    }
+
+    #[test]
+    fn solicited_arm_ignores_plain_success() {
+        let ch = Arc::new(CompletionChannel::new(4).unwrap());
+        let cq = CqRing::new(CqId(1), 8, Some(ch.clone()));
+        cq.req_notify(true);
+        cq.push(wc(1, WcStatus::Success), false);
+        assert!(ch.try_get_event().is_none());
+        cq.push(wc(2, WcStatus::WrFlushErr), false);
+        assert_eq!(ch.try_get_event(), Some(CqId(1)));
+        cq.req_notify(true);
+        cq.push(wc(3, WcStatus::Success), true);
+        assert_eq!(ch.try_get_event(), Some(CqId(1)));
+    }
+
+    #[test]
+    fn eventfd_wakes_a_blocked_thread() {
+        let ch = Arc::new(CompletionChannel::new(4).unwrap());
+        let cq = Arc::new(CqRing::new(CqId(2), 8, Some(ch.clone())));
+        cq.req_notify(false);
+        let t = {
+            let ch = ch.clone();
+            std::thread::spawn(move || ch.get_event().unwrap())
+        };
+        cq.push(wc(1, WcStatus::Success), false);
+        assert_eq!(t.join().unwrap(), CqId(2));
+    }
+}
