@@ -184,8 +184,11 @@ bitflags! {
 }
 
 /// QP attributes (`struct ibv_qp_attr`), the fields urnic uses.
+///
+/// Generic over the path type: the engine takes resolved [`AddressVector`]s;
+/// the verbs layer's `QpAttr` carries a GID-based `AhAttr` and resolves it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct QpAttr {
+pub struct QpAttr<A = AddressVector> {
     /// Target state.
     pub qp_state: QpState,
     /// Current state (checked when `CUR_STATE` is in the mask).
@@ -219,14 +222,14 @@ pub struct QpAttr {
     /// RNR retries (0..=7, 7 = infinite).
     pub rnr_retry: u8,
     /// Path to the peer (connected QPs).
-    pub ah_attr: Option<AddressVector>,
+    pub ah_attr: Option<A>,
     /// Capabilities (read back by query).
     pub cap: QpCaps,
     /// Whether the SQ is draining (query, SQD).
     pub sq_draining: bool,
 }
 
-impl Default for QpAttr {
+impl<A> Default for QpAttr<A> {
     fn default() -> Self {
         QpAttr {
             qp_state: QpState::Reset,
@@ -249,6 +252,37 @@ impl Default for QpAttr {
             cap: QpCaps::default(),
             sq_draining: false,
         }
+    }
+}
+
+impl<A> QpAttr<A> {
+    /// The same attributes with the path mapped through `f`.
+    pub fn map_path<B, E>(self, f: impl FnOnce(A) -> Result<B, E>) -> Result<QpAttr<B>, E> {
+        let ah_attr = match self.ah_attr {
+            Some(a) => Some(f(a)?),
+            None => None,
+        };
+        Ok(QpAttr {
+            qp_state: self.qp_state,
+            cur_qp_state: self.cur_qp_state,
+            path_mtu: self.path_mtu,
+            qkey: self.qkey,
+            rq_psn: self.rq_psn,
+            sq_psn: self.sq_psn,
+            dest_qp_num: self.dest_qp_num,
+            qp_access_flags: self.qp_access_flags,
+            pkey_index: self.pkey_index,
+            port_num: self.port_num,
+            max_rd_atomic: self.max_rd_atomic,
+            max_dest_rd_atomic: self.max_dest_rd_atomic,
+            min_rnr_timer: self.min_rnr_timer,
+            timeout: self.timeout,
+            retry_cnt: self.retry_cnt,
+            rnr_retry: self.rnr_retry,
+            ah_attr,
+            cap: self.cap,
+            sq_draining: self.sq_draining,
+        })
     }
 }
 
