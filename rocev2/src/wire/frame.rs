@@ -1,17 +1,25 @@
 //! Whole-frame parse and emit: Ethernet / IP / UDP / BTH / ext headers /
 //! payload / pad / ICRC.
 //!
-//! CONTRACT (fixed; the transport codes against it):
-//! - `parse_frame` fully checks a received Ethernet frame, including the ICRC,
-//!   and returns the headers plus a borrowed payload (pad and ICRC removed).
-//! - `FrameRepr::emit_with` writes headers, lets the caller fill the payload in
-//!   place (the one copy), then writes pad bytes and the ICRC. It computes the
-//!   IPv4 total length and header checksum, the UDP length, and the BTH pad
-//!   count from `payload_len`; the values of those fields in the repr are ignored.
-//!   The UDP checksum is emitted as given in the repr (0 for IPv4 RoCEv2).
+//! - [`parse_frame`] fully checks a received Ethernet frame, including the
+//!   ICRC, and returns the headers plus a borrowed payload (pad and ICRC removed).
+//! - [`FrameRepr::emit_with`] writes the headers, lets the caller fill the
+//!   payload in place (the one copy), then writes pad bytes and the ICRC. It
+//!   computes the IPv4 total length and header checksum, the IPv6 payload
+//!   length, the UDP length and the BTH pad count from `payload_len`; the
+//!   values of those fields in the repr are ignored. The UDP checksum is
+//!   emitted as given (0 for RoCEv2 over IPv4).
 
-use crate::wire::repr::FrameRepr;
-use crate::wire::WireError;
+use super::icrc;
+use super::ip::{UDP_LEN};
+use super::repr::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr};
+use super::{Header, WireError, ROCEV2_UDP_PORT};
+
+/// ICRC length.
+pub const ICRC_LEN: usize = 4;
+const ETHERTYPE_IPV4: u16 = 0x0800;
+const ETHERTYPE_IPV6: u16 = 0x86dd;
+const IPPROTO_UDP: u8 = 17;
 
 /// A parsed, ICRC-checked RoCEv2 frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -24,18 +32,122 @@ pub struct ParsedFrame<'a> {
     pub icrc: u32,
 }
 
-/// Parse and fully check an Ethernet frame carrying RoCEv2.
+/// A parsed, ICRC-checked RoCEv2 packet from the IP header onward.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ParsedL3<'a> {
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH and extension headers.
+    pub transport: TransportRepr,
+    /// The payload, without pad and ICRC.
+    pub payload: &'a [u8],
+    /// The ICRC (verified).
+    pub icrc: u32,
+}
+
+/// Parse and fully check an Ethernet frame carrying RoCEv2. Bytes after the
+/// IP packet (Ethernet padding of short frames) are ignored.
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
-    let _ = frame;
-    todo!("wire helper")
+    let (eth, off) = EthernetRepr::parse(frame)?;
+    if eth.ethertype != ETHERTYPE_IPV4 && eth.ethertype != ETHERTYPE_IPV6 {
+        return Err(WireError::NotIp { ethertype: eth.ethertype });
+    }
+    let rest = frame.get(off..).ok_or(WireError::Truncated(Header::Ethernet))?;
+    let l3 = parse_l3(rest)?;
+    match (&l3.ip, eth.ethertype) {
+        (IpRepr::V4(_), ETHERTYPE_IPV4) | (IpRepr::V6(_), ETHERTYPE_IPV6) => {}
+        (IpRepr::V4(_), _) => return Err(WireError::BadIpVersion(4)),
+        (IpRepr::V6(_), _) => return Err(WireError::BadIpVersion(6)),
+    }
+    Ok(ParsedFrame {
+        repr: FrameRepr { eth, ip: l3.ip, udp: l3.udp, transport: l3.transport },
+        payload: l3.payload,
+        icrc: l3.icrc,
+    })
+}
+
+/// Parse and fully check a RoCEv2 packet starting at its IPv4 or IPv6 header.
+pub fn parse_l3(packet: &[u8]) -> Result<ParsedL3<'_>, WireError> {
+    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
+    let (ip, ip_len, total) = match version {
+        4 => {
+            let (v4, hl) = Ipv4Repr::parse(packet)?;
+            (IpRepr::V4(v4), hl, hl + usize::from(v4.payload_len))
+        }
+        6 => {
+            let (v6, hl) = Ipv6Repr::parse(packet)?;
+            (IpRepr::V6(v6), hl, hl + usize::from(v6.payload_len))
+        }
+        v => return Err(WireError::BadIpVersion(v)),
+    };
+    let protocol = match ip {
+        IpRepr::V4(v4) => v4.protocol,
+        IpRepr::V6(v6) => v6.next_header,
+    };
+    if protocol != IPPROTO_UDP {
+        return Err(WireError::NotUdp { protocol });
+    }
+    // `total` fits `packet` (checked by the IP parsers).
+    let ip_packet = &packet[..total];
+    let udp = UdpRepr::parse(&ip_packet[ip_len..])?;
+    if ip_len + usize::from(udp.length) != total {
+        return Err(WireError::BadUdpLength);
+    }
+    if udp.dst_port != ROCEV2_UDP_PORT {
+        return Err(WireError::NotRoce { dst_port: udp.dst_port });
+    }
+    let ib_start = ip_len + UDP_LEN;
+    if total < ib_start + ICRC_LEN {
+        return Err(WireError::Truncated(Header::Bth));
+    }
+    let icrc_at = total - ICRC_LEN;
+    let ib = &ip_packet[ib_start..icrc_at];
+    let (transport, hdr_len) = TransportRepr::parse(ib)?;
+    let layout = transport.bth.opcode.layout().ok_or(WireError::UnknownOpcode(transport.bth.opcode.0))?;
+    let body = &ib[hdr_len..];
+    let pad = usize::from(transport.bth.pad_count);
+    if pad > body.len() {
+        return Err(WireError::BadPad { pad: transport.bth.pad_count });
+    }
+    let payload = &body[..body.len() - pad];
+    if !layout.payload && !body.is_empty() {
+        return Err(if pad > 0 { WireError::BadPad { pad: transport.bth.pad_count } } else { WireError::UnexpectedPayload });
+    }
+    let s = &ip_packet[icrc_at..total];
+    let found = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    let expected = icrc::compute(ip_packet, ip_len, icrc_at)?;
+    if found != expected {
+        return Err(WireError::BadIcrc { expected, found });
+    }
+    Ok(ParsedL3 { ip, udp, transport, payload, icrc: found })
 }
 
 impl FrameRepr {
+    fn layout_len(&self) -> Result<usize, WireError> {
+        let layout = self
+            .transport
+            .bth
+            .opcode
+            .layout()
+            .ok_or(WireError::UnknownOpcode(self.transport.bth.opcode.0))?;
+        Ok(TransportRepr::header_len(&layout))
+    }
+
     /// Bytes the whole frame takes for a payload of `payload_len` bytes
-    /// (headers + payload + pad + 4-byte ICRC).
+    /// (headers + payload + pad + 4-byte ICRC); 0 for an unknown opcode.
     pub fn frame_len(&self, payload_len: usize) -> usize {
-        let _ = payload_len;
-        todo!("wire helper")
+        let ip = match self.ip {
+            IpRepr::V4(_) => 20,
+            IpRepr::V6(_) => 40,
+        };
+        let ib = self.layout_len().unwrap_or(0);
+        if ib == 0 {
+            return 0;
+        }
+        let pad = (4 - payload_len % 4) % 4;
+        self.eth.header_len() + ip + UDP_LEN + ib + payload_len + pad + ICRC_LEN
     }
 
     /// Emit the frame with `payload` copied in. Returns the frame length.
@@ -46,13 +158,191 @@ impl FrameRepr {
     /// Emit the frame, calling `fill` with the `payload_len`-byte payload area
     /// so the caller can gather the payload straight into `buf`.
     /// Returns the frame length.
-    pub fn emit_with(
-        &self,
-        payload_len: usize,
-        buf: &mut [u8],
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<usize, WireError> {
-        let _ = (payload_len, buf, fill);
-        todo!("wire helper")
+    pub fn emit_with(&self, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
+        let ib_len = self.layout_len()?;
+        let layout_payload = self.transport.bth.opcode.layout().is_some_and(|l| l.payload);
+        if payload_len > 0 && !layout_payload {
+            return Err(WireError::UnexpectedPayload);
+        }
+        let pad = (4 - payload_len % 4) % 4;
+        let total = self.frame_len(payload_len);
+        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
+        let eth_len = self.eth.emit(buf)?;
+        let ip_len = match self.ip {
+            IpRepr::V4(_) => 20,
+            IpRepr::V6(_) => 40,
+        };
+        let udp_len = UDP_LEN + ib_len + payload_len + pad + ICRC_LEN;
+        let udp_len16 = u16::try_from(udp_len).map_err(|_| WireError::FieldOverflow)?;
+        let l3 = &mut buf[eth_len..];
+        match self.ip {
+            IpRepr::V4(mut v4) => {
+                v4.payload_len = udp_len16;
+                v4.emit(l3)?;
+            }
+            IpRepr::V6(mut v6) => {
+                v6.payload_len = udp_len16;
+                v6.emit(l3)?;
+            }
+        }
+        UdpRepr { length: udp_len16, ..self.udp }.emit(&mut l3[ip_len..])?;
+        let mut transport = self.transport;
+        transport.bth.pad_count = pad as u8;
+        let ib = &mut l3[ip_len + UDP_LEN..];
+        transport.emit(ib)?;
+        fill(&mut ib[ib_len..ib_len + payload_len]);
+        ib[ib_len + payload_len..ib_len + payload_len + pad].fill(0);
+        let icrc_at = ip_len + udp_len - ICRC_LEN;
+        let crc = icrc::compute(l3, ip_len, icrc_at)?;
+        l3[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+        Ok(total)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::psn::Psn;
+    use crate::wire::opcode::Opcode;
+    use crate::wire::repr::{BthRepr, RethRepr};
+
+    fn hex(s: &str) -> Vec<u8> {
+        (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()
+    }
+
+    const CX4_CNP: &str = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
+    const VENDOR_CNP: &str = "4589003C98C64000201169271616160816161607DBAE12B7002800008100FFFF400000D20000000000000000000000000000000000000000DAFC1BEF";
+
+    #[test]
+    fn hardware_cnps_parse_and_reemit() {
+        let f = hex(CX4_CNP);
+        let p = parse_frame(&f).unwrap();
+        assert_eq!(p.repr.transport.bth.opcode, Opcode::CNP);
+        assert!(p.repr.transport.bth.becn);
+        assert_eq!(p.repr.transport.bth.dest_qp, 0x118);
+        assert_eq!(p.repr.udp.src_port, 0);
+        let mut out = vec![0u8; f.len()];
+        assert_eq!(p.repr.emit(p.payload, &mut out).unwrap(), f.len());
+        assert_eq!(out, f);
+
+        let v = hex(VENDOR_CNP);
+        let l3 = parse_l3(&v).unwrap();
+        assert_eq!(l3.icrc, 0xEF1B_FCDA);
+        assert_eq!(l3.transport.bth.dest_qp, 0xd2);
+    }
+
+    fn sample() -> FrameRepr {
+        FrameRepr {
+            eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: ETHERTYPE_IPV4 },
+            ip: IpRepr::V4(Ipv4Repr {
+                src: [10, 0, 0, 1],
+                dst: [10, 0, 0, 2],
+                dscp: 0,
+                ecn: 2,
+                ident: 7,
+                dont_frag: true,
+                ttl: 64,
+                protocol: 17,
+                payload_len: 0,
+            }),
+            udp: UdpRepr { src_port: 0xc000, dst_port: 4791, length: 0, checksum: 0 },
+            transport: TransportRepr {
+                bth: BthRepr {
+                    opcode: Opcode::RC_WRITE_ONLY,
+                    solicited: false,
+                    mig_req: false,
+                    pad_count: 0,
+                    tver: 0,
+                    pkey: 0xffff,
+                    fecn: false,
+                    becn: false,
+                    resv6: 0,
+                    dest_qp: 0x11,
+                    ack_req: true,
+                    resv7: 0,
+                    psn: Psn::new(5),
+                },
+                deth: None,
+                reth: Some(RethRepr { va: 0x1000, rkey: 0x1234, dma_len: 5 }),
+                atomic_eth: None,
+                aeth: None,
+                atomic_ack: None,
+                immediate: None,
+                invalidate_rkey: None,
+            },
+        }
+    }
+
+    #[test]
+    fn emit_parse_with_pad() {
+        let r = sample();
+        let mut buf = [0u8; 256];
+        let n = r.emit(b"hello", &mut buf).unwrap();
+        assert_eq!(n, r.frame_len(5));
+        let p = parse_frame(&buf[..n]).unwrap();
+        assert_eq!(p.payload, b"hello");
+        assert_eq!(p.repr.transport.bth.pad_count, 3);
+        assert_eq!(p.repr.transport.reth, r.transport.reth);
+    }
+
+    #[test]
+    fn errors_name_the_problem() {
+        let r = sample();
+        let mut buf = [0u8; 256];
+        let n = r.emit(b"hello!!!", &mut buf).unwrap();
+        let f = &buf[..n];
+        let mut bad = f.to_vec();
+        bad[n - 1] ^= 1;
+        assert!(matches!(parse_frame(&bad), Err(WireError::BadIcrc { .. })));
+        let mut bad = f.to_vec();
+        bad[70] ^= 0x80; // payload bit
+        assert!(matches!(parse_frame(&bad), Err(WireError::BadIcrc { .. })));
+        let mut bad = f.to_vec();
+        bad[36] = 0x12;
+        bad[37] = 0x34; // UDP dst port
+        assert_eq!(parse_frame(&bad), Err(WireError::NotRoce { dst_port: 0x1234 }));
+        let mut bad = f.to_vec();
+        bad[12] = 0x08;
+        bad[13] = 0x06;
+        assert_eq!(parse_frame(&bad), Err(WireError::NotIp { ethertype: 0x0806 }));
+        assert_eq!(parse_frame(&f[..30]), Err(WireError::Truncated(Header::Ipv4)));
+        assert_eq!(parse_frame(&f[..n - 1]), Err(WireError::BadIpLength));
+        let mut bad = f.to_vec();
+        bad[24] ^= 1; // IPv4 TTL without fixing the header checksum
+        assert_eq!(parse_frame(&bad), Err(WireError::BadIpv4Checksum));
+        let mut bad = f.to_vec();
+        bad[42] = 0x15; // opcode
+        assert_eq!(parse_frame(&bad), Err(WireError::UnknownOpcode(0x15)));
+        let mut bad = f.to_vec();
+        bad[42] = Opcode::RC_ACK.0; // ACK with payload bytes after its AETH
+        assert!(matches!(parse_frame(&bad), Err(WireError::UnexpectedPayload) | Err(WireError::BadPad { .. })));
+        let mut ack = r;
+        ack.transport.bth.opcode = Opcode::RC_ACK;
+        assert_eq!(ack.emit(b"x", &mut buf), Err(WireError::UnexpectedPayload));
+        assert_eq!(r.emit(b"hello", &mut [0u8; 20]), Err(WireError::BufferTooSmall));
+    }
+
+    #[test]
+    fn ipv6_frame_roundtrip() {
+        let mut r = sample();
+        r.eth.ethertype = ETHERTYPE_IPV6;
+        r.ip = IpRepr::V6(Ipv6Repr {
+            src: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1],
+            dst: [0xfe, 0x80, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2],
+            traffic_class: 0x62,
+            flow_label: 0x12345,
+            next_header: 17,
+            hop_limit: 64,
+            payload_len: 0,
+        });
+        let mut buf = [0u8; 512];
+        let n = r.emit(&[9u8; 100], &mut buf).unwrap();
+        let p = parse_frame(&buf[..n]).unwrap();
+        assert_eq!(p.payload, &[9u8; 100][..]);
+        // the ICRC ignores the variant fields
+        let mut v = buf[..n].to_vec();
+        v[15] ^= 0xff; // traffic class / flow label bits
+        v[21] = 1; // hop limit
+        assert!(parse_frame(&v).is_ok());
     }
 }
