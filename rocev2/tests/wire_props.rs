@@ -1,0 +1,111 @@
+//! Property tests of the wire layer: parse(emit(x)) == x for random valid
+//! frames of every known opcode; random and mutated bytes never panic.
+
+use proptest::prelude::*;
+use rocev2::psn::Psn;
+use rocev2::wire::*;
+
+fn opcode() -> impl Strategy<Value = Opcode> {
+    (0u8..=255).prop_map(Opcode).prop_filter("known", |o| o.is_known())
+}
+
+fn transport(op: Opcode) -> impl Strategy<Value = TransportRepr> {
+    let l = op.layout().unwrap();
+    (
+        (any::<bool>(), any::<bool>(), any::<u16>(), any::<bool>(), any::<bool>(), 0u8..64, 0u32..1 << 24, any::<bool>(), 0u8..128, 0u32..1 << 24),
+        (any::<u32>(), any::<u8>(), 0u32..1 << 24),
+        (any::<u64>(), any::<u32>(), any::<u32>()),
+        (any::<u64>(), any::<u32>(), any::<u64>(), any::<u64>()),
+        (0u8..128, 0u32..1 << 24, any::<u64>(), any::<u32>(), any::<u32>()),
+    )
+        .prop_map(move |(b, d, r, a, m)| TransportRepr {
+            bth: BthRepr {
+                opcode: op,
+                solicited: b.0,
+                mig_req: b.1,
+                pad_count: 0,
+                tver: 0,
+                pkey: b.2,
+                fecn: b.3,
+                becn: b.4,
+                resv6: b.5,
+                dest_qp: b.6,
+                ack_req: b.7,
+                resv7: b.8,
+                psn: Psn::new(b.9),
+            },
+            deth: l.deth.then_some(DethRepr { qkey: d.0, resv8: d.1, src_qp: d.2 }),
+            reth: l.reth.then_some(RethRepr { va: r.0, rkey: r.1, dma_len: r.2 }),
+            atomic_eth: l.atomic_eth.then_some(AtomicEthRepr { va: a.0, rkey: a.1, swap_add: a.2, compare: a.3 }),
+            aeth: l.aeth.then_some(AethRepr { syndrome: rocev2::wire::AckSyndrome::from_byte(m.0), msn: m.1 }),
+            atomic_ack: l.atomic_ack_eth.then_some(m.2),
+            immediate: l.immdt.then_some(m.3),
+            invalidate_rkey: l.ieth.then_some(m.4),
+        })
+}
+
+fn frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>)> {
+    (opcode(), any::<bool>(), proptest::option::of((0u8..8, any::<bool>(), 0u16..4096)), any::<[u8; 12]>(), any::<[u8; 32]>(), (0u8..64, 0u8..4, any::<u16>(), any::<bool>(), any::<u8>(), 0u32..1 << 20), any::<u16>(), any::<u16>())
+        .prop_flat_map(|(op, v6, vlan, macs, ips, misc, sport, csum)| {
+            let payload = if op.layout().unwrap().payload { proptest::collection::vec(any::<u8>(), 0..=4096).boxed() } else { Just(Vec::new()).boxed() };
+            (transport(op), payload).prop_map(move |(t, p)| {
+                let mut t = t;
+                t.bth.pad_count = ((4 - p.len() % 4) % 4) as u8;
+                let ulen = (8 + 12 + op.layout().unwrap().ext_len() + p.len() + t.bth.pad_count as usize + 4) as u16;
+                let (ethertype, ip) = if v6 {
+                    let mut s = [0u8; 16];
+                    let mut d = [0u8; 16];
+                    s.copy_from_slice(&ips[..16]);
+                    d.copy_from_slice(&ips[16..]);
+                    (0x86dd, IpRepr::V6(Ipv6Repr { src: s, dst: d, traffic_class: misc.0 << 2 | misc.1, flow_label: misc.5, next_header: 17, hop_limit: misc.4, payload_len: ulen }))
+                } else {
+                    (0x0800, IpRepr::V4(Ipv4Repr { src: [ips[0], ips[1], ips[2], ips[3]], dst: [ips[4], ips[5], ips[6], ips[7]], dscp: misc.0, ecn: misc.1, ident: misc.2, dont_frag: misc.3, ttl: misc.4, protocol: 17, payload_len: ulen }))
+                };
+                let mut dst = [0u8; 6];
+                let mut src = [0u8; 6];
+                dst.copy_from_slice(&macs[..6]);
+                src.copy_from_slice(&macs[6..]);
+                let vlan = vlan.map(|(pcp, dei, vid)| VlanTag { pcp, dei, vid });
+                let f = FrameRepr {
+                    eth: EthernetRepr { dst, src, vlan, ethertype },
+                    ip,
+                    udp: UdpRepr { src_port: sport, dst_port: ROCEV2_UDP_PORT, length: ulen, checksum: if v6 { csum } else { 0 } },
+                    transport: t,
+                };
+                (f, p)
+            })
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn parse_of_emit_is_identity((repr, payload) in frame()) {
+        let mut buf = vec![0u8; 9000];
+        let n = repr.emit(&payload, &mut buf).unwrap();
+        prop_assert_eq!(n, repr.frame_len(payload.len()));
+        let p = parse_frame(&buf[..n]).unwrap();
+        prop_assert_eq!(p.repr, repr);
+        prop_assert_eq!(p.payload, &payload[..]);
+    }
+
+    #[test]
+    fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..600)) {
+        let _ = parse_frame(&bytes);
+        let _ = parse_l3(&bytes);
+    }
+
+    #[test]
+    fn mutated_frames_never_panic((repr, payload) in frame(), flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 1..8), cut in any::<usize>()) {
+        let mut buf = vec![0u8; 9000];
+        let n = repr.emit(&payload, &mut buf).unwrap();
+        let mut f = buf[..n].to_vec();
+        for (i, x) in flips {
+            let i = i % f.len();
+            f[i] ^= x;
+        }
+        let _ = parse_frame(&f);
+        let _ = parse_frame(&f[..cut % (f.len() + 1)]);
+    }
+}
