@@ -8,5 +8,7 @@
 pub mod attr;
 pub mod memory;
 pub mod packet;
+pub mod recv;
+pub mod responder;
 pub mod stats;
 pub mod wr;

@@ -11,4 +11,54 @@ pub struct QpStats {
     pub rx_packets: u64,
     /// Bytes of frames accepted for this QP.
     pub rx_bytes: u64,
+
+    // ---- responder (responder.rs) ----
+    /// Responder: positive ACKs queued (coalesced ACKs count once; re-ACKs of duplicates included).
+    pub resp_acks_sent: u64,
+    /// Responder: PSN sequence error NAKs sent.
+    pub resp_naks_psn_seq_sent: u64,
+    /// Responder: invalid request NAKs sent.
+    pub resp_naks_inv_req_sent: u64,
+    /// Responder: remote access error NAKs sent.
+    pub resp_naks_rem_access_sent: u64,
+    /// Responder: remote operational error NAKs sent.
+    pub resp_naks_rem_op_sent: u64,
+    /// Responder: RNR NAKs sent (no receive WQE posted).
+    pub resp_rnr_naks_sent: u64,
+    /// Responder: RDMA READ response packets sent (replays included).
+    pub resp_read_responses_sent: u64,
+    /// Responder: atomic ACKs sent (replays included).
+    pub resp_atomic_acks_sent: u64,
+    /// Responder: duplicate requests received (PSN behind the expected PSN).
+    pub resp_duplicates: u64,
+    /// Responder: duplicate READ requests answered from a saved resource.
+    pub resp_read_replays: u64,
+    /// Responder: duplicate atomics answered with the saved original value.
+    pub resp_atomic_replays: u64,
+    /// Responder: duplicate READ/atomic with no matching resource (or not a
+    /// subset of it), dropped silently.
+    pub resp_dup_no_resource_dropped: u64,
+    /// Responder: packets ahead of the expected PSN dropped silently after the
+    /// one PSN sequence error NAK (or the RNR NAK).
+    pub resp_out_of_seq_dropped: u64,
+    /// Responder: request packets dropped because the QP's responder is in error.
+    pub resp_dropped_in_error: u64,
+    /// Responder: packets whose opcode is not a request of this QP's service, dropped.
+    pub resp_bad_opcode_dropped: u64,
+    /// Responder: responses not queued because the response queue was full
+    /// (the requester's retry recovers them).
+    pub resp_responses_dropped: u64,
+    /// Responder: messages completed (MSN increments: SEND, WRITE, READ, atomic).
+    pub resp_messages: u64,
+    /// Responder: bytes placed into receive buffers and RDMA WRITE targets.
+    pub resp_bytes_placed: u64,
+    /// UC responder: packets dropped (PSN gap, missing FIRST, no WQE, bad rkey, length).
+    pub resp_uc_dropped: u64,
+    /// UD responder: packets dropped for a Q_Key mismatch.
+    pub resp_ud_qkey_dropped: u64,
+    /// UD responder: packets dropped because no receive WQE was posted.
+    pub resp_ud_no_wqe_dropped: u64,
+    /// UD responder: packets dropped because they exceed the path MTU or the
+    /// posted buffer (GRH + payload).
+    pub resp_ud_len_dropped: u64,
 }
