@@ -4,8 +4,12 @@
 #![deny(missing_docs)]
 
 pub mod memport;
+pub mod nic;
 pub mod port;
 pub mod queues;
+pub mod runner;
 
 pub use memport::{Impairments, MemHub, MemPort};
+pub use nic::Nic;
 pub use port::{Port, PortError, PortInfo};
+pub use runner::{IdlePolicy, Runner};

@@ -9,7 +9,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_queue::ArrayQueue;
 use rand::{Rng, SeedableRng};
@@ -82,9 +82,12 @@ struct Attached {
     inbox: Arc<ArrayQueue<Vec<u8>>>,
 }
 
-/// A switch joining in-memory ports.
+/// A switch joining in-memory ports. It also plays the neighbour table
+/// (what ARP/ND resolves on a real link): devices publish their IP addresses
+/// and resolve peers' MACs through it.
 pub struct MemHub {
     ports: Mutex<Vec<Attached>>,
+    neighbours: Mutex<Vec<([u8; 16], [u8; 6])>>,
     seed: u64,
     /// Counters.
     pub stats: HubStats,
@@ -93,7 +96,7 @@ pub struct MemHub {
 impl MemHub {
     /// A hub whose impairment RNGs derive from `seed`.
     pub fn new(seed: u64) -> Arc<MemHub> {
-        Arc::new(MemHub { ports: Mutex::new(Vec::new()), seed, stats: HubStats::default() })
+        Arc::new(MemHub { ports: Mutex::new(Vec::new()), neighbours: Mutex::new(Vec::new()), seed, stats: HubStats::default() })
     }
 
     /// Attach a port with `mac` and link `mtu`, impairing what it sends.
@@ -113,6 +116,19 @@ impl MemHub {
             credit: impair.rate_burst_bytes as f64,
             last_refill: Instant::now(),
         }
+    }
+
+    /// Publish that `ip` (an IPv6 or IPv4-mapped address) is at `mac`.
+    pub fn publish_address(&self, ip: [u8; 16], mac: [u8; 6]) {
+        let mut n = self.neighbours.lock().unwrap_or_else(|e| e.into_inner());
+        n.retain(|(a, _)| *a != ip);
+        n.push((ip, mac));
+    }
+
+    /// The MAC that `ip` is at, if published.
+    pub fn resolve(&self, ip: &[u8; 16]) -> Option<[u8; 6]> {
+        let n = self.neighbours.lock().unwrap_or_else(|e| e.into_inner());
+        n.iter().find(|(a, _)| a == ip).map(|(_, m)| *m)
     }
 
     fn forward(&self, frame: Vec<u8>) {
@@ -299,11 +315,6 @@ impl Port for MemPort {
         }
         Ok(())
     }
-}
-
-/// Time since an arbitrary process-wide epoch, for the engines' `now`.
-pub fn monotonic_now(epoch: Instant) -> Duration {
-    Instant::now().duration_since(epoch)
 }
 
 #[cfg(test)]

@@ -9,12 +9,17 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crossbeam_queue::ArrayQueue;
+use rocev2::transport::attr::SrqId;
 use rocev2::transport::wr::{CqId, RecvWr, SendWr, WcStatus, WorkCompletion};
 
 /// A QP's send and receive rings plus its doorbell flag.
 pub struct QpRings {
     /// Local QPN.
     pub qpn: u32,
+    /// CQ of send completions.
+    pub send_cq: CqId,
+    /// CQ of receive completions.
+    pub recv_cq: CqId,
     /// Send WRs posted by the application, not yet taken by the datapath.
     pub send: ArrayQueue<SendWr>,
     /// Receive WRs posted by the application (QPs without an SRQ).
@@ -25,13 +30,31 @@ pub struct QpRings {
 
 impl QpRings {
     /// Rings for `qpn` with the given depths (at least 1 each).
-    pub fn new(qpn: u32, send_depth: usize, recv_depth: usize) -> QpRings {
+    pub fn new(qpn: u32, send_cq: CqId, recv_cq: CqId, send_depth: usize, recv_depth: usize) -> QpRings {
         QpRings {
             qpn,
+            send_cq,
+            recv_cq,
             send: ArrayQueue::new(send_depth.max(1)),
             recv: ArrayQueue::new(recv_depth.max(1)),
             rung: AtomicBool::new(false),
         }
+    }
+}
+
+/// An SRQ's receive ring plus its doorbell flag.
+pub struct SrqRing {
+    /// The SRQ.
+    pub id: SrqId,
+    /// Receive WRs posted by the application.
+    pub recv: ArrayQueue<RecvWr>,
+    pub(crate) rung: AtomicBool,
+}
+
+impl SrqRing {
+    /// A ring of `depth` receive WRs.
+    pub fn new(id: SrqId, depth: usize) -> SrqRing {
+        SrqRing { id, recv: ArrayQueue::new(depth.max(1)), rung: AtomicBool::new(false) }
     }
 }
 

@@ -8,6 +8,8 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod psn;
+#[cfg(feature = "sim")]
+pub mod sim;
 pub mod wire;
 
 pub use psn::Psn;

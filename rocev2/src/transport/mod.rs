@@ -6,9 +6,11 @@
 //! requests against registered memory and answers.
 
 pub mod attr;
+pub mod engine;
 pub mod memory;
 pub mod packet;
 pub mod recv;
+pub mod requester;
 pub mod responder;
 pub mod stats;
 pub mod wr;

@@ -21,13 +21,13 @@
 
 // The QP/engine (qp.rs, engine.rs) drives the responder; until that code is in
 // the crate nothing outside the tests calls it. Remove this once it is.
-#![allow(dead_code)]
 
 use std::collections::VecDeque;
 
 use crate::psn::Psn;
 use crate::time::Instant;
-use crate::transport::attr::{Mtu, QpType, SrqId};
+use crate::transport::attr::{Mtu, QpType};
+use crate::transport::engine::AsyncEvent;
 use crate::transport::memory::{sgl_len, Access, AccessError, AtomicOp, MemoryTable, PdId};
 use crate::transport::packet::PathHeaders;
 use crate::transport::recv::RecvQueue;
@@ -41,16 +41,6 @@ mod tests;
 #[cfg(test)]
 mod rxe_captures;
 
-/// PLACEHOLDER until `engine.rs` defines the real `AsyncEvent` (owned by the
-/// QP/engine engineer): the responder only raises `SrqLimitReached`. When
-/// `engine::AsyncEvent` exists, delete this enum and import that one here
-/// (`use crate::transport::engine::AsyncEvent;`), keeping a
-/// `SrqLimitReached(SrqId)` variant (`IBV_EVENT_SRQ_LIMIT_REACHED`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AsyncEvent {
-    /// The SRQ's WQE count dropped below its armed limit; the limit is now disarmed.
-    SrqLimitReached(SrqId),
-}
 
 /// MSN is 24 bits (IBTA 9.7.5.1.1).
 const MSN_MASK: u32 = 0x00ff_ffff;
@@ -213,14 +203,15 @@ impl Responder {
         self.epsn
     }
 
-    /// The current MSN.
-    pub(crate) fn msn(&self) -> u32 {
-        self.msn
-    }
-
     /// Whether a response waits for `poll_transmit`.
     pub(crate) fn has_pending(&self) -> bool {
         !self.pending.is_empty()
+    }
+
+    /// The current MSN (tests).
+    #[cfg(test)]
+    pub(crate) fn msn(&self) -> u32 {
+        self.msn
     }
 
     /// A fatal error found by `poll_transmit` (the source of a READ response

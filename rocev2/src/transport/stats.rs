@@ -61,4 +61,22 @@ pub struct QpStats {
     /// UD responder: packets dropped because they exceed the path MTU or the
     /// posted buffer (GRH + payload).
     pub resp_ud_len_dropped: u64,
+    /// Requester: ACKs received.
+    pub req_acks_received: u64,
+    /// Requester: ACKs that acknowledged nothing new.
+    pub req_duplicate_acks: u64,
+    /// Requester: responses for PSNs never sent (ignored).
+    pub req_ghost_responses: u64,
+    /// Requester: RNR NAKs received.
+    pub req_rnr_naks_received: u64,
+    /// Requester: PSN sequence error NAKs received.
+    pub req_naks_seq_received: u64,
+    /// Requester: invalid request / remote access / remote operational NAKs received.
+    pub req_naks_error_received: u64,
+    /// Requester: malformed or unexpected responses.
+    pub req_bad_responses: u64,
+    /// Requester: go-back-N restarts (NAK, timeout, lost READ response).
+    pub req_retransmits: u64,
+    /// Requester: local ACK timeouts.
+    pub req_timeouts: u64,
 }

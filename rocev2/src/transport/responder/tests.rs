@@ -3,6 +3,7 @@
 //! emitted by `poll_transmit` and parsed again.
 
 use super::*;
+use crate::transport::attr::SrqId;
 use crate::transport::attr::AddressVector;
 use crate::transport::memory::{MrKeys, MwType};
 use crate::transport::wr::{RecvWr, Sge};

@@ -1,0 +1,97 @@
+//! Datapath threads: a polling loop per NIC, optionally pinned to a core,
+//! with a configurable idle policy.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use crate::nic::Nic;
+
+/// What the poller does when a poll found no work.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IdlePolicy {
+    /// Spin: lowest latency, one core at 100%.
+    BusyPoll,
+    /// Spin for `spins` idle polls, then yield the CPU between polls, then
+    /// sleep `sleep` between polls (for shared machines).
+    Backoff {
+        /// Idle polls before yielding.
+        spins: u32,
+        /// Idle polls (after spinning) before sleeping.
+        yields: u32,
+        /// Sleep between polls once idle for long.
+        sleep: Duration,
+    },
+}
+
+impl Default for IdlePolicy {
+    fn default() -> Self {
+        IdlePolicy::Backoff { spins: 2_000, yields: 2_000, sleep: Duration::from_micros(50) }
+    }
+}
+
+/// A running datapath thread. Stops (and joins) on drop.
+pub struct Runner {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// Pin the calling thread to `core`. Errors are reported, not fatal.
+pub fn pin_current_thread(core: usize) -> std::io::Result<()> {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it;
+    // sched_setaffinity reads `size_of::<cpu_set_t>()` bytes from it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(core, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+impl Runner {
+    /// Start polling `nic` on a new thread, pinned to `core` if given.
+    pub fn spawn(nic: Arc<Nic>, core: Option<usize>, idle: IdlePolicy) -> std::io::Result<Runner> {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new().name("urnic-datapath".into()).spawn(move || {
+            if let Some(c) = core {
+                // Not fatal: the loop works unpinned, only slower.
+                let _ = pin_current_thread(c);
+            }
+            let mut idle_polls: u32 = 0;
+            while !flag.load(Ordering::Relaxed) {
+                if nic.poll() > 0 {
+                    idle_polls = 0;
+                    continue;
+                }
+                idle_polls = idle_polls.saturating_add(1);
+                match idle {
+                    IdlePolicy::BusyPoll => std::hint::spin_loop(),
+                    IdlePolicy::Backoff { spins, yields, sleep } => {
+                        if idle_polls <= spins {
+                            std::hint::spin_loop();
+                        } else if idle_polls <= spins.saturating_add(yields) {
+                            std::thread::yield_now();
+                        } else {
+                            std::thread::sleep(sleep);
+                        }
+                    }
+                }
+            }
+        })?;
+        Ok(Runner { stop, thread: Some(thread) })
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}

@@ -1,0 +1,18 @@
+//! A deterministic network simulator in virtual time (feature `sim`).
+//!
+//! [`Link`] is a one-way virtual link with seeded impairments (loss,
+//! duplication, reordering, bit corruption, ECN marking, fixed delay and a
+//! rate limit with a tail-dropping queue). [`Network`] joins sans-IO
+//! [`Endpoint`]s — normally transport engines — with links and runs them as a
+//! discrete-event loop: no threads, no clocks, no I/O, so a run is a pure
+//! function of its seeds and any failure replays exactly.
+//!
+//! The crate's randomized transport tests, the benches crate and the verbs
+//! layer's tests build on it.
+
+pub mod link;
+pub mod network;
+pub mod rc;
+
+pub use link::{Link, LinkConfig, LinkStats};
+pub use network::{split_seed, Endpoint, LinkId, Network, NetworkStats, NodeId, RunOutcome, Tap, TapPoint, MAX_FRAME};

@@ -1,0 +1,831 @@
+//! The requester and the completer of a QP's send queue.
+//!
+//! The requester turns send WQEs into request packets (segmentation by path
+//! MTU, PSN assignment, AckReq, READ/ATOMIC limits, fences); the completer
+//! matches responses (ACK, NAK, RNR NAK, READ responses, atomic ACKs) to the
+//! outstanding WQEs, places READ data and atomic results, retransmits
+//! (go-back-N) on sequence NAKs and timeouts, and completes WQEs exactly once,
+//! in order — the split rxe makes between `rxe_req.c` and `rxe_comp.c`.
+//!
+//! Every WQE keeps the PSNs it was first given, so a retransmission carries
+//! the same PSNs (IBTA 9.7.4.1.1). PSNs of a WQE: SEND/WRITE one per packet,
+//! READ one per expected response packet (`ceil(len / pmtu)`, at least one),
+//! ATOMIC one.
+
+use std::collections::VecDeque;
+use std::time::Duration;
+
+use crate::psn::Psn;
+use crate::time::Instant;
+use crate::transport::attr::{Mtu, QpType};
+use crate::transport::memory::{Access, MemoryTable, PdId};
+use crate::transport::packet::PathHeaders;
+use crate::transport::stats::QpStats;
+use crate::transport::wr::{Completion, CqId, Payload, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::wire::ext::rnr_timer_nanos;
+use crate::wire::repr::{AckSyndrome, AtomicEthRepr, BthRepr, DethRepr, NakCode, RethRepr, TransportRepr};
+use crate::wire::{sport, Opcode, ParsedFrame};
+
+/// AckReq at least every this many packets of a long message (rxe: 64 unacked packets).
+pub const ACK_REQ_EVERY: u32 = 64;
+/// Most PSNs sent but not yet acknowledged (rxe: `RXE_MAX_UNACKED_PSNS`, 128):
+/// bounds what is in flight, so a loss costs at most this much go-back-N.
+pub const MAX_UNACKED_PSNS: i32 = 128;
+/// The P_Key urnic sends (the default partition).
+const PKEY: u16 = 0xffff;
+
+/// What a WQE does on the wire.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Send,
+    Write,
+    Read,
+    Atomic,
+    /// LOCAL_INV, BIND_MW: executed locally, no packets, no PSN.
+    Local,
+}
+
+#[derive(Debug)]
+struct Wqe {
+    wr: SendWr,
+    kind: Kind,
+    len: u64,
+    /// PSN of the first packet; `None` until the requester first sends it.
+    first_psn: Option<Psn>,
+    /// PSNs it consumes.
+    npsn: u32,
+    /// Bytes of READ response placed so far.
+    read_done: u64,
+    /// Completed, with this status.
+    done: Option<WcStatus>,
+    signaled: bool,
+}
+
+impl Wqe {
+    fn last_psn(&self) -> Option<Psn> {
+        self.first_psn.map(|p| p.add(self.npsn - 1))
+    }
+    fn is_remote(&self) -> bool {
+        self.kind != Kind::Local
+    }
+    fn is_rd_atomic(&self) -> bool {
+        matches!(self.kind, Kind::Read | Kind::Atomic)
+    }
+}
+
+/// What the requester needs from its QP for one call.
+pub(crate) struct RequesterCtx<'a> {
+    pub memory: &'a MemoryTable,
+    pub pd: PdId,
+    pub qpn: u32,
+    pub qp_type: QpType,
+    pub dest_qpn: u32,
+    pub pmtu: Mtu,
+    pub qkey: u32,
+    pub send_cq: CqId,
+    pub completions: &'a mut VecDeque<Completion>,
+    pub stats: &'a mut QpStats,
+    /// `timeout` attribute: 4.096 µs × 2^timeout, 0 = infinite.
+    pub timeout: u8,
+    pub retry_cnt: u8,
+    pub rnr_retry: u8,
+    pub max_rd_atomic: u8,
+    /// SQD: finish what was started, start nothing new.
+    pub draining: bool,
+}
+
+/// A fatal send-queue error: the QP must enter ERR (the failing WQE has
+/// already been completed with its status).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SqFatal(pub WcStatus);
+
+/// A QP's send queue: requester plus completer.
+#[derive(Debug)]
+pub(crate) struct Requester {
+    wqes: VecDeque<Wqe>,
+    max_wr: usize,
+    /// Index in `wqes` of the WQE being sent.
+    cur: usize,
+    /// Bytes of `wqes[cur]` already sent in this pass (READ: unused).
+    cur_off: u64,
+    next_psn: Psn,
+    /// Oldest PSN not yet acknowledged.
+    una: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    /// Retransmit (local ACK timeout) deadline.
+    timer: Option<Instant>,
+    /// No transmission before this (RNR back-off).
+    rnr_until: Option<Instant>,
+    pkts_since_ack_req: u32,
+    ident: u16,
+}
+
+fn local_timeout(code: u8) -> Option<Duration> {
+    // IBTA 9.7.6.1.3: 4.096 µs × 2^timeout; 0 disables the timer.
+    (code != 0).then(|| Duration::from_nanos(4096u64 << u32::from(code.min(31))))
+}
+
+fn wc_opcode(op: &SendOp) -> WcOpcode {
+    match op {
+        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+        SendOp::Read { .. } => WcOpcode::RdmaRead,
+        SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+        SendOp::BindMw { .. } => WcOpcode::BindMw,
+    }
+}
+
+impl Requester {
+    pub(crate) fn new(max_wr: u32, sq_psn: Psn) -> Requester {
+        Requester {
+            wqes: VecDeque::new(),
+            max_wr: max_wr.max(1) as usize,
+            cur: 0,
+            cur_off: 0,
+            next_psn: sq_psn,
+            una: sq_psn,
+            retry_left: 7,
+            rnr_left: 7,
+            timer: None,
+            rnr_until: None,
+            pkts_since_ack_req: 0,
+            ident: 0,
+        }
+    }
+
+    /// Set the starting PSN and the retry budgets (on RTR→RTS).
+    pub(crate) fn start(&mut self, sq_psn: Psn, retry_cnt: u8, rnr_retry: u8) {
+        if self.wqes.iter().all(|w| w.first_psn.is_none()) {
+            self.next_psn = sq_psn;
+            self.una = sq_psn;
+        }
+        self.retry_left = retry_cnt;
+        self.rnr_left = rnr_retry;
+    }
+
+    /// The next PSN the requester will use (query_qp's `sq_psn`).
+    pub(crate) fn next_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    /// WQEs not yet completed.
+    pub(crate) fn outstanding(&self) -> usize {
+        self.wqes.len()
+    }
+
+    /// Queue a WR. `Err` when the send queue is full.
+    pub(crate) fn post(&mut self, wr: SendWr, qp_type: QpType, sq_sig_all: bool) -> Result<(), SendWr> {
+        if self.wqes.len() >= self.max_wr {
+            return Err(wr);
+        }
+        let kind = match wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => Kind::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => Kind::Write,
+            SendOp::Read { .. } => Kind::Read,
+            SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. } => Kind::Atomic,
+            SendOp::LocalInv { .. } | SendOp::BindMw { .. } => Kind::Local,
+        };
+        let _ = qp_type;
+        let len = wr.payload.len();
+        let signaled = sq_sig_all || wr.flags.contains(SendFlags::SIGNALED);
+        self.wqes.push_back(Wqe { wr, kind, len, first_psn: None, npsn: 0, read_done: 0, done: None, signaled });
+        Ok(())
+    }
+
+    /// When the requester wants `handle_timeout`.
+    pub(crate) fn next_timeout(&self) -> Option<Instant> {
+        match (self.timer, self.rnr_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn npsn_for(&self, kind: Kind, len: u64, pmtu: u64) -> u32 {
+        match kind {
+            Kind::Send | Kind::Write | Kind::Read => len.div_ceil(pmtu).max(1) as u32,
+            Kind::Atomic => 1,
+            Kind::Local => 0,
+        }
+    }
+
+    /// Complete WQE `i` with `status` (it will be reported in order).
+    fn finish(&mut self, i: usize, status: WcStatus) {
+        if let Some(w) = self.wqes.get_mut(i) {
+            if w.done.is_none() {
+                w.done = Some(status);
+            }
+        }
+    }
+
+    /// Report finished WQEs at the head, in order, exactly once.
+    pub(crate) fn reap(&mut self, ctx: &mut RequesterCtx<'_>) {
+        while let Some(w) = self.wqes.front() {
+            let Some(status) = w.done else { break };
+            let w = self.wqes.pop_front().expect("front exists");
+            self.cur = self.cur.saturating_sub(1);
+            if w.signaled || status != WcStatus::Success {
+                let byte_len = match w.kind {
+                    Kind::Atomic => 8,
+                    _ => u32::try_from(w.len).unwrap_or(u32::MAX),
+                };
+                ctx.completions.push_back(Completion {
+                    cq: ctx.send_cq,
+                    wc: WorkCompletion {
+                        wr_id: w.wr.wr_id,
+                        status,
+                        opcode: wc_opcode(&w.wr.op),
+                        qp_num: ctx.qpn,
+                        byte_len,
+                        imm_data: None,
+                        invalidated_rkey: None,
+                        src_qp: 0,
+                        grh: false,
+                    },
+                    solicited: false,
+                });
+            }
+        }
+        if !self.wqes.iter().any(|w| w.done.is_none() && w.first_psn.is_some() && w.is_remote()) {
+            self.timer = None;
+        }
+    }
+
+    /// The QP entered ERR: every WQE not yet complete is flushed, in order.
+    pub(crate) fn flush(&mut self, ctx: &mut RequesterCtx<'_>) {
+        for i in 0..self.wqes.len() {
+            self.finish(i, WcStatus::WrFlushErr);
+        }
+        self.timer = None;
+        self.rnr_until = None;
+        self.reap(ctx);
+        self.cur = 0;
+        self.cur_off = 0;
+    }
+
+    /// Fail WQE `i` fatally: complete it with `status`; the caller moves the QP to ERR.
+    fn fatal(&mut self, i: usize, status: WcStatus, ctx: &mut RequesterCtx<'_>) -> SqFatal {
+        self.finish(i, status);
+        self.reap(ctx);
+        SqFatal(status)
+    }
+
+    /// Build the next request packet into `buf`, if any is due.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        ctx: &mut RequesterCtx<'_>,
+        path: &mut PathHeaders,
+        buf: &mut [u8],
+    ) -> Result<Option<usize>, SqFatal> {
+        if self.rnr_until.is_some_and(|t| now < t) {
+            return Ok(None);
+        }
+        self.rnr_until = None;
+        let pmtu = u64::from(ctx.pmtu.bytes());
+        loop {
+            let Some(w) = self.wqes.get(self.cur) else { return Ok(None) };
+            if w.done.is_some() {
+                self.cur += 1;
+                self.cur_off = 0;
+                continue;
+            }
+            if w.first_psn.is_none() {
+                // Starting a new WQE: ordering rules first.
+                if ctx.draining {
+                    return Ok(None);
+                }
+                let earlier_rd_atomic = self.wqes.iter().take(self.cur).filter(|x| x.is_rd_atomic() && x.done.is_none()).count();
+                // IBTA 10.8.3.3 / ibv_post_send(3): IBV_SEND_FENCE waits for prior READ/ATOMIC.
+                if w.wr.flags.contains(SendFlags::FENCE) && earlier_rd_atomic > 0 {
+                    return Ok(None);
+                }
+                // IBTA C9-?: at most max_rd_atomic outstanding READ/ATOMIC as requester.
+                if w.is_rd_atomic() && earlier_rd_atomic >= usize::from(ctx.max_rd_atomic.max(1)) {
+                    return Ok(None);
+                }
+                if w.kind == Kind::Local {
+                    let i = self.cur;
+                    let status = self.execute_local(i, ctx);
+                    self.finish(i, status);
+                    self.cur += 1;
+                    self.reap(ctx);
+                    if status != WcStatus::Success {
+                        return Err(SqFatal(status));
+                    }
+                    continue;
+                }
+                // Local checks before the first packet (ConnectX/rxe: a bad lkey
+                // completes with LOC_PROT_ERR and the QP enters ERR).
+                let needed = if w.is_rd_atomic() { Access::LOCAL_WRITE } else { Access::empty() };
+                if let Payload::Sgl(sgl) = &w.wr.payload {
+                    if ctx.memory.local_check(ctx.pd, sgl, needed).is_err() {
+                        let i = self.cur;
+                        return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
+                    }
+                }
+                if w.kind == Kind::Atomic && w.len != 8 {
+                    let i = self.cur;
+                    return Err(self.fatal(i, WcStatus::LocLenErr, ctx));
+                }
+                if ctx.qp_type == QpType::Ud && w.len > pmtu {
+                    let i = self.cur;
+                    return Err(self.fatal(i, WcStatus::LocLenErr, ctx));
+                }
+                let npsn = self.npsn_for(w.kind, w.len, pmtu);
+                let first = self.next_psn;
+                let w = &mut self.wqes[self.cur];
+                w.first_psn = Some(first);
+                w.npsn = npsn;
+                self.next_psn = first.add(npsn);
+                self.cur_off = 0;
+            }
+            // Flow control: stay within MAX_UNACKED_PSNS of the oldest unacked PSN.
+            let w = &self.wqes[self.cur];
+            let first = w.first_psn.expect("assigned above");
+            let psn = match w.kind {
+                Kind::Send | Kind::Write => first.add((self.cur_off / pmtu) as u32),
+                Kind::Read => first.add((w.read_done / pmtu) as u32),
+                _ => first,
+            };
+            if ctx.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
+                return Ok(None);
+            }
+            return self.emit(now, ctx, path, buf, pmtu).map(Some);
+        }
+    }
+
+    fn execute_local(&mut self, i: usize, ctx: &mut RequesterCtx<'_>) -> WcStatus {
+        match self.wqes[i].wr.op {
+            SendOp::LocalInv { rkey } => match ctx.memory.invalidate(ctx.pd, ctx.qpn, rkey) {
+                Ok(()) => WcStatus::Success,
+                Err(_) => WcStatus::LocProtErr,
+            },
+            SendOp::BindMw { mw_rkey, new_key, mr_lkey, addr, length, access } => {
+                match ctx.memory.bind_mw(ctx.pd, ctx.qpn, mw_rkey, new_key, mr_lkey, addr, length, access) {
+                    Ok(_) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                }
+            }
+            _ => WcStatus::LocQpOpErr,
+        }
+    }
+
+    /// Emit the packet at the cursor and advance it.
+    fn emit(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, path: &mut PathHeaders, buf: &mut [u8], pmtu: u64) -> Result<usize, SqFatal> {
+        let i = self.cur;
+        let w = &self.wqes[i];
+        let first_psn = w.first_psn.expect("assigned above");
+        let mut bth = BthRepr {
+            opcode: Opcode::RC_SEND_ONLY,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: PKEY,
+            fecn: false,
+            becn: false,
+            resv6: 0,
+            dest_qp: ctx.dest_qpn,
+            ack_req: false,
+            resv7: 0,
+            psn: first_psn,
+        };
+        let mut t = TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None };
+        let (payload_off, payload_len, last) = match w.kind {
+            Kind::Send | Kind::Write => {
+                let off = self.cur_off;
+                let n = (w.len - off.min(w.len)).min(pmtu);
+                let idx = off / pmtu;
+                let first = off == 0;
+                let last = off + n >= w.len;
+                bth.psn = first_psn.add(idx as u32);
+                bth.opcode = data_opcode(ctx.qp_type, &w.wr.op, first, last);
+                bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
+                if let SendOp::Write { remote } | SendOp::WriteWithImm { remote, .. } = w.wr.op {
+                    if first {
+                        t.reth = Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: u32::try_from(w.len).unwrap_or(u32::MAX) });
+                    }
+                }
+                if last {
+                    match w.wr.op {
+                        SendOp::SendWithImm { imm } | SendOp::WriteWithImm { imm, .. } => t.immediate = Some(imm),
+                        SendOp::SendWithInv { rkey } => t.invalidate_rkey = Some(rkey),
+                        _ => {}
+                    }
+                }
+                if ctx.qp_type == QpType::Ud {
+                    let ud = w.wr.ud.as_ref();
+                    let remote_qkey = ud.map_or(0, |u| u.remote_qkey);
+                    // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's Q_Key".
+                    let qkey = if remote_qkey & 0x8000_0000 != 0 { ctx.qkey } else { remote_qkey };
+                    t.deth = Some(DethRepr { qkey, resv8: 0, src_qp: ctx.qpn });
+                    bth.dest_qp = ud.map_or(0, |u| u.remote_qpn);
+                }
+                (off, n as usize, last)
+            }
+            Kind::Read => {
+                let SendOp::Read { remote } = w.wr.op else { unreachable!("kind Read") };
+                let done = w.read_done;
+                bth.opcode = Opcode::RC_READ_REQUEST;
+                bth.psn = first_psn.add((done / pmtu) as u32);
+                t.reth = Some(RethRepr { va: remote.addr.wrapping_add(done), rkey: remote.rkey, dma_len: u32::try_from(w.len - done).unwrap_or(u32::MAX) });
+                (0, 0, true)
+            }
+            Kind::Atomic => {
+                let (remote, swap_add, compare) = match w.wr.op {
+                    SendOp::CmpSwap { remote, compare, swap } => (remote, swap, compare),
+                    SendOp::FetchAdd { remote, add } => (remote, add, 0),
+                    _ => unreachable!("kind Atomic"),
+                };
+                bth.opcode = if matches!(w.wr.op, SendOp::CmpSwap { .. }) { Opcode::RC_CMP_SWAP } else { Opcode::RC_FETCH_ADD };
+                t.atomic_eth = Some(AtomicEthRepr { va: remote.addr, rkey: remote.rkey, swap_add, compare });
+                (0, 0, true)
+            }
+            Kind::Local => unreachable!("local WQEs send nothing"),
+        };
+        // IBTA 9.7.2 / rxe: AckReq on the last packet of a message, and
+        // periodically within long messages.
+        self.pkts_since_ack_req += 1;
+        if last || self.pkts_since_ack_req >= ACK_REQ_EVERY {
+            bth.ack_req = ctx.qp_type == QpType::Rc;
+            self.pkts_since_ack_req = 0;
+        }
+        t.bth = bth;
+        let psn = bth.psn;
+
+        // UD sends carry their own path.
+        let mut ud_path;
+        let path: &mut PathHeaders = if ctx.qp_type == QpType::Ud {
+            let Some(ud) = w.wr.ud.as_ref() else {
+                return Err(self.fatal(i, WcStatus::LocQpOpErr, ctx));
+            };
+            ud_path = PathHeaders::new(&ud.av, ud.av.udp_sport.unwrap_or_else(|| sport::ud_sport(ctx.qpn)));
+            &mut ud_path
+        } else {
+            path
+        };
+        self.ident = self.ident.wrapping_add(1);
+        path.set_ident(self.ident);
+        let mut gather_failed = false;
+        let memory = ctx.memory;
+        let pd = ctx.pd;
+        let payload = &w.wr.payload;
+        let res = path.emit_with(t, payload_len, buf, |dst| match payload {
+            Payload::Inline(data) => {
+                let s = payload_off as usize;
+                dst.copy_from_slice(&data[s..s + dst.len()]);
+            }
+            Payload::Sgl(sgl) => {
+                if memory.local_gather(pd, sgl, payload_off, dst).is_err() {
+                    dst.fill(0);
+                    gather_failed = true;
+                }
+            }
+        });
+        let n = match res {
+            Ok(n) => n,
+            Err(_) => return Err(self.fatal(i, WcStatus::LocLenErr, ctx)),
+        };
+        if gather_failed {
+            // The source region went away between the check and the copy.
+            return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
+        }
+        ctx.stats.tx_packets += 1;
+        ctx.stats.tx_bytes += n as u64;
+        let kind = self.wqes[i].kind;
+        let npsn = self.wqes[i].npsn;
+        // Advance the cursor.
+        match kind {
+            Kind::Send | Kind::Write => self.cur_off = payload_off + payload_len as u64,
+            _ => {}
+        }
+        let _ = (psn, npsn);
+        if last {
+            self.cur += 1;
+            self.cur_off = 0;
+            if ctx.qp_type != QpType::Rc {
+                // UC and UD complete on transmission (no acknowledgements).
+                self.finish(i, WcStatus::Success);
+                self.reap(ctx);
+            }
+        }
+        if ctx.qp_type == QpType::Rc && self.timer.is_none() {
+            if let Some(d) = local_timeout(ctx.timeout) {
+                self.timer = Some(now + d);
+            }
+        }
+        Ok(n)
+    }
+
+    /// Go back to `psn`: the WQE containing it (or the first unfinished one
+    /// after it) is sent again from there, with the same PSNs.
+    fn rewind(&mut self, psn: Psn, pmtu: u64) {
+        let Some(i) = self.wqes.iter().position(|w| {
+            w.done.is_none() && w.is_remote() && w.first_psn.is_some() && w.last_psn().is_some_and(|l| !l.is_before(psn))
+        }) else {
+            return;
+        };
+        let w = &self.wqes[i];
+        let first = w.first_psn.expect("filtered");
+        self.cur = i;
+        self.cur_off = match w.kind {
+            Kind::Send | Kind::Write => {
+                let idx = if psn.is_after(first) { psn.distance(first) as u64 } else { 0 };
+                (idx * pmtu).min(w.len)
+            }
+            _ => 0,
+        };
+        self.pkts_since_ack_req = 0;
+    }
+
+    /// Complete every SEND/WRITE whose last PSN is before `psn` (an ACK or NAK
+    /// for `psn` implicitly acknowledges them, IBTA 9.7.5.1.2). Returns the
+    /// index of the first WQE not covered, and whether anything progressed.
+    fn ack_before(&mut self, psn: Psn, inclusive: bool) -> (bool, Option<usize>) {
+        let mut progressed = false;
+        for i in 0..self.wqes.len() {
+            let w = &self.wqes[i];
+            if w.done.is_some() || !w.is_remote() {
+                continue;
+            }
+            let Some(last) = w.last_psn() else { return (progressed, Some(i)) };
+            let covered = if inclusive { !last.is_after(psn) } else { last.is_before(psn) };
+            if !covered {
+                return (progressed, Some(i));
+            }
+            match w.kind {
+                Kind::Send | Kind::Write => {
+                    // The responder acknowledges only what it received in order.
+                    self.wqes[i].done = Some(WcStatus::Success);
+                    progressed = true;
+                }
+                // An ACK beyond a READ/ATOMIC means its response was lost.
+                _ => return (progressed, Some(i)),
+            }
+        }
+        (progressed, None)
+    }
+
+    fn progress(&mut self, now: Instant, ctx: &RequesterCtx<'_>) {
+        self.retry_left = ctx.retry_cnt;
+        self.rnr_left = ctx.rnr_retry;
+        self.timer = local_timeout(ctx.timeout).map(|d| now + d);
+    }
+
+    /// A response for this QP (ACK, NAK, READ response, atomic ACK).
+    pub(crate) fn handle_response(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>) -> Result<(), SqFatal> {
+        let t = &frame.repr.transport;
+        let psn = t.bth.psn;
+        let op = t.bth.opcode;
+        let pmtu = u64::from(ctx.pmtu.bytes());
+        // A response for a PSN we never sent is a ghost (IBTA 9.7.5.1.6): ignore.
+        if !psn.is_before(self.next_psn) {
+            ctx.stats.req_ghost_responses += 1;
+            return Ok(());
+        }
+        let result = if op == Opcode::RC_ACK {
+            let aeth = t.aeth.expect("ACK carries an AETH");
+            match aeth.syndrome {
+                AckSyndrome::Ack { .. } => {
+                    ctx.stats.req_acks_received += 1;
+                    let advanced = self.advance_una(psn.next());
+                    let (progressed, stuck) = self.ack_before(psn, true);
+                    // Progress includes an ACK in the middle of a long message.
+                    if progressed || advanced {
+                        self.progress(now, ctx);
+                    } else {
+                        ctx.stats.req_duplicate_acks += 1;
+                    }
+                    if let Some(i) = stuck {
+                        let w = &self.wqes[i];
+                        // Implicit NAK: the ACK covers a READ/ATOMIC whose response never came.
+                        if w.is_rd_atomic() && w.first_psn.is_some_and(|f| !f.is_after(psn)) && self.cur > i {
+                            let resume = w.first_psn.expect("checked").add((w.read_done / pmtu) as u32);
+                            self.rewind(resume, pmtu);
+                        }
+                    }
+                    Ok(())
+                }
+                AckSyndrome::RnrNak { timer } => {
+                    ctx.stats.req_rnr_naks_received += 1;
+                    self.ack_before(psn, false);
+                    self.advance_una(psn);
+                    // IBTA 9.7.5.2.8: rnr_retry 7 means retry forever.
+                    if ctx.rnr_retry != 7 {
+                        if self.rnr_left == 0 {
+                            let i = self.index_of(psn);
+                            return self.fail_at(i, WcStatus::RnrRetryExcErr, ctx);
+                        }
+                        self.rnr_left -= 1;
+                    }
+                    self.rnr_until = Some(now + Duration::from_nanos(rnr_timer_nanos(timer)));
+                    self.rewind(psn, pmtu);
+                    self.timer = None;
+                    Ok(())
+                }
+                AckSyndrome::Nak(NakCode::PsnSequenceError) => {
+                    ctx.stats.req_naks_seq_received += 1;
+                    let (progressed, _) = self.ack_before(psn, false);
+                    self.advance_una(psn);
+                    if progressed {
+                        self.retry_left = ctx.retry_cnt;
+                    }
+                    // IBTA 9.7.5.2.1: go back to the NAKed PSN; counts against retry_cnt.
+                    if self.retry_left == 0 {
+                        let i = self.index_of(psn);
+                        return self.fail_at(i, WcStatus::RetryExcErr, ctx);
+                    }
+                    self.retry_left -= 1;
+                    ctx.stats.req_retransmits += 1;
+                    self.rewind(psn, pmtu);
+                    Ok(())
+                }
+                AckSyndrome::Nak(code) => {
+                    ctx.stats.req_naks_error_received += 1;
+                    self.ack_before(psn, false);
+                    let status = match code {
+                        NakCode::InvalidRequest => WcStatus::RemInvReqErr,
+                        NakCode::RemoteAccessError => WcStatus::RemAccessErr,
+                        NakCode::RemoteOperationalError => WcStatus::RemOpErr,
+                        _ => WcStatus::BadRespErr,
+                    };
+                    let i = self.index_of(psn);
+                    self.fail_at(i, status, ctx)
+                }
+                AckSyndrome::Reserved(_) => {
+                    ctx.stats.req_bad_responses += 1;
+                    Ok(())
+                }
+            }
+        } else if op.is_read_response() {
+            self.handle_read_response(now, ctx, frame, pmtu)
+        } else if op == Opcode::RC_ATOMIC_ACK {
+            self.handle_atomic_ack(now, ctx, frame, pmtu)
+        } else {
+            ctx.stats.req_bad_responses += 1;
+            Ok(())
+        };
+        self.reap(ctx);
+        result
+    }
+
+    fn index_of(&self, psn: Psn) -> Option<usize> {
+        self.wqes.iter().position(|w| w.done.is_none() && w.is_remote() && w.last_psn().is_some_and(|l| !l.is_before(psn)))
+    }
+
+    fn fail_at(&mut self, i: Option<usize>, status: WcStatus, ctx: &mut RequesterCtx<'_>) -> Result<(), SqFatal> {
+        match i {
+            Some(i) => Err(self.fatal(i, status, ctx)),
+            None => Err(SqFatal(status)),
+        }
+    }
+
+    fn handle_read_response(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>, pmtu: u64) -> Result<(), SqFatal> {
+        let psn = frame.repr.transport.bth.psn;
+        // Responses before the READ acknowledge earlier SEND/WRITEs.
+        let (_, at) = self.ack_before(psn, false);
+        let Some(i) = at else {
+            ctx.stats.req_duplicate_acks += 1;
+            return Ok(());
+        };
+        let w = &self.wqes[i];
+        if w.kind != Kind::Read || w.first_psn.is_none() {
+            ctx.stats.req_bad_responses += 1;
+            return Ok(());
+        }
+        let first = w.first_psn.expect("checked");
+        let expected = first.add((w.read_done / pmtu) as u32);
+        if psn != expected {
+            if psn.is_after(expected) {
+                // A response went missing: ask again from the first missing byte.
+                ctx.stats.req_retransmits += 1;
+                self.rewind(expected, pmtu);
+            } else {
+                ctx.stats.req_duplicate_acks += 1;
+            }
+            return Ok(());
+        }
+        let payload = frame.payload;
+        let remaining = w.len - w.read_done;
+        let op = frame.repr.transport.bth.opcode;
+        let is_last = op == Opcode::RC_READ_RESPONSE_LAST || op == Opcode::RC_READ_RESPONSE_ONLY;
+        // IBTA 9.7.5.1.3: FIRST/MIDDLE carry exactly a path MTU; the whole response matches the request.
+        let bad_len = payload.len() as u64 > remaining || (!is_last && payload.len() as u64 != pmtu) || (is_last && payload.len() as u64 != remaining);
+        if bad_len {
+            ctx.stats.req_bad_responses += 1;
+            return self.fail_at(Some(i), WcStatus::BadRespErr, ctx);
+        }
+        if let Payload::Sgl(sgl) = &w.wr.payload {
+            if ctx.memory.local_scatter(ctx.pd, sgl, w.read_done, payload).is_err() {
+                return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
+            }
+        }
+        self.advance_una(psn.next());
+        let w = &mut self.wqes[i];
+        w.read_done += payload.len() as u64;
+        if is_last {
+            w.done = Some(WcStatus::Success);
+        }
+        self.progress(now, ctx);
+        Ok(())
+    }
+
+    fn handle_atomic_ack(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>, _pmtu: u64) -> Result<(), SqFatal> {
+        let psn = frame.repr.transport.bth.psn;
+        let (_, at) = self.ack_before(psn, false);
+        let Some(i) = at else {
+            ctx.stats.req_duplicate_acks += 1;
+            return Ok(());
+        };
+        let w = &self.wqes[i];
+        if w.kind != Kind::Atomic || w.first_psn != Some(psn) {
+            ctx.stats.req_duplicate_acks += 1;
+            return Ok(());
+        }
+        let orig = frame.repr.transport.atomic_ack.unwrap_or(0);
+        // The result lands in host byte order, as the target's atomics are.
+        if let Payload::Sgl(sgl) = &w.wr.payload {
+            if ctx.memory.local_scatter(ctx.pd, sgl, 0, &orig.to_ne_bytes()).is_err() {
+                return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
+            }
+        }
+        self.wqes[i].done = Some(WcStatus::Success);
+        self.advance_una(psn.next());
+        self.progress(now, ctx);
+        Ok(())
+    }
+
+    /// Move the oldest-unacknowledged PSN forward; whether it moved.
+    fn advance_una(&mut self, psn: Psn) -> bool {
+        if psn.is_after(self.una) && !psn.is_after(self.next_psn) {
+            self.una = psn;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Timers: RNR back-off ends, or the local ACK timeout fires.
+    pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>) -> Result<(), SqFatal> {
+        if self.rnr_until.is_some_and(|t| t <= now) {
+            self.rnr_until = None;
+        }
+        let Some(t) = self.timer else { return Ok(()) };
+        if now < t {
+            return Ok(());
+        }
+        self.timer = None;
+        let Some(i) = self.wqes.iter().position(|w| w.done.is_none() && w.is_remote() && w.first_psn.is_some()) else {
+            return Ok(());
+        };
+        ctx.stats.req_timeouts += 1;
+        // IBTA 9.7.6.1.3: retry_cnt counts timeouts; exhausted → RETRY_EXC_ERR.
+        if self.retry_left == 0 {
+            return Err(self.fatal(i, WcStatus::RetryExcErr, ctx));
+        }
+        self.retry_left -= 1;
+        ctx.stats.req_retransmits += 1;
+        let w = &self.wqes[i];
+        let pmtu = u64::from(ctx.pmtu.bytes());
+        let first = w.first_psn.expect("filtered");
+        // Resume at the oldest unacknowledged PSN (inside this WQE or at its start).
+        let resume = match w.kind {
+            Kind::Read => first.add((w.read_done / pmtu) as u32),
+            _ if self.una.is_after(first) => self.una,
+            _ => first,
+        };
+        self.rewind(resume, pmtu);
+        Ok(())
+    }
+}
+
+/// The BTH opcode of a SEND/WRITE packet (IBTA 9.2, table 35).
+fn data_opcode(qp_type: QpType, op: &SendOp, first: bool, last: bool) -> Opcode {
+    let base = match qp_type {
+        QpType::Ud => {
+            return if matches!(op, SendOp::SendWithImm { .. }) { Opcode::UD_SEND_ONLY_IMM } else { Opcode::UD_SEND_ONLY };
+        }
+        QpType::Uc => 0x20,
+        QpType::Rc => 0x00,
+    };
+    let low = match (op, first, last) {
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, true, false) => 0x00,
+        (SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }, false, false) => 0x01,
+        (SendOp::Send, false, true) => 0x02,
+        (SendOp::SendWithImm { .. }, false, true) => 0x03,
+        (SendOp::Send, true, true) => 0x04,
+        (SendOp::SendWithImm { .. }, true, true) => 0x05,
+        (SendOp::SendWithInv { .. }, false, true) => 0x16,
+        (SendOp::SendWithInv { .. }, true, true) => 0x17,
+        (_, true, false) => 0x06,
+        (_, false, false) => 0x07,
+        (SendOp::WriteWithImm { .. }, false, true) => 0x09,
+        (_, false, true) => 0x08,
+        (SendOp::WriteWithImm { .. }, true, true) => 0x0b,
+        (_, true, true) => 0x0a,
+    };
+    Opcode(base | low)
+}

@@ -1,0 +1,283 @@
+//! perftest-style measurements over the verbs API: an RC QP pair between two
+//! contexts, RDMA WRITE bandwidth and SEND ping-pong latency with data checks.
+
+use std::time::{Duration, Instant};
+
+use urnic::{
+    Access, AhAttr, Context, Cq, Mr, Payload, Psn, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType,
+    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+};
+
+use crate::report::{LatStats, RULE};
+
+/// One endpoint: PD, CQ, QP and a buffer.
+pub struct Endpoint {
+    /// Context.
+    pub ctx: Context,
+    /// QP (dropped before the CQ and MR).
+    pub qp: Qp,
+    /// CQ for sends and receives.
+    pub cq: Cq,
+    /// The registered buffer.
+    pub mr: Mr,
+}
+
+/// Errors of a perf run, as text for the CLI.
+pub type PerfResult<T> = Result<T, String>;
+
+fn e<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
+    move |err| format!("{what}: {err}")
+}
+
+impl Endpoint {
+    /// Create the endpoint's objects with a `buf_len` buffer.
+    pub fn new(ctx: &Context, buf_len: usize, depth: u32) -> PerfResult<Endpoint> {
+        let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
+        let cq = ctx.create_cq(depth * 2 + 16, None).map_err(e("create_cq"))?;
+        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+        let mr = pd.alloc_mr(buf_len, access).map_err(e("alloc_mr"))?;
+        let qp = pd
+            .create_qp(&QpInit {
+                qp_type: QpType::Rc,
+                send_cq: &cq,
+                recv_cq: &cq,
+                srq: None,
+                cap: QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+                sq_sig_all: false,
+            })
+            .map_err(e("create_qp"))?;
+        Ok(Endpoint { ctx: ctx.clone(), qp, cq, mr })
+    }
+
+    /// Bring the QP to RTS towards `remote` (GID index 1, the IPv4-mapped GID).
+    pub fn connect(&self, remote_qpn: u32, remote_gid: [u8; 16], local_psn: u32, remote_psn: u32) -> PerfResult<()> {
+        let mtu = self.ctx.query_port(1).map_err(e("query_port"))?.active_mtu;
+        let mut a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        };
+        self.qp
+            .modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+            .map_err(e("modify INIT"))?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = mtu;
+        a.dest_qp_num = remote_qpn;
+        a.rq_psn = Psn::new(remote_psn);
+        a.max_dest_rd_atomic = 16;
+        a.min_rnr_timer = 12;
+        a.ah_attr = Some(AhAttr { dgid: remote_gid, sgid_index: 1, hop_limit: 64, port_num: 1, ..AhAttr::default() });
+        self.qp
+            .modify(
+                &a,
+                QpAttrMask::STATE
+                    | QpAttrMask::AV
+                    | QpAttrMask::PATH_MTU
+                    | QpAttrMask::DEST_QPN
+                    | QpAttrMask::RQ_PSN
+                    | QpAttrMask::MAX_DEST_RD_ATOMIC
+                    | QpAttrMask::MIN_RNR_TIMER,
+            )
+            .map_err(e("modify RTR"))?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = Psn::new(local_psn);
+        a.timeout = 14;
+        a.retry_cnt = 7;
+        a.rnr_retry = 7;
+        a.max_rd_atomic = 16;
+        self.qp
+            .modify(
+                &a,
+                QpAttrMask::STATE
+                    | QpAttrMask::SQ_PSN
+                    | QpAttrMask::TIMEOUT
+                    | QpAttrMask::RETRY_CNT
+                    | QpAttrMask::RNR_RETRY
+                    | QpAttrMask::MAX_QP_RD_ATOMIC,
+            )
+            .map_err(e("modify RTS"))?;
+        Ok(())
+    }
+
+    /// Poll until a completion arrives or `deadline` passes.
+    pub fn wait_one(&self, deadline: Instant) -> PerfResult<WorkCompletion> {
+        let mut wc = [blank_wc(); 1];
+        loop {
+            if self.cq.poll(&mut wc).map_err(e("poll_cq"))? == 1 {
+                if wc[0].status != WcStatus::Success {
+                    return Err(format!("completion error: {:?} (wr_id {})", wc[0].status, wc[0].wr_id));
+                }
+                return Ok(wc[0]);
+            }
+            if Instant::now() > deadline {
+                return Err("timed out waiting for a completion".into());
+            }
+            std::hint::spin_loop();
+        }
+    }
+}
+
+/// An empty completion to fill arrays with.
+pub fn blank_wc() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: urnic::WcOpcode::Send,
+        qp_num: 0,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        src_qp: 0,
+        grh: false,
+    }
+}
+
+/// Connect two endpoints to each other.
+pub fn connect_pair(a: &Endpoint, b: &Endpoint) -> PerfResult<()> {
+    let ga = a.ctx.query_gid(1, 1).map_err(e("query_gid"))?;
+    let gb = b.ctx.query_gid(1, 1).map_err(e("query_gid"))?;
+    a.connect(b.qp.qp_num(), gb, 0x1000, 0x2000)?;
+    b.connect(a.qp.qp_num(), ga, 0x2000, 0x1000)?;
+    Ok(())
+}
+
+/// Result of a bandwidth run.
+#[derive(Clone, Copy, Debug)]
+pub struct BwResult {
+    /// Bytes per message.
+    pub bytes: usize,
+    /// Messages.
+    pub iters: usize,
+    /// Best windowed bandwidth, MB/s.
+    pub peak_mbs: f64,
+    /// Average bandwidth, MB/s.
+    pub avg_mbs: f64,
+}
+
+/// RDMA WRITE bandwidth from `a` to `b`: `iters` writes of `size` bytes,
+/// `depth` outstanding, every write signaled; then checks `b`'s buffer.
+pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, depth: usize) -> PerfResult<BwResult> {
+    let pattern = |i: usize| (i * 7 + 3) as u8;
+    for (i, byte) in a.mr.as_mut_slice()[..size].iter_mut().enumerate() {
+        *byte = pattern(i);
+    }
+    b.mr.as_mut_slice()[..size].fill(0);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    let wr = |id: usize| SendWr {
+        wr_id: id as u64,
+        op: SendOp::Write { remote },
+        payload: Payload::Sgl(vec![a.mr.sge(0, size as u32)]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let start = Instant::now();
+    let (mut posted, mut done) = (0usize, 0usize);
+    let mut window_start = start;
+    let mut window_done = 0usize;
+    let mut peak = 0f64;
+    let mut wcs = vec![blank_wc(); 64];
+    while done < iters {
+        while posted < iters && posted - done < depth {
+            a.qp.post_send(&wr(posted)).map_err(e("post_send"))?;
+            posted += 1;
+        }
+        let n = a.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                return Err(format!("write {} completed with {:?}", wc.wr_id, wc.status));
+            }
+        }
+        done += n;
+        window_done += n;
+        if window_done >= depth.max(16) {
+            let dt = window_start.elapsed().as_secs_f64();
+            if dt > 0.0 {
+                peak = peak.max((window_done * size) as f64 / dt / 1e6);
+            }
+            window_start = Instant::now();
+            window_done = 0;
+        }
+        if n == 0 && Instant::now() > deadline {
+            return Err(format!("write_bw stalled: {done}/{iters} completed"));
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let avg = (iters * size) as f64 / secs / 1e6;
+    if b.mr.as_slice()[..size].iter().enumerate().any(|(i, &v)| v != pattern(i)) {
+        return Err("data check failed: the target buffer does not hold what was written".into());
+    }
+    Ok(BwResult { bytes: size, iters, peak_mbs: peak.max(avg), avg_mbs: avg })
+}
+
+/// SEND ping-pong latency between `a` and `b`: `iters` round trips of
+/// `size`-byte messages; returns one-way latencies (RTT/2) in µs, as
+/// ib_send_lat reports them.
+pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<LatStats> {
+    let mut samples = Vec::with_capacity(iters);
+    // Receive buffers are the upper half of the region, large enough for any
+    // size, so a receive left posted by an earlier size still fits.
+    let half = a.mr.len().min(b.mr.len()) / 2;
+    if size > half {
+        return Err(format!("message of {size} bytes does not fit the {half}-byte receive area"));
+    }
+    let recv = |ep: &Endpoint, id: u64| RecvWr { wr_id: id, sgl: vec![ep.mr.sge(half, half as u32)] };
+    let send = |ep: &Endpoint, id: u64| {
+        SendWr {
+            wr_id: id,
+            op: SendOp::Send,
+            payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    };
+    b.qp.post_recv(&recv(b, 1)).map_err(e("post_recv"))?;
+    a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
+    for i in 0..iters {
+        let tag = (i % 251) as u8;
+        a.mr.as_mut_slice()[..size].fill(tag);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let t0 = Instant::now();
+        a.qp.post_send(&send(a, 2)).map_err(e("post_send"))?;
+        // b: receive, check, answer
+        let mut got_recv = false;
+        while !got_recv {
+            let wc = b.wait_one(deadline)?;
+            got_recv = wc.opcode == urnic::WcOpcode::Recv;
+        }
+        if b.mr.as_slice()[half..half + size].iter().any(|&v| v != tag) {
+            return Err(format!("data check failed on ping {i}"));
+        }
+        b.qp.post_recv(&recv(b, 1)).map_err(e("post_recv"))?;
+        b.mr.as_mut_slice()[..size].fill(tag);
+        b.qp.post_send(&send(b, 2)).map_err(e("post_send"))?;
+        // a: wait for the pong (and its own send completion)
+        let mut got_pong = false;
+        while !got_pong {
+            let wc = a.wait_one(deadline)?;
+            got_pong = wc.opcode == urnic::WcOpcode::Recv;
+        }
+        let rtt = t0.elapsed();
+        a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
+        samples.push(rtt.as_secs_f64() * 1e6 / 2.0);
+        // drain remaining send completions
+        let mut wcs = [blank_wc(); 4];
+        let _ = a.cq.poll(&mut wcs);
+        let _ = b.cq.poll(&mut wcs);
+    }
+    LatStats::from_samples(&mut samples).ok_or_else(|| "no samples".to_string())
+}
+
+/// Print a perftest-style banner.
+pub fn banner(title: &str, device: &str, mtu: u32, depth: usize) {
+    println!("{RULE}");
+    println!("                    {title}");
+    println!(" Number of qps   : 1\t\tTransport type : IB");
+    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
+    println!(" Device          : {device}");
+    println!(" TX depth        : {depth}");
+    println!(" Mtu             : {mtu}[B]");
+    println!(" Link type       : Ethernet");
+    println!(" GID index       : 1");
+    println!("{RULE}");
+}

@@ -1,0 +1,109 @@
+//! Completion queues and completion channels: `ibv_create_cq`, `ibv_poll_cq`,
+//! `ibv_req_notify_cq`, `ibv_create_comp_channel`, `ibv_get_cq_event`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use rocev2::transport::wr::{CqId, WorkCompletion};
+use urnic_datapath::queues::{CompletionChannel, CqRing};
+
+use crate::device::Context;
+use crate::error::{Error, ErrorKind, Result};
+
+/// A completion channel (`struct ibv_comp_channel`), backed by an eventfd.
+#[derive(Clone)]
+pub struct CompChannel {
+    pub(crate) inner: Arc<CompletionChannel>,
+}
+
+impl CompChannel {
+    /// Block until a CQ armed with [`Cq::req_notify`] has a completion
+    /// (`ibv_get_cq_event`); returns that CQ's number.
+    pub fn get_cq_event(&self) -> Result<u32> {
+        Ok(self.inner.get_event()?.0)
+    }
+
+    /// A pending CQ event, without blocking.
+    pub fn try_get_cq_event(&self) -> Option<u32> {
+        self.inner.try_get_event().map(|c| c.0)
+    }
+
+    /// The eventfd to wait on with poll/epoll.
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.inner.raw_fd()
+    }
+}
+
+/// A completion queue (`struct ibv_cq`). Destroyed on drop.
+pub struct Cq {
+    pub(crate) ctx: Context,
+    pub(crate) ring: Arc<CqRing>,
+}
+
+impl Context {
+    /// `ibv_create_comp_channel`.
+    pub fn create_comp_channel(&self) -> Result<CompChannel> {
+        Ok(CompChannel { inner: Arc::new(CompletionChannel::new(self.inner.limits.max_cq as usize)?) })
+    }
+
+    /// `ibv_create_cq` with room for `cqe` completions.
+    pub fn create_cq(&self, cqe: u32, channel: Option<&CompChannel>) -> Result<Cq> {
+        let lim = self.inner.limits;
+        if cqe == 0 || cqe > lim.max_cqe {
+            return Err(Error::invalid(format!("cqe {cqe} outside 1..={}", lim.max_cqe)));
+        }
+        if self.inner.cq_count.fetch_add(1, Ordering::AcqRel) >= lim.max_cq {
+            self.inner.cq_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(ErrorKind::NoResources, format!("device has its maximum of {} CQs", lim.max_cq)));
+        }
+        let id = CqId(self.inner.alloc_id());
+        let ring = Arc::new(CqRing::new(id, cqe as usize, channel.map(|c| c.inner.clone())));
+        self.inner.nic.attach_cq(ring.clone());
+        Ok(Cq { ctx: self.clone(), ring })
+    }
+}
+
+impl Cq {
+    /// The CQ's number (what [`CompChannel::get_cq_event`] returns).
+    pub fn id(&self) -> u32 {
+        self.ring.id.0
+    }
+
+    pub(crate) fn cq_id(&self) -> CqId {
+        self.ring.id
+    }
+
+    /// Capacity.
+    pub fn capacity(&self) -> usize {
+        self.ring.capacity()
+    }
+
+    /// Take up to `wc.len()` completions (`ibv_poll_cq`). Returns how many.
+    /// An overrun CQ (more completions than capacity) reports an error, as a
+    /// hardware CQ in error state would.
+    pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        let n = self.ring.poll(wc);
+        if n == 0 && self.ring.overflowed() {
+            return Err(Error::new(ErrorKind::NoResources, format!("CQ {} overran: completions were lost", self.id())));
+        }
+        Ok(n)
+    }
+
+    /// Arm the CQ (`ibv_req_notify_cq`): the next completion (or next solicited
+    /// or error completion if `solicited_only`) signals the channel once.
+    pub fn req_notify(&self, solicited_only: bool) {
+        self.ring.req_notify(solicited_only);
+    }
+
+    /// The context.
+    pub fn context(&self) -> &Context {
+        &self.ctx
+    }
+}
+
+impl Drop for Cq {
+    fn drop(&mut self) {
+        self.ctx.inner.nic.detach_cq(self.ring.id);
+        self.ctx.inner.cq_count.fetch_sub(1, Ordering::AcqRel);
+    }
+}

@@ -1,0 +1,394 @@
+//! Devices and contexts: `ibv_get_device_list`, `ibv_open_device`,
+//! `ibv_query_device`, `ibv_query_port`, `ibv_query_gid`.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
+
+use rocev2::transport::attr::{AddressVector, Mtu};
+use rocev2::transport::engine::{AsyncEvent, Engine, EngineConfig};
+use rocev2::transport::memory::MemoryTable;
+use urnic_datapath::{IdlePolicy, Impairments, MemHub, Nic, Port, Runner};
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// A 16-byte GID (an IPv6 address; IPv4 is IPv4-mapped).
+pub type Gid = [u8; 16];
+
+/// How frames leave and enter the device.
+pub enum PortConfig {
+    /// An in-memory hub shared with other devices of this process.
+    Memory {
+        /// The hub.
+        hub: Arc<MemHub>,
+        /// Impairments on frames this device sends.
+        impairments: Impairments,
+    },
+    /// Any other port (the AF_XDP port of `urnic-datapath`, or your own),
+    /// with a function resolving a peer GID to its MAC.
+    Custom {
+        /// The port.
+        port: Box<dyn Port>,
+        /// Neighbour resolution (ARP/ND).
+        resolve: Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>,
+    },
+}
+
+/// Who runs the datapath.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DatapathMode {
+    /// A datapath thread, pinned to `core` if given.
+    Thread {
+        /// Core to pin to.
+        core: Option<usize>,
+        /// What the thread does when idle.
+        idle: IdlePolicy,
+    },
+    /// The application calls [`Context::poll`] from its own loop
+    /// (run-to-completion embedding).
+    Manual,
+}
+
+/// Everything needed to open a device.
+pub struct DeviceConfig {
+    /// Device name (`urnic0`).
+    pub name: String,
+    /// The port.
+    pub port: PortConfig,
+    /// Port MAC address.
+    pub mac: [u8; 6],
+    /// IPv4 address (gives the IPv4-mapped RoCEv2 GID at index 1).
+    pub ipv4: Option<[u8; 4]>,
+    /// IPv6 addresses (further GIDs).
+    pub ipv6: Vec<[u8; 16]>,
+    /// Link (netdev) MTU; the active IB MTU follows it as in rxe (1500 → 1024).
+    pub link_mtu: u32,
+    /// The datapath.
+    pub datapath: DatapathMode,
+    /// First QPN handed out.
+    pub first_qpn: u32,
+    /// Limits.
+    pub limits: DeviceLimits,
+}
+
+impl DeviceConfig {
+    /// A device on an in-memory hub with the given MAC and IPv4 address,
+    /// MTU 1500, its own datapath thread, default limits.
+    pub fn memory(hub: &Arc<MemHub>, name: &str, mac: [u8; 6], ipv4: [u8; 4]) -> DeviceConfig {
+        DeviceConfig {
+            name: name.to_string(),
+            port: PortConfig::Memory { hub: hub.clone(), impairments: Impairments::default() },
+            mac,
+            ipv4: Some(ipv4),
+            ipv6: Vec::new(),
+            link_mtu: 1500,
+            datapath: DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
+            first_qpn: 0x11,
+            limits: DeviceLimits::default(),
+        }
+    }
+}
+
+/// Device limits (reported by `query_device`, enforced by the verbs layer).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DeviceLimits {
+    /// QPs.
+    pub max_qp: u32,
+    /// WRs per queue.
+    pub max_qp_wr: u32,
+    /// SGEs per WR.
+    pub max_sge: u32,
+    /// CQs.
+    pub max_cq: u32,
+    /// CQEs per CQ.
+    pub max_cqe: u32,
+    /// Largest MR.
+    pub max_mr_size: u64,
+    /// Outstanding READ/ATOMIC per QP as responder.
+    pub max_qp_rd_atom: u32,
+    /// Outstanding READ/ATOMIC per QP as requester.
+    pub max_qp_init_rd_atom: u32,
+    /// SRQs.
+    pub max_srq: u32,
+    /// WRs per SRQ.
+    pub max_srq_wr: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+    /// Largest message.
+    pub max_msg_size: u32,
+}
+
+impl Default for DeviceLimits {
+    fn default() -> Self {
+        // rxe's limits (PROTOCOL.md): rd_atom 128, inline 400, message 8 MiB;
+        // queue sizes are ours.
+        DeviceLimits {
+            max_qp: 4096,
+            max_qp_wr: 16_384,
+            max_sge: 32,
+            max_cq: 4096,
+            max_cqe: 1 << 20,
+            max_mr_size: 1 << 40,
+            max_qp_rd_atom: 128,
+            max_qp_init_rd_atom: 128,
+            max_srq: 1024,
+            max_srq_wr: 16_384,
+            max_inline_data: 400,
+            max_msg_size: 8 << 20,
+        }
+    }
+}
+
+/// `struct ibv_device_attr`, the fields that matter here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeviceAttr {
+    /// Name.
+    pub name: String,
+    /// Node GUID (EUI-64 from the MAC).
+    pub node_guid: u64,
+    /// Limits.
+    pub limits: DeviceLimits,
+    /// Atomic guarantee: atomics are atomic across all QPs of this device and
+    /// with respect to other atomics (`IBV_ATOMIC_HCA`).
+    pub atomic_cap_hca: bool,
+    /// Physical ports (1).
+    pub phys_port_cnt: u8,
+}
+
+/// Port state (`enum ibv_port_state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// Link down.
+    Down,
+    /// Active.
+    Active,
+}
+
+/// `struct ibv_port_attr`, the fields that matter on RoCE.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PortAttr {
+    /// State.
+    pub state: PortState,
+    /// Largest IB MTU.
+    pub max_mtu: Mtu,
+    /// IB MTU in use (follows the link MTU).
+    pub active_mtu: Mtu,
+    /// Entries in the GID table.
+    pub gid_tbl_len: u32,
+    /// Link MTU in bytes.
+    pub link_mtu: u32,
+    /// Link layer is Ethernet (RoCE).
+    pub link_layer_ethernet: bool,
+}
+
+pub(crate) struct DeviceInner {
+    pub(crate) name: String,
+    pub(crate) nic: Arc<Nic>,
+    pub(crate) memory: Arc<MemoryTable>,
+    pub(crate) mac: [u8; 6],
+    pub(crate) gids: Vec<Gid>,
+    pub(crate) link_mtu: u32,
+    pub(crate) active_mtu: Mtu,
+    pub(crate) limits: DeviceLimits,
+    pub(crate) resolve: Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>,
+    pub(crate) keys: crate::mr::KeyDirectory,
+    pub(crate) next_id: AtomicU32,
+    pub(crate) qp_count: AtomicU32,
+    pub(crate) cq_count: AtomicU32,
+    pub(crate) srq_count: AtomicU32,
+    // Declared last: dropped last would be wrong — the runner must stop before
+    // the NIC goes away, and `Drop for Context` stops it explicitly.
+    pub(crate) runner: std::sync::Mutex<Option<Runner>>,
+}
+
+impl DeviceInner {
+    pub(crate) fn alloc_id(&self) -> u32 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Resolve `dgid` into a full path from our GID at `sgid_index`.
+    pub(crate) fn resolve_path(&self, attr: &crate::AhAttr) -> Result<AddressVector> {
+        let sgid = *self
+            .gids
+            .get(usize::from(attr.sgid_index))
+            .ok_or_else(|| Error::invalid(format!("sgid_index {} outside the GID table ({} entries)", attr.sgid_index, self.gids.len())))?;
+        let dmac = (self.resolve)(&attr.dgid)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(&attr.dgid))))?;
+        let v4s = AddressVector::is_ipv4_mapped(&sgid);
+        let v4d = AddressVector::is_ipv4_mapped(&attr.dgid);
+        if v4s != v4d {
+            return Err(Error::invalid("source and destination GIDs are of different IP versions"));
+        }
+        Ok(AddressVector {
+            dmac,
+            smac: self.mac,
+            vlan: None,
+            sgid,
+            dgid: attr.dgid,
+            traffic_class: attr.traffic_class,
+            hop_limit: if attr.hop_limit == 0 { 64 } else { attr.hop_limit },
+            flow_label: attr.flow_label,
+            udp_sport: None,
+        })
+    }
+}
+
+/// An open device (`struct ibv_context`). Cheap to clone; the device closes
+/// when the last handle and every object made from it are gone.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<DeviceInner>,
+}
+
+/// The link-local GID rxe puts at index 0: fe80::/64 with the MAC's EUI-64.
+pub fn link_local_gid(mac: [u8; 6]) -> Gid {
+    let mut g = [0u8; 16];
+    g[0] = 0xfe;
+    g[1] = 0x80;
+    g[8..].copy_from_slice(&eui64(mac).to_be_bytes());
+    g
+}
+
+fn eui64(mac: [u8; 6]) -> u64 {
+    u64::from_be_bytes([mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]])
+}
+
+/// Open a device (`ibv_open_device`).
+pub fn open_device(config: DeviceConfig) -> Result<Context> {
+    let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits } = config;
+    let active_mtu = Mtu::for_netdev_mtu(link_mtu)
+        .ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
+    if first_qpn < 2 || first_qpn > 0x00ff_ffff {
+        return Err(Error::invalid(format!("first_qpn {first_qpn:#x} must be in 2..=0xffffff (0 and 1 are special QPs)")));
+    }
+    let mut gids = vec![link_local_gid(mac)];
+    if let Some(ip) = ipv4 {
+        gids.push(AddressVector::ipv4_gid(ip));
+    }
+    gids.extend(ipv6.iter().copied());
+
+    let (port, resolve): (Box<dyn Port>, Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>) = match port {
+        PortConfig::Memory { hub, impairments } => {
+            for g in &gids[1..] {
+                hub.publish_address(*g, mac);
+            }
+            let p = hub.attach(mac, link_mtu, impairments);
+            let h = hub.clone();
+            (Box::new(p), Box::new(move |g: &Gid| h.resolve(g)))
+        }
+        PortConfig::Custom { port, resolve } => (port, resolve),
+    };
+    let memory = Arc::new(MemoryTable::new());
+    let engine = Engine::new(EngineConfig { first_qpn, max_qps: limits.max_qp, ..EngineConfig::default() }, memory.clone());
+    let nic = Arc::new(Nic::new(engine, port, (limits.max_qp + limits.max_srq) as usize));
+    let runner = match datapath {
+        DatapathMode::Thread { core, idle } => Some(Runner::spawn(nic.clone(), core, idle)?),
+        DatapathMode::Manual => None,
+    };
+    Ok(Context {
+        inner: Arc::new(DeviceInner {
+            name,
+            nic,
+            memory,
+            mac,
+            gids,
+            link_mtu,
+            active_mtu,
+            limits,
+            resolve,
+            keys: crate::mr::KeyDirectory::default(),
+            next_id: AtomicU32::new(1),
+            qp_count: AtomicU32::new(0),
+            cq_count: AtomicU32::new(0),
+            srq_count: AtomicU32::new(0),
+            runner: std::sync::Mutex::new(runner),
+        }),
+    })
+}
+
+impl Context {
+    /// `ibv_query_device`.
+    pub fn query_device(&self) -> DeviceAttr {
+        DeviceAttr {
+            name: self.inner.name.clone(),
+            node_guid: eui64(self.inner.mac),
+            limits: self.inner.limits,
+            atomic_cap_hca: true,
+            phys_port_cnt: 1,
+        }
+    }
+
+    /// `ibv_query_port` (port 1 is the only port).
+    pub fn query_port(&self, port_num: u8) -> Result<PortAttr> {
+        if port_num != 1 {
+            return Err(Error::invalid(format!("port {port_num} does not exist (urnic devices have port 1)")));
+        }
+        Ok(PortAttr {
+            state: PortState::Active,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: self.inner.active_mtu,
+            gid_tbl_len: self.inner.gids.len() as u32,
+            link_mtu: self.inner.link_mtu,
+            link_layer_ethernet: true,
+        })
+    }
+
+    /// `ibv_query_gid`.
+    pub fn query_gid(&self, port_num: u8, index: u32) -> Result<Gid> {
+        self.query_port(port_num)?;
+        self.inner
+            .gids
+            .get(index as usize)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("GID index {index} outside the table ({} entries)", self.inner.gids.len())))
+    }
+
+    /// The whole GID table.
+    pub fn gids(&self) -> &[Gid] {
+        &self.inner.gids
+    }
+
+    /// The port MAC.
+    pub fn mac(&self) -> [u8; 6] {
+        self.inner.mac
+    }
+
+    /// The device name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// One datapath iteration, for [`DatapathMode::Manual`]. Returns the work
+    /// done (0 = idle). Harmless (but pointless) with a datapath thread.
+    pub fn poll(&self) -> usize {
+        self.inner.nic.poll()
+    }
+
+    /// Next asynchronous event, if any (non-blocking `ibv_get_async_event`).
+    pub fn poll_async_event(&self) -> Option<AsyncEvent> {
+        self.inner.nic.poll_async_event()
+    }
+
+    /// The underlying NIC (counters, engine access for tools).
+    pub fn nic(&self) -> &Arc<Nic> {
+        &self.inner.nic
+    }
+
+    /// `ibv_alloc_pd`.
+    pub fn alloc_pd(&self) -> Result<crate::Pd> {
+        Ok(crate::Pd::new(self.clone()))
+    }
+}
+
+impl Drop for DeviceInner {
+    fn drop(&mut self) {
+        // Stop the datapath thread before the NIC and memory go away.
+        if let Ok(mut r) = self.runner.lock() {
+            r.take();
+        }
+    }
+}
+
+/// Format a GID as an IPv6 address string (IPv4-mapped shown as `::ffff:a.b.c.d`).
+pub fn gid_to_string(g: &Gid) -> String {
+    std::net::Ipv6Addr::from(*g).to_string()
+}

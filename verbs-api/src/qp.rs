@@ -1,0 +1,396 @@
+//! Queue pairs, shared receive queues and address handles: `ibv_create_qp`,
+//! `ibv_modify_qp`, `ibv_query_qp`, `ibv_post_send`, `ibv_post_recv`,
+//! `ibv_create_srq`, `ibv_post_srq_recv`, `ibv_create_ah`.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+
+use rocev2::transport::attr::{AddressVector, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
+use rocev2::transport::wr::{Payload, RecvWr, SendOp, SendWr};
+use urnic_datapath::queues::{QpRings, SrqRing};
+
+use crate::cq::Cq;
+use crate::device::{Context, Gid};
+use crate::error::{Error, ErrorKind, Result};
+use crate::mr::Pd;
+
+/// Address attributes (`struct ibv_ah_attr` with its GRH, as RoCE uses it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AhAttr {
+    /// Destination GID.
+    pub dgid: Gid,
+    /// Index of our source GID in the GID table (1 = the IPv4-mapped GID).
+    pub sgid_index: u8,
+    /// Traffic class (DSCP << 2 | ECN).
+    pub traffic_class: u8,
+    /// Hop limit / TTL (0 → 64).
+    pub hop_limit: u8,
+    /// Flow label (IPv6).
+    pub flow_label: u32,
+    /// Port (1).
+    pub port_num: u8,
+}
+
+/// QP attributes as the application gives them (`struct ibv_qp_attr`): the
+/// engine's attributes with a GID-based path.
+pub type QpAttr = rocev2::transport::attr::QpAttr<AhAttr>;
+
+/// An address handle (`struct ibv_ah`): a resolved path for UD sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ah {
+    pub(crate) av: AddressVector,
+}
+
+impl Ah {
+    /// The resolved path.
+    pub fn address_vector(&self) -> &AddressVector {
+        &self.av
+    }
+}
+
+const STATES: [QpState; 7] =
+    [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err];
+
+fn state_code(s: QpState) -> u8 {
+    STATES.iter().position(|&x| x == s).unwrap_or(0) as u8
+}
+
+/// A queue pair (`struct ibv_qp`). Destroyed on drop.
+pub struct Qp {
+    pd: Pd,
+    qpn: u32,
+    qp_type: QpType,
+    caps: QpCaps,
+    rings: Arc<QpRings>,
+    srq: Option<SrqId>,
+    /// The state as last set by modify (the engine may move to ERR on its own;
+    /// posting in ERR is allowed and flushes).
+    state: AtomicU8,
+}
+
+/// Arguments of [`Pd::create_qp`].
+pub struct QpInit<'a> {
+    /// Service.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a Cq,
+    /// Shared receive queue.
+    pub srq: Option<&'a Srq>,
+    /// Queue sizes.
+    pub cap: QpCaps,
+    /// Signal every send WR.
+    pub sq_sig_all: bool,
+}
+
+impl Pd {
+    /// `ibv_create_qp`.
+    pub fn create_qp(&self, init: &QpInit<'_>) -> Result<Qp> {
+        let inner = &self.ctx.inner;
+        let lim = inner.limits;
+        let c = init.cap;
+        if c.max_send_wr == 0 || c.max_send_wr > lim.max_qp_wr || c.max_recv_wr > lim.max_qp_wr {
+            return Err(Error::invalid(format!("queue depth outside 1..={}", lim.max_qp_wr)));
+        }
+        if c.max_send_sge > lim.max_sge || c.max_recv_sge > lim.max_sge {
+            return Err(Error::invalid(format!("more than {} SGEs per WR", lim.max_sge)));
+        }
+        if c.max_inline_data > lim.max_inline_data {
+            return Err(Error::invalid(format!("max_inline_data above {}", lim.max_inline_data)));
+        }
+        if init.srq.is_none() && c.max_recv_wr == 0 {
+            return Err(Error::invalid("a QP without an SRQ needs max_recv_wr >= 1"));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if !Arc::ptr_eq(&cq.ctx.inner, inner) {
+                return Err(Error::invalid("CQ belongs to another device"));
+            }
+        }
+        if inner.qp_count.fetch_add(1, Ordering::AcqRel) >= lim.max_qp {
+            inner.qp_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(ErrorKind::NoResources, format!("device has its maximum of {} QPs", lim.max_qp)));
+        }
+        let attr = QpInitAttr {
+            qp_type: init.qp_type,
+            pd: self.id,
+            send_cq: init.send_cq.cq_id(),
+            recv_cq: init.recv_cq.cq_id(),
+            srq: init.srq.map(|s| s.id),
+            cap: c,
+            sq_sig_all: init.sq_sig_all,
+        };
+        let qpn = match inner.nic.with_engine(|e| e.create_qp(&attr)) {
+            Ok(q) => q,
+            Err(e) => {
+                inner.qp_count.fetch_sub(1, Ordering::AcqRel);
+                return Err(Error::new(ErrorKind::NoResources, format!("create_qp: {e}")));
+            }
+        };
+        let rings = Arc::new(QpRings::new(
+            qpn,
+            attr.send_cq,
+            attr.recv_cq,
+            c.max_send_wr as usize,
+            c.max_recv_wr.max(1) as usize,
+        ));
+        inner.nic.attach_qp(rings.clone());
+        Ok(Qp {
+            pd: self.clone(),
+            qpn,
+            qp_type: init.qp_type,
+            caps: c,
+            rings,
+            srq: attr.srq,
+            state: AtomicU8::new(state_code(QpState::Reset)),
+        })
+    }
+
+    /// `ibv_create_ah`: resolve a path (neighbour lookup) for UD sends.
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
+        Ok(Ah { av: self.ctx.inner.resolve_path(attr)? })
+    }
+
+    /// `ibv_create_srq`.
+    pub fn create_srq(&self, max_wr: u32, max_sge: u32) -> Result<Srq> {
+        let inner = &self.ctx.inner;
+        let lim = inner.limits;
+        if max_wr == 0 || max_wr > lim.max_srq_wr || max_sge == 0 || max_sge > lim.max_sge {
+            return Err(Error::invalid(format!("SRQ sizes outside 1..={} WRs, 1..={} SGEs", lim.max_srq_wr, lim.max_sge)));
+        }
+        if inner.srq_count.fetch_add(1, Ordering::AcqRel) >= lim.max_srq {
+            inner.srq_count.fetch_sub(1, Ordering::AcqRel);
+            return Err(Error::new(ErrorKind::NoResources, format!("device has its maximum of {} SRQs", lim.max_srq)));
+        }
+        let id = match inner.nic.with_engine(|e| e.create_srq(self.id, max_wr, max_sge)) {
+            Ok(id) => id,
+            Err(e) => {
+                inner.srq_count.fetch_sub(1, Ordering::AcqRel);
+                return Err(Error::new(ErrorKind::NoResources, format!("create_srq: {e}")));
+            }
+        };
+        let ring = Arc::new(SrqRing::new(id, max_wr as usize));
+        inner.nic.attach_srq(ring.clone());
+        Ok(Srq { pd: self.clone(), id, ring, max_sge })
+    }
+}
+
+impl Qp {
+    /// The QP number.
+    pub fn qp_num(&self) -> u32 {
+        self.qpn
+    }
+
+    /// The service type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
+    }
+
+    /// The capabilities it was created with.
+    pub fn caps(&self) -> QpCaps {
+        self.caps
+    }
+
+    fn ctx(&self) -> &Context {
+        &self.pd.ctx
+    }
+
+    /// `ibv_modify_qp`. The path in `attr.ah_attr` is resolved (neighbour
+    /// lookup) when `QpAttrMask::AV` is set.
+    pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
+        let inner = &self.ctx().inner;
+        let resolved = if mask.contains(QpAttrMask::AV) {
+            if attr.ah_attr.is_none() {
+                return Err(Error::invalid("IBV_QP_AV set but ah_attr is None"));
+            }
+            attr.map_path(|ah| inner.resolve_path(&ah))?
+        } else {
+            // The path is not being changed: hand the engine no path at all.
+            let mut unpathed = *attr;
+            unpathed.ah_attr = None;
+            unpathed.map_path(|ah| inner.resolve_path(&ah))?
+        };
+        if mask.contains(QpAttrMask::PATH_MTU) && resolved.path_mtu > inner.active_mtu {
+            return Err(Error::invalid(format!(
+                "path_mtu {} exceeds the port's active MTU {}",
+                resolved.path_mtu.bytes(),
+                inner.active_mtu.bytes()
+            )));
+        }
+        inner
+            .nic
+            .with_engine(|e| e.modify_qp(self.qpn, &resolved, mask))
+            .map_err(|e| Error::invalid(format!("modify_qp: {e}")))?;
+        if mask.contains(QpAttrMask::STATE) {
+            self.state.store(state_code(attr.qp_state), Ordering::Release);
+        }
+        Ok(())
+    }
+
+    /// `ibv_query_qp`.
+    pub fn query(&self) -> Result<rocev2::transport::attr::QpAttr> {
+        self.ctx().inner.nic.with_engine(|e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))
+    }
+
+    fn state(&self) -> QpState {
+        STATES[usize::from(self.state.load(Ordering::Acquire)).min(6)]
+    }
+
+    /// `ibv_post_send`. Arguments are checked before anything is queued: a bad
+    /// WR returns an error and leaves the queue untouched. Lock-free.
+    pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        self.check_send(wr)?;
+        self.rings
+            .send
+            .push(wr.clone())
+            .map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
+        self.ctx().inner.nic.ring_qp(&self.rings);
+        Ok(())
+    }
+
+    /// Post several send WRs; stops at the first bad one, returning its index.
+    pub fn post_send_list(&self, wrs: &[SendWr]) -> core::result::Result<(), (usize, Error)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.check_send(wr).map_err(|e| (i, e))?;
+            if self.rings.send.push(wr.clone()).is_err() {
+                self.ctx().inner.nic.ring_qp(&self.rings);
+                return Err((i, Error::new(ErrorKind::NoResources, "send queue full")));
+            }
+        }
+        self.ctx().inner.nic.ring_qp(&self.rings);
+        Ok(())
+    }
+
+    fn check_send(&self, wr: &SendWr) -> Result<()> {
+        let st = self.state();
+        if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
+            return Err(Error::new(ErrorKind::InvalidState, format!("post_send on a QP in {st:?} (needs RTS)")));
+        }
+        let lim = self.ctx().inner.limits;
+        match &wr.payload {
+            Payload::Sgl(sgl) => {
+                if sgl.len() > self.caps.max_send_sge as usize {
+                    return Err(Error::invalid(format!("{} SGEs > max_send_sge {}", sgl.len(), self.caps.max_send_sge)));
+                }
+                let need_write = matches!(wr.op, SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. });
+                self.ctx().inner.keys.check_sgl(self.pd.id, sgl, need_write)?;
+            }
+            Payload::Inline(data) => {
+                if data.len() > self.caps.max_inline_data as usize {
+                    return Err(Error::invalid(format!("{} inline bytes > max_inline_data {}", data.len(), self.caps.max_inline_data)));
+                }
+                if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }) {
+                    return Err(Error::invalid("inline data is only for SEND and RDMA WRITE"));
+                }
+            }
+        }
+        let len = wr.payload.len();
+        if len > u64::from(lim.max_msg_size) {
+            return Err(Error::invalid(format!("message of {len} bytes > max_msg_size {}", lim.max_msg_size)));
+        }
+        let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. });
+        match self.qp_type {
+            QpType::Ud => {
+                if !is_send {
+                    return Err(Error::invalid(format!("{:?} is not allowed on a UD QP", wr.op)));
+                }
+                if wr.ud.is_none() {
+                    return Err(Error::invalid("a UD send needs wr.ud (address handle, remote QPN, Q_Key)"));
+                }
+                let mtu = self.ctx().inner.active_mtu.bytes();
+                if len > u64::from(mtu) {
+                    return Err(Error::invalid(format!("UD message of {len} bytes > path MTU {mtu}")));
+                }
+            }
+            QpType::Uc => {
+                if matches!(wr.op, SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. }) {
+                    return Err(Error::invalid(format!("{:?} is not allowed on a UC QP", wr.op)));
+                }
+            }
+            QpType::Rc => {}
+        }
+        if self.qp_type != QpType::Ud && wr.ud.is_some() {
+            return Err(Error::invalid("wr.ud is only for UD QPs"));
+        }
+        if let SendOp::CmpSwap { remote, .. } | SendOp::FetchAdd { remote, .. } = wr.op {
+            if len != 8 {
+                return Err(Error::invalid(format!("atomic needs exactly 8 local bytes, got {len}")));
+            }
+            if remote.addr % 8 != 0 {
+                return Err(Error::invalid(format!("atomic remote address {:#x} is not 8-byte aligned", remote.addr)));
+            }
+        }
+        Ok(())
+    }
+
+    /// `ibv_post_recv`. Lock-free.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        if self.srq.is_some() {
+            return Err(Error::invalid("QP uses an SRQ: post receives with Srq::post_recv"));
+        }
+        let st = self.state();
+        if st == QpState::Reset {
+            return Err(Error::new(ErrorKind::InvalidState, "post_recv on a QP in RESET"));
+        }
+        if wr.sgl.len() > self.caps.max_recv_sge as usize {
+            return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
+        }
+        self.ctx().inner.keys.check_sgl(self.pd.id, &wr.sgl, true)?;
+        self.rings
+            .recv
+            .push(wr.clone())
+            .map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
+        self.ctx().inner.nic.ring_qp(&self.rings);
+        Ok(())
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        let inner = &self.pd.ctx.inner;
+        let _ = inner.nic.with_engine(|e| e.destroy_qp(self.qpn));
+        inner.nic.detach_qp(self.qpn);
+        inner.qp_count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A shared receive queue (`struct ibv_srq`). Destroyed on drop.
+pub struct Srq {
+    pd: Pd,
+    id: SrqId,
+    ring: Arc<SrqRing>,
+    max_sge: u32,
+}
+
+impl Srq {
+    /// `ibv_post_srq_recv`. Lock-free.
+    pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        if wr.sgl.len() > self.max_sge as usize {
+            return Err(Error::invalid(format!("{} SGEs > SRQ max_sge {}", wr.sgl.len(), self.max_sge)));
+        }
+        self.pd.ctx.inner.keys.check_sgl(self.pd.id, &wr.sgl, true)?;
+        self.ring.recv.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, "SRQ is full"))?;
+        self.pd.ctx.inner.nic.ring_srq(&self.ring);
+        Ok(())
+    }
+
+    /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arm the limit event, raised once
+    /// when fewer than `limit` WRs remain.
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        self.pd.ctx.inner.nic.with_engine(|e| e.modify_srq(self.id, limit)).map_err(|e| Error::invalid(format!("modify_srq: {e}")))
+    }
+
+    /// The SRQ's number.
+    pub fn id(&self) -> u32 {
+        self.id.0
+    }
+}
+
+impl Drop for Srq {
+    fn drop(&mut self) {
+        let inner = &self.pd.ctx.inner;
+        let _ = inner.nic.with_engine(|e| e.destroy_srq(self.id));
+        inner.nic.detach_srq(self.id);
+        inner.srq_count.fetch_sub(1, Ordering::AcqRel);
+    }
+}

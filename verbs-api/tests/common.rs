@@ -1,0 +1,161 @@
+//! Shared set-up for the verbs integration tests: two devices on an
+//! in-memory hub, RC/UD QPs brought up as an application would.
+
+#![allow(dead_code)]
+
+use std::time::{Duration, Instant};
+
+use urnic::*;
+
+pub struct Side {
+    pub ctx: Context,
+    pub pd: Pd,
+    pub cq: Cq,
+    pub mr: Mr,
+}
+
+pub fn devices(impair: Impairments) -> (Context, Context) {
+    let hub = MemHub::new(7);
+    let mut a = DeviceConfig::memory(&hub, "urnic0", [2, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
+    let mut b = DeviceConfig::memory(&hub, "urnic1", [2, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
+    if let PortConfig::Memory { impairments, .. } = &mut a.port {
+        *impairments = impair;
+    }
+    if let PortConfig::Memory { impairments, .. } = &mut b.port {
+        *impairments = impair;
+    }
+    a.datapath = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+    b.datapath = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+    (open_device(a).unwrap(), open_device(b).unwrap())
+}
+
+pub const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC)
+    .union(Access::MW_BIND);
+
+pub fn side(ctx: &Context, buf: usize) -> Side {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(4096, None).unwrap();
+    let mr = pd.alloc_mr(buf, ALL).unwrap();
+    Side { ctx: ctx.clone(), pd, cq, mr }
+}
+
+pub fn caps() -> QpCaps {
+    QpCaps { max_send_wr: 512, max_recv_wr: 512, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 256 }
+}
+
+pub fn rc_qp(s: &Side, srq: Option<&Srq>) -> Qp {
+    s.pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &s.cq, recv_cq: &s.cq, srq, cap: caps(), sq_sig_all: false })
+        .unwrap()
+}
+
+pub fn bring_up(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lpsn: u32, rpsn: u32) {
+    let mtu = local.query_port(1).unwrap().active_mtu;
+    let mut a = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = mtu;
+    a.dest_qp_num = remote_qpn;
+    a.rq_psn = Psn::new(rpsn);
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 1;
+    a.ah_attr = Some(AhAttr { dgid: remote.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() });
+    qp.modify(
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::RQ_PSN
+            | QpAttrMask::MAX_DEST_RD_ATOMIC
+            | QpAttrMask::MIN_RNR_TIMER,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = Psn::new(lpsn);
+    a.timeout = 10;
+    a.retry_cnt = 7;
+    a.rnr_retry = 7;
+    a.max_rd_atomic = 16;
+    qp.modify(
+        &a,
+        QpAttrMask::STATE
+            | QpAttrMask::SQ_PSN
+            | QpAttrMask::TIMEOUT
+            | QpAttrMask::RETRY_CNT
+            | QpAttrMask::RNR_RETRY
+            | QpAttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .unwrap();
+}
+
+/// A connected RC pair: (a side, a qp, b side, b qp).
+pub fn rc_pair(impair: Impairments, buf: usize) -> (Side, Qp, Side, Qp) {
+    let (ca, cb) = devices(impair);
+    let a = side(&ca, buf);
+    let b = side(&cb, buf);
+    let qa = rc_qp(&a, None);
+    let qb = rc_qp(&b, None);
+    bring_up(&qa, &ca, qb.qp_num(), &cb, 100, 0xff_fff0);
+    bring_up(&qb, &cb, qa.qp_num(), &ca, 0xff_fff0, 100);
+    (a, qa, b, qb)
+}
+
+pub fn blank() -> WorkCompletion {
+    WorkCompletion {
+        wr_id: 0,
+        status: WcStatus::Success,
+        opcode: WcOpcode::Send,
+        qp_num: 0,
+        byte_len: 0,
+        imm_data: None,
+        invalidated_rkey: None,
+        src_qp: 0,
+        grh: false,
+    }
+}
+
+/// Poll `cq` until `n` completions arrived (generous deadline: a hang is a
+/// failure, not a timing assertion).
+pub fn wait(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut out = Vec::new();
+    let mut buf = vec![blank(); 64];
+    while out.len() < n {
+        let k = cq.poll(&mut buf).unwrap();
+        out.extend_from_slice(&buf[..k]);
+        if k == 0 {
+            assert!(Instant::now() < deadline, "only {} of {n} completions arrived: {out:?}", out.len());
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Assert no further completion shows up for a while.
+pub fn assert_quiet(cq: &Cq) {
+    std::thread::sleep(Duration::from_millis(50));
+    let mut buf = vec![blank(); 8];
+    let k = cq.poll(&mut buf).unwrap();
+    assert_eq!(k, 0, "unexpected completions: {:?}", &buf[..k]);
+}
+
+pub fn send_wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+    SendWr { wr_id: id, op, payload: Payload::Sgl(sgl), flags: SendFlags::SIGNALED, ud: None }
+}
+
+pub fn fill(mr: &mut Mr, off: usize, len: usize, seed: u8) {
+    for (i, b) in mr.as_mut_slice()[off..off + len].iter_mut().enumerate() {
+        *b = seed.wrapping_add((i % 251) as u8).wrapping_mul(3);
+    }
+}
+
+pub fn expected(len: usize, seed: u8) -> Vec<u8> {
+    (0..len).map(|i| seed.wrapping_add((i % 251) as u8).wrapping_mul(3)).collect()
+}
