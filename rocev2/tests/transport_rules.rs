@@ -1,0 +1,478 @@
+//! One test per transport rule, with two engines joined by a hand-driven
+//! link in virtual time that can drop chosen frames.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rocev2::psn::Psn;
+use rocev2::time::Instant;
+use rocev2::transport::attr::*;
+use rocev2::transport::engine::{Engine, EngineConfig, EngineError};
+use rocev2::transport::memory::{Access, MemoryTable, PdId};
+use rocev2::transport::wr::*;
+use rocev2::wire::{parse_frame, Opcode, TransportRepr};
+
+const PD: PdId = PdId(1);
+const BUF: usize = 1 << 20;
+
+struct Side {
+    engine: Engine,
+    mem: Box<[u8]>,
+    key: u32,
+    qpn: u32,
+}
+
+impl Side {
+    fn addr(&self) -> u64 {
+        self.mem.as_ptr() as u64
+    }
+    fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge { addr: self.addr() + off as u64, length: len, lkey: self.key }
+    }
+    fn remote(&self, off: usize) -> RemoteAddr {
+        RemoteAddr { addr: self.addr() + off as u64, rkey: self.key }
+    }
+}
+
+/// Which direction a frame travels.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Dir {
+    AtoB,
+    BtoA,
+}
+
+struct Pair {
+    a: Side,
+    b: Side,
+    now: Instant,
+    /// Every frame that crossed (or was dropped), for assertions.
+    log: Vec<(Dir, TransportRepr, bool)>,
+}
+
+fn side(i: u8) -> Side {
+    let mem_table = Arc::new(MemoryTable::new());
+    let mut mem = vec![0u8; BUF].into_boxed_slice();
+    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    // SAFETY: `mem` lives in the Side next to the engine that uses the table.
+    let keys = unsafe { mem_table.register(PD, mem.as_mut_ptr(), BUF, mem.as_ptr() as u64, access) }.unwrap();
+    let engine = Engine::new(EngineConfig { first_qpn: 0x11 + u32::from(i), ..EngineConfig::default() }, mem_table);
+    Side { engine, mem, key: keys.lkey, qpn: 0 }
+}
+
+struct Opts {
+    mtu: Mtu,
+    a_psn: u32,
+    b_psn: u32,
+    retry_cnt: u8,
+    rnr_retry: u8,
+    max_rd_atomic: u8,
+    sig_all: bool,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts { mtu: Mtu::Mtu1024, a_psn: 100, b_psn: 5000, retry_cnt: 7, rnr_retry: 7, max_rd_atomic: 4, sig_all: true }
+    }
+}
+
+fn av(i: u8, j: u8) -> AddressVector {
+    AddressVector {
+        dmac: [2, 0, 0, 0, 0, j],
+        smac: [2, 0, 0, 0, 0, i],
+        vlan: None,
+        sgid: AddressVector::ipv4_gid([10, 0, 0, i]),
+        dgid: AddressVector::ipv4_gid([10, 0, 0, j]),
+        traffic_class: 0,
+        hop_limit: 64,
+        flow_label: 0,
+        udp_sport: None,
+    }
+}
+
+fn bring_up(s: &mut Side, me: u8, peer: u8, dest: u32, sq: u32, rq: u32, o: &Opts) {
+    let e = &mut s.engine;
+    let q = s.qpn;
+    let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC, ..QpAttr::default() };
+    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+    a.qp_state = QpState::Rtr;
+    a.path_mtu = o.mtu;
+    a.dest_qp_num = dest;
+    a.rq_psn = Psn::new(rq);
+    a.max_dest_rd_atomic = 16;
+    a.min_rnr_timer = 1;
+    a.ah_attr = Some(av(me, peer));
+    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER).unwrap();
+    a.qp_state = QpState::Rts;
+    a.sq_psn = Psn::new(sq);
+    a.timeout = 8;
+    a.retry_cnt = o.retry_cnt;
+    a.rnr_retry = o.rnr_retry;
+    a.max_rd_atomic = o.max_rd_atomic;
+    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
+}
+
+fn pair(o: Opts) -> Pair {
+    let mut a = side(1);
+    let mut b = side(2);
+    let cap = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
+    let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: o.sig_all };
+    a.qpn = a.engine.create_qp(&init).unwrap();
+    b.qpn = b.engine.create_qp(&init).unwrap();
+    let (qa, qb) = (a.qpn, b.qpn);
+    bring_up(&mut a, 1, 2, qb, o.a_psn, o.b_psn, &o);
+    bring_up(&mut b, 2, 1, qa, o.b_psn, o.a_psn, &o);
+    Pair { a, b, now: Instant::ZERO, log: Vec::new() }
+}
+
+impl Pair {
+    /// Move frames both ways until quiet, firing timers; `drop` decides per
+    /// frame. Bounded: at most `max_steps` frames and one virtual minute.
+    fn run(&mut self, drop: impl FnMut(Dir, &TransportRepr, usize) -> bool) {
+        self.run_for(Duration::from_secs(60), drop)
+    }
+
+    fn run_for(&mut self, max: Duration, mut drop: impl FnMut(Dir, &TransportRepr, usize) -> bool) {
+        let mut buf = vec![0u8; 9000];
+        let mut n = 0usize;
+        let end = self.now + max;
+        loop {
+            let mut moved = false;
+            for dir in [Dir::AtoB, Dir::BtoA] {
+                let (from, to) = match dir {
+                    Dir::AtoB => (&mut self.a.engine, &mut self.b.engine),
+                    Dir::BtoA => (&mut self.b.engine, &mut self.a.engine),
+                };
+                while let Some(len) = from.poll_transmit(self.now, &mut buf) {
+                    moved = true;
+                    let t = parse_frame(&buf[..len]).expect("engines emit valid frames").repr.transport;
+                    let dropped = drop(dir, &t, n);
+                    self.log.push((dir, t, dropped));
+                    n += 1;
+                    if !dropped {
+                        to.handle_frame(self.now, &buf[..len]);
+                    }
+                    self.now += Duration::from_nanos(100);
+                }
+            }
+            if moved {
+                continue;
+            }
+            let next = [self.a.engine.next_timeout(), self.b.engine.next_timeout()].into_iter().flatten().min();
+            match next {
+                Some(t) if t < end => {
+                    self.now = self.now.max(t);
+                    self.a.engine.handle_timeout(self.now);
+                    self.b.engine.handle_timeout(self.now);
+                }
+                _ => return,
+            }
+        }
+    }
+
+    fn completions(e: &mut Engine) -> Vec<WorkCompletion> {
+        std::iter::from_fn(|| e.poll_completion()).map(|c| c.wc).collect()
+    }
+}
+
+fn wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+    SendWr { wr_id: id, op, payload: Payload::Sgl(sgl), flags: SendFlags::SIGNALED, ud: None }
+}
+
+fn pattern(s: &mut Side, off: usize, len: usize, seed: u8) {
+    for (i, b) in s.mem[off..off + len].iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(7).wrapping_add(seed);
+    }
+}
+
+#[test]
+fn segmentation_at_every_mtu_with_correct_pad_and_ackreq() {
+    for mtu in [Mtu::Mtu256, Mtu::Mtu512, Mtu::Mtu1024, Mtu::Mtu2048, Mtu::Mtu4096] {
+        for len in [0usize, 1, 3, mtu.bytes() as usize, mtu.bytes() as usize + 1, 3 * mtu.bytes() as usize + 2] {
+            let mut p = pair(Opts { mtu, ..Opts::default() });
+            pattern(&mut p.a, 0, len, 1);
+            let remote = p.b.remote(4096);
+            let sge = p.a.sge(0, len as u32);
+            p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+            p.run(|_, _, _| false);
+            let c = Pair::completions(&mut p.a.engine);
+            assert_eq!(c.len(), 1);
+            assert_eq!(c[0].status, WcStatus::Success, "mtu {mtu:?} len {len}");
+            assert_eq!(&p.b.mem[4096..4096 + len], &p.a.mem[..len]);
+            let data: Vec<_> = p.log.iter().filter(|(d, _, _)| *d == Dir::AtoB).map(|(_, t, _)| t).collect();
+            let want = len.div_ceil(mtu.bytes() as usize).max(1);
+            assert_eq!(data.len(), want, "packets for {len} at {mtu:?}");
+            for (i, t) in data.iter().enumerate() {
+                let last = i + 1 == want;
+                assert_eq!(t.bth.ack_req, last || (i + 1) % 64 == 0);
+                assert_eq!(t.reth.is_some(), i == 0, "RETH only on FIRST/ONLY");
+                assert_eq!(t.bth.psn, Psn::new(100 + i as u32));
+                let expect_op = match (i == 0, last) {
+                    (true, true) => Opcode::RC_WRITE_ONLY,
+                    (true, false) => Opcode::RC_WRITE_FIRST,
+                    (false, false) => Opcode::RC_WRITE_MIDDLE,
+                    (false, true) => Opcode::RC_WRITE_LAST,
+                };
+                assert_eq!(t.bth.opcode, expect_op);
+                if !last {
+                    assert_eq!(t.bth.pad_count, 0);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn one_ack_covers_many_messages() {
+    let mut p = pair(Opts::default());
+    for i in 0..10 {
+        let remote = p.b.remote(i * 100);
+        let sge = p.a.sge(0, 100);
+        p.a.engine.post_send(p.a.qpn, wr(i as u64, SendOp::Write { remote }, vec![sge])).unwrap();
+    }
+    // Deliver requests, but drop every ACK except the one for the last message.
+    let last = Psn::new(100 + 9);
+    p.run(|d, t, _| d == Dir::BtoA && t.bth.opcode == Opcode::RC_ACK && t.bth.psn != last);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 0, "the last ACK covered all ten");
+}
+
+#[test]
+fn dropped_packet_gets_one_nak_and_go_back_n() {
+    let mut p = pair(Opts::default());
+    pattern(&mut p.a, 0, 10 * 1024, 3);
+    let (remote, sge) = (p.b.remote(0), p.a.sge(0, 10 * 1024));
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+    p.run(|d, _, n| d == Dir::AtoB && n == 3);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
+    assert_eq!(&p.b.mem[..10 * 1024], &p.a.mem[..10 * 1024]);
+    let naks = p.log.iter().filter(|(d, t, _)| *d == Dir::BtoA && t.aeth.is_some_and(|a| a.syndrome == rocev2::wire::AckSyndrome::Nak(rocev2::wire::NakCode::PsnSequenceError))).count();
+    assert_eq!(naks, 1, "one PSN sequence NAK, then silence until in order");
+    let s = p.a.engine.qp_stats(p.a.qpn).unwrap();
+    assert_eq!(s.req_naks_seq_received, 1);
+    assert!(s.req_retransmits >= 1);
+}
+
+#[test]
+fn timeouts_exhaust_retries_then_flush() {
+    let mut p = pair(Opts { retry_cnt: 3, ..Opts::default() });
+    for i in 0..4 {
+        let (remote, sge) = (p.b.remote(0), p.a.sge(0, 64));
+        p.a.engine.post_send(p.a.qpn, wr(i, SendOp::Write { remote }, vec![sge])).unwrap();
+    }
+    // A link that loses everything from A to B.
+    p.run(|d, _, _| d == Dir::AtoB);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![
+        (0, WcStatus::RetryExcErr),
+        (1, WcStatus::WrFlushErr),
+        (2, WcStatus::WrFlushErr),
+        (3, WcStatus::WrFlushErr)
+    ]);
+    assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 4, "retry_cnt 3: the 4th timeout fails");
+    assert_eq!(p.a.engine.qp_state(p.a.qpn).unwrap(), QpState::Err);
+    assert!(matches!(p.a.engine.poll_event(), Some(rocev2::transport::engine::AsyncEvent::QpFatal(_))));
+    // Posting in ERR completes at once with a flush error.
+    p.a.engine.post_send(p.a.qpn, wr(9, SendOp::Send, vec![])).unwrap();
+    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn rnr_waits_and_retries_until_a_receive_is_posted() {
+    let mut p = pair(Opts::default());
+    let sge = p.a.sge(0, 200);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
+    let mut rnrs = 0;
+    let qpn_b = p.b.qpn;
+    let recv = RecvWr { wr_id: 77, sgl: vec![p.b.sge(0, 4096)] };
+    let mut posted = false;
+    let mut b_engine_post = |e: &mut Engine| e.post_recv(qpn_b, recv.clone()).unwrap();
+    // First 2 ms: no receive posted, the responder RNR-NAKs (timer code 1 = 10 µs).
+    p.run_for(Duration::from_millis(2), |d, t, _| {
+        if d == Dir::BtoA && matches!(t.aeth.map(|a| a.syndrome), Some(rocev2::wire::AckSyndrome::RnrNak { .. })) {
+            rnrs += 1;
+        }
+        false
+    });
+    assert!(rnrs >= 2, "rnr_retry 7 retries forever: {rnrs} RNR NAKs until the run ended");
+    assert!(Pair::completions(&mut p.a.engine).is_empty());
+    if !posted {
+        b_engine_post(&mut p.b.engine);
+        posted = true;
+    }
+    p.run(|_, _, _| false);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
+    let r = Pair::completions(&mut p.b.engine);
+    assert_eq!((r[0].wr_id, r[0].byte_len), (77, 200));
+    assert!(posted);
+    assert!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_rnr_naks_received >= 2);
+}
+
+#[test]
+fn rnr_retry_count_is_honoured() {
+    let mut p = pair(Opts { rnr_retry: 2, ..Opts::default() });
+    let sge = p.a.sge(0, 8);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
+    p.run(|_, _, _| false);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_rnr_naks_received, 3, "initial try + 2 retries");
+}
+
+#[test]
+fn psn_wraps_around_2_pow_24() {
+    let mut p = pair(Opts { a_psn: 0xff_fff0, b_psn: 0xff_fffe, ..Opts::default() });
+    pattern(&mut p.a, 0, 40 * 1024, 9);
+    let (remote, sge) = (p.b.remote(0), p.a.sge(0, 40 * 1024));
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+    let (r2, s2) = (p.a.remote(100_000), p.b.sge(50_000, 3000));
+    p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Read { remote: r2 }, vec![s2])).unwrap();
+    p.run(|d, _, n| d == Dir::AtoB && n == 20);
+    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::Success);
+    assert_eq!(Pair::completions(&mut p.b.engine)[0].status, WcStatus::Success);
+    assert_eq!(&p.b.mem[..40 * 1024], &p.a.mem[..40 * 1024]);
+    assert!(p.log.iter().any(|(_, t, _)| t.bth.psn == Psn::new(0)), "PSN 0 was crossed");
+}
+
+#[test]
+fn lost_read_response_is_requested_again() {
+    let mut p = pair(Opts::default());
+    pattern(&mut p.b, 0, 5000, 4);
+    let (remote, sge) = (p.b.remote(0), p.a.sge(8192, 5000));
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Read { remote }, vec![sge])).unwrap();
+    let mut dropped = false;
+    p.run(|d, t, _| {
+        if d == Dir::BtoA && t.bth.opcode == Opcode::RC_READ_RESPONSE_MIDDLE && !dropped {
+            dropped = true;
+            return true;
+        }
+        false
+    });
+    assert!(dropped);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead));
+    assert_eq!(&p.a.mem[8192..8192 + 5000], &p.b.mem[..5000]);
+    let reqs = p.log.iter().filter(|(d, t, _)| *d == Dir::AtoB && t.bth.opcode == Opcode::RC_READ_REQUEST).count();
+    assert_eq!(reqs, 2, "the READ was re-requested from the first missing byte");
+}
+
+#[test]
+fn lost_atomic_ack_is_replayed_not_executed_twice() {
+    let mut p = pair(Opts::default());
+    p.b.mem[64..72].copy_from_slice(&41u64.to_ne_bytes());
+    let (remote, sge) = (p.b.remote(64), p.a.sge(0, 8));
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::FetchAdd { remote, add: 1 }, vec![sge])).unwrap();
+    let mut dropped = false;
+    p.run(|d, t, _| {
+        if d == Dir::BtoA && t.bth.opcode == Opcode::RC_ATOMIC_ACK && !dropped {
+            dropped = true;
+            return true;
+        }
+        false
+    });
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::FetchAdd));
+    assert_eq!(u64::from_ne_bytes(p.a.mem[..8].try_into().unwrap()), 41);
+    assert_eq!(u64::from_ne_bytes(p.b.mem[64..72].try_into().unwrap()), 42, "executed once");
+}
+
+#[test]
+fn remote_access_error_fails_the_wr_and_flushes_the_rest() {
+    let mut p = pair(Opts::default());
+    let bad = RemoteAddr { addr: p.b.addr() + BUF as u64 - 4, rkey: p.b.key };
+    let sge = p.a.sge(0, 64);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote: bad }, vec![sge])).unwrap();
+    p.a.engine.post_send(p.a.qpn, wr(2, SendOp::Write { remote: p.b.remote(0) }, vec![sge])).unwrap();
+    p.run(|_, _, _| false);
+    let c = Pair::completions(&mut p.a.engine);
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
+    assert!(p.b.mem[BUF - 4..].iter().all(|&x| x == 0));
+}
+
+#[test]
+fn unsignaled_wrs_complete_silently_and_in_order() {
+    let mut p = pair(Opts { sig_all: false, ..Opts::default() });
+    for i in 0..6u64 {
+        let flags = if i % 3 == 2 { SendFlags::SIGNALED } else { SendFlags::empty() };
+        let (remote, sge) = (p.b.remote(0), p.a.sge(0, 16));
+        p.a.engine.post_send(p.a.qpn, SendWr { wr_id: i, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![sge]), flags, ud: None }).unwrap();
+    }
+    p.run(|_, _, _| false);
+    assert_eq!(Pair::completions(&mut p.a.engine).iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![2, 5]);
+}
+
+#[test]
+fn max_rd_atomic_limits_outstanding_reads() {
+    let mut p = pair(Opts { max_rd_atomic: 1, ..Opts::default() });
+    for i in 0..3 {
+        let (remote, sge) = (p.b.remote(0), p.a.sge(4096 * i, 3000));
+        p.a.engine.post_send(p.a.qpn, wr(i as u64, SendOp::Read { remote }, vec![sge])).unwrap();
+    }
+    p.run(|_, _, _| false);
+    assert_eq!(Pair::completions(&mut p.a.engine).len(), 3);
+    // A READ request is only sent after the previous READ's last response.
+    let mut outstanding = 0;
+    for (d, t, _) in &p.log {
+        match (d, t.bth.opcode) {
+            (Dir::AtoB, Opcode::RC_READ_REQUEST) => {
+                outstanding += 1;
+                assert!(outstanding <= 1, "two READs outstanding with max_rd_atomic = 1");
+            }
+            (Dir::BtoA, Opcode::RC_READ_RESPONSE_LAST) => outstanding -= 1,
+            _ => {}
+        }
+    }
+}
+
+#[test]
+fn modify_qp_checks_masks_and_changes_nothing_on_error() {
+    let mut e = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+    let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: true };
+    let q = e.create_qp(&init).unwrap();
+    let a = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
+    assert!(matches!(e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PORT), Err(EngineError::MissingAttr(_))));
+    assert!(matches!(
+        e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS | QpAttrMask::QKEY),
+        Err(EngineError::ExtraAttr(_))
+    ));
+    let rts = QpAttr { qp_state: QpState::Rts, ..QpAttr::default() };
+    assert!(matches!(e.modify_qp(q, &rts, QpAttrMask::STATE), Err(EngineError::BadTransition { .. })));
+    assert_eq!(e.qp_state(q).unwrap(), QpState::Reset);
+    let bad_port = QpAttr { port_num: 2, ..a };
+    assert!(matches!(e.modify_qp(q, &bad_port, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS), Err(EngineError::BadValue(_))));
+    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS).unwrap();
+    assert_eq!(e.qp_state(q).unwrap(), QpState::Init);
+    assert!(matches!(e.post_send(q, wr(1, SendOp::Send, vec![])), Err(EngineError::WrongState(QpState::Init))));
+    // ERR flushes posted receives exactly once.
+    e.post_recv(q, RecvWr { wr_id: 5, sgl: vec![] }).unwrap();
+    e.modify_qp(q, &QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
+    let c: Vec<_> = std::iter::from_fn(|| e.poll_completion()).collect();
+    assert_eq!(c.len(), 1);
+    assert_eq!((c[0].wc.wr_id, c[0].wc.status), (5, WcStatus::WrFlushErr));
+    e.modify_qp(q, &QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
+    assert!(e.poll_completion().is_none(), "no second flush");
+}
+
+#[test]
+fn hostile_frames_are_counted_not_fatal() {
+    let mut p = pair(Opts::default());
+    let mut junk = vec![0u8; 100];
+    for i in 0..2000u32 {
+        for (k, b) in junk.iter_mut().enumerate() {
+            *b = (i.wrapping_mul(2654435761).wrapping_add(k as u32 * 40503) >> 13) as u8;
+        }
+        p.b.engine.handle_frame(p.now, &junk[..(i as usize % 100)]);
+    }
+    let s = p.b.engine.stats();
+    assert_eq!(s.rx_frames, 2000);
+    assert_eq!(s.rx_bad_frame.values().sum::<u64>(), 2000);
+    // and the QP still works
+    pattern(&mut p.a, 0, 100, 1);
+    let (remote, sge) = (p.b.remote(0), p.a.sge(0, 100));
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+    p.run(|_, _, _| false);
+    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::Success);
+}
