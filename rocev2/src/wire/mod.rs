@@ -13,8 +13,10 @@ pub mod ip;
 pub mod opcode;
 pub mod repr;
 pub mod sport;
+pub mod view;
 
 pub use frame::{parse_frame, parse_l3, ParsedFrame};
+pub use view::FrameView;
 pub use opcode::{HeaderLayout, Opcode, Segment, Service};
 pub use repr::*;
 
