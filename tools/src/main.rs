@@ -6,7 +6,7 @@ mod report;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use urnic::{open_device, DeviceConfig, MemHub};
+use urnic::{open_device, DatapathMode, DeviceConfig, MemHub};
 
 use crate::perf::{banner, connect_pair, send_lat, write_bw, Endpoint};
 use crate::report::{bw_header, bw_row, lat_header, lat_row, RULE};
@@ -47,23 +47,29 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
     let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
     ca.link_mtu = link_mtu;
     cb.link_mtu = link_mtu;
+    // Run-to-completion: this thread drives both devices' datapaths itself
+    // (no datapath threads competing for the cores), as an embedding would.
+    ca.datapath = DatapathMode::Manual;
+    cb.datapath = DatapathMode::Manual;
     let a = open_device(ca).map_err(|e| e.to_string())?;
     let b = open_device(cb).map_err(|e| e.to_string())?;
     let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
     let buf = (2 * max + 4095) / 4096 * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
     let mut eb = Endpoint::new(&b, buf, depth as u32)?;
+    ea.drive = vec![a.clone(), b.clone()];
+    eb.drive = vec![a.clone(), b.clone()];
     connect_pair(&ea, &eb)?;
     let mtu = a.query_port(1).map_err(|e| e.to_string())?.active_mtu.bytes();
 
-    banner("RDMA_Write BW Test (urnic, in-memory link)", "urnic0 -> urnic1", mtu, depth);
+    banner("RDMA_Write BW Test (urnic, in-memory link, run-to-completion)", "urnic0 -> urnic1", mtu, depth);
     println!("{}", bw_header());
     for &size in sizes {
         let r = write_bw(&mut ea, &mut eb, size, iters, depth)?;
         println!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs));
     }
     println!("{RULE}");
-    banner("Send Latency Test (urnic, in-memory link)", "urnic0 <-> urnic1", mtu, 1);
+    banner("Send Latency Test (urnic, in-memory link, run-to-completion)", "urnic0 <-> urnic1", mtu, 1);
     println!("{}", lat_header());
     for size in [8usize, 64, 4096] {
         let s = send_lat(&mut ea, &mut eb, size, lat_iters)?;

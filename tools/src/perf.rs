@@ -20,6 +20,9 @@ pub struct Endpoint {
     pub cq: Cq,
     /// The registered buffer.
     pub mr: Mr,
+    /// Contexts in run-to-completion mode this thread drives while it waits
+    /// (empty when each device has its own datapath thread).
+    pub drive: Vec<Context>,
 }
 
 /// Errors of a perf run, as text for the CLI.
@@ -46,7 +49,7 @@ impl Endpoint {
                 sq_sig_all: false,
             })
             .map_err(e("create_qp"))?;
-        Ok(Endpoint { ctx: ctx.clone(), qp, cq, mr })
+        Ok(Endpoint { ctx: ctx.clone(), qp, cq, mr, drive: Vec::new() })
     }
 
     /// Bring the QP to RTS towards `remote` (GID index 1, the IPv4-mapped GID).
@@ -99,6 +102,13 @@ impl Endpoint {
         Ok(())
     }
 
+    /// Run one datapath iteration of every context this thread drives.
+    pub fn kick(&self) {
+        for c in &self.drive {
+            c.poll();
+        }
+    }
+
     /// Poll until a completion arrives or `deadline` passes.
     pub fn wait_one(&self, deadline: Instant) -> PerfResult<WorkCompletion> {
         let mut wc = [blank_wc(); 1];
@@ -112,7 +122,7 @@ impl Endpoint {
             if Instant::now() > deadline {
                 return Err("timed out waiting for a completion".into());
             }
-            std::hint::spin_loop();
+            self.kick();
         }
     }
 }
@@ -182,6 +192,7 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
             a.qp.post_send(&wr(posted)).map_err(e("post_send"))?;
             posted += 1;
         }
+        a.kick();
         let n = a.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
