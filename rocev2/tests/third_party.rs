@@ -36,7 +36,7 @@ fn frames() -> Vec<(FrameRepr, Vec<u8>)> {
                 transport: TransportRepr {
                     bth: BthRepr {
                         opcode: op,
-                        solicited: k % 3 == 0,
+                        solicited: k.is_multiple_of(3),
                         mig_req: false,
                         pad_count: 0,
                         tver: 0,
@@ -45,7 +45,7 @@ fn frames() -> Vec<(FrameRepr, Vec<u8>)> {
                         becn: op == Opcode::CNP,
                         resv6: 0,
                         dest_qp: 0x100 + k,
-                        ack_req: k % 2 == 0,
+                        ack_req: k.is_multiple_of(2),
                         resv7: 0,
                         psn: Psn::new(0xff_fff0 + k),
                     },

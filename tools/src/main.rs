@@ -54,7 +54,7 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
     let a = open_device(ca).map_err(|e| e.to_string())?;
     let b = open_device(cb).map_err(|e| e.to_string())?;
     let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
-    let buf = (2 * max + 4095) / 4096 * 4096;
+    let buf = (2 * max).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
     let mut eb = Endpoint::new(&b, buf, depth as u32)?;
     ea.drive = vec![a.clone(), b.clone()];

@@ -14,6 +14,9 @@ use crate::error::{Error, ErrorKind, Result};
 /// A 16-byte GID (an IPv6 address; IPv4 is IPv4-mapped).
 pub type Gid = [u8; 16];
 
+/// Neighbour resolution: the MAC a peer GID is at (ARP/ND on a real link).
+pub type Resolver = Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>;
+
 /// How frames leave and enter the device.
 pub enum PortConfig {
     /// An in-memory hub shared with other devices of this process.
@@ -29,7 +32,7 @@ pub enum PortConfig {
         /// The port.
         port: Box<dyn Port>,
         /// Neighbour resolution (ARP/ND).
-        resolve: Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>,
+        resolve: Resolver,
     },
 }
 
@@ -189,7 +192,7 @@ pub(crate) struct DeviceInner {
     pub(crate) link_mtu: u32,
     pub(crate) active_mtu: Mtu,
     pub(crate) limits: DeviceLimits,
-    pub(crate) resolve: Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>,
+    pub(crate) resolve: Resolver,
     pub(crate) keys: crate::mr::KeyDirectory,
     pub(crate) next_id: AtomicU32,
     pub(crate) qp_count: AtomicU32,
@@ -257,7 +260,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
     let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits } = config;
     let active_mtu = Mtu::for_netdev_mtu(link_mtu)
         .ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
-    if first_qpn < 2 || first_qpn > 0x00ff_ffff {
+    if !(2..=0x00ff_ffff).contains(&first_qpn) {
         return Err(Error::invalid(format!("first_qpn {first_qpn:#x} must be in 2..=0xffffff (0 and 1 are special QPs)")));
     }
     let mut gids = vec![link_local_gid(mac)];
@@ -266,7 +269,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
     }
     gids.extend(ipv6.iter().copied());
 
-    let (port, resolve): (Box<dyn Port>, Box<dyn Fn(&Gid) -> Option<[u8; 6]> + Send + Sync>) = match port {
+    let (port, resolve): (Box<dyn Port>, Resolver) = match port {
         PortConfig::Memory { hub, impairments } => {
             for g in &gids[1..] {
                 hub.publish_address(*g, mac);

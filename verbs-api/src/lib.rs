@@ -26,7 +26,7 @@ mod qp;
 pub use cq::{CompChannel, Cq};
 pub use device::{
     gid_to_string, link_local_gid, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid,
-    PortAttr, PortConfig, PortState,
+    PortAttr, PortConfig, PortState, Resolver,
 };
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{Mr, Mw, Pd};

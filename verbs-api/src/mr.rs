@@ -62,7 +62,7 @@ impl KeyDirectory {
                 return Err(Error::invalid(format!("sge[{i}]: lkey {:#x} belongs to another protection domain", s.lkey)));
             }
             let end = s.addr.checked_add(u64::from(s.length));
-            if s.addr < info.iova || end.map_or(true, |e| e > info.iova + info.len) {
+            if s.addr < info.iova || end.is_none_or(|e| e > info.iova + info.len) {
                 return Err(Error::invalid(format!(
                     "sge[{i}]: [{:#x}, +{}) lies outside the region [{:#x}, +{})",
                     s.addr, s.length, info.iova, info.len
@@ -133,7 +133,7 @@ impl Pd {
         if len == 0 {
             return Err(Error::invalid("cannot allocate a zero-length region"));
         }
-        let map = if len % (2 << 20) == 0 {
+        let map = if len.is_multiple_of(2 << 20) {
             memmap2::MmapOptions::new().len(len).huge(Some(21)).map_anon().or_else(|_| MmapMut::map_anon(len))
         } else {
             MmapMut::map_anon(len)

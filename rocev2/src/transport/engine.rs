@@ -297,7 +297,7 @@ impl Engine {
     /// Create a QP with a chosen QPN (tests replaying captures, tools that
     /// must match a peer's expectations).
     pub fn create_qp_with_qpn(&mut self, init: &QpInitAttr, qpn: u32) -> Result<(), EngineError> {
-        if qpn < 2 || qpn > 0x00ff_ffff {
+        if !(2..=0x00ff_ffff).contains(&qpn) {
             return Err(EngineError::BadValue("QPN must be in 2..=0xffffff"));
         }
         if self.qps.contains_key(&qpn) {

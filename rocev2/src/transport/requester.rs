@@ -94,6 +94,10 @@ pub(crate) struct RequesterCtx<'a> {
     pub draining: bool,
 }
 
+/// The send queue is full.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct QueueFull;
+
 /// A fatal send-queue error: the QP must enter ERR (the failing WQE has
 /// already been completed with its status).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +122,10 @@ pub(crate) struct Requester {
     /// No transmission before this (RNR back-off).
     rnr_until: Option<Instant>,
     pkts_since_ack_req: u32,
+    /// The PSN a READ was last re-requested from because of a gap in its
+    /// responses: later out-of-order responses of the old stream must not
+    /// re-request it again (each would start one more full response stream).
+    read_retry_from: Option<Psn>,
     ident: u16,
 }
 
@@ -152,6 +160,7 @@ impl Requester {
             timer: None,
             rnr_until: None,
             pkts_since_ack_req: 0,
+            read_retry_from: None,
             ident: 0,
         }
     }
@@ -176,10 +185,10 @@ impl Requester {
         self.wqes.len()
     }
 
-    /// Queue a WR. `Err` when the send queue is full.
-    pub(crate) fn post(&mut self, wr: SendWr, qp_type: QpType, sq_sig_all: bool) -> Result<(), SendWr> {
+    /// Queue a WR. `Err` when the send queue is full (nothing queued).
+    pub(crate) fn post(&mut self, wr: SendWr, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
         if self.wqes.len() >= self.max_wr {
-            return Err(wr);
+            return Err(QueueFull);
         }
         let kind = match wr.op {
             SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => Kind::Send,
@@ -543,18 +552,27 @@ impl Requester {
 
     /// Complete every SEND/WRITE whose last PSN is before `psn` (an ACK or NAK
     /// for `psn` implicitly acknowledges them, IBTA 9.7.5.1.2). Returns the
-    /// index of the first WQE not covered, and whether anything progressed.
+    /// index of the first WQE not finished by this — a covered READ/ATOMIC
+    /// whose response is missing, else the first WQE not covered — and whether
+    /// anything progressed.
+    ///
+    /// SEND/WRITEs after such a READ/ATOMIC are completed too (the responder
+    /// executed them: it acknowledges only what it received in order); `reap`
+    /// still reports them after the READ/ATOMIC. Leaving them pending while
+    /// `una` moves past them would strand them: a later timeout resumes at
+    /// `una` and would find nothing to send.
     fn ack_before(&mut self, psn: Psn, inclusive: bool) -> (bool, Option<usize>) {
         let mut progressed = false;
+        let mut stuck = None;
         for i in 0..self.wqes.len() {
             let w = &self.wqes[i];
             if w.done.is_some() || !w.is_remote() {
                 continue;
             }
-            let Some(last) = w.last_psn() else { return (progressed, Some(i)) };
+            let Some(last) = w.last_psn() else { return (progressed, stuck.or(Some(i))) };
             let covered = if inclusive { !last.is_after(psn) } else { last.is_before(psn) };
             if !covered {
-                return (progressed, Some(i));
+                return (progressed, stuck.or(Some(i)));
             }
             match w.kind {
                 Kind::Send | Kind::Write => {
@@ -563,10 +581,12 @@ impl Requester {
                     progressed = true;
                 }
                 // An ACK beyond a READ/ATOMIC means its response was lost.
-                _ => return (progressed, Some(i)),
+                _ => {
+                    stuck = stuck.or(Some(i));
+                }
             }
         }
-        (progressed, None)
+        (progressed, stuck)
     }
 
     fn progress(&mut self, now: Instant, ctx: &RequesterCtx<'_>) {
@@ -629,9 +649,12 @@ impl Requester {
                 AckSyndrome::Nak(NakCode::PsnSequenceError) => {
                     ctx.stats.req_naks_seq_received += 1;
                     let (progressed, _) = self.ack_before(psn, false);
-                    self.advance_una(psn);
-                    if progressed {
-                        self.retry_left = ctx.retry_cnt;
+                    let advanced = self.advance_una(psn);
+                    // The NAK implicitly acknowledges everything before its PSN
+                    // (IBTA 9.7.5.1.2): that is progress, also inside a long
+                    // message, and resets the retry budget and the timer.
+                    if progressed || advanced {
+                        self.progress(now, ctx);
                     }
                     // IBTA 9.7.5.2.1: go back to the NAKed PSN; counts against retry_cnt.
                     if self.retry_left == 0 {
@@ -700,9 +723,14 @@ impl Requester {
         let expected = first.add((w.read_done / pmtu) as u32);
         if psn != expected {
             if psn.is_after(expected) {
-                // A response went missing: ask again from the first missing byte.
-                ctx.stats.req_retransmits += 1;
-                self.rewind(expected, pmtu);
+                // A response went missing: ask again from the first missing
+                // byte, once per gap (the rest of the stream that skipped it is
+                // still arriving; the timeout covers a lost re-request).
+                if self.read_retry_from != Some(expected) {
+                    self.read_retry_from = Some(expected);
+                    ctx.stats.req_retransmits += 1;
+                    self.rewind(expected, pmtu);
+                }
             } else {
                 ctx.stats.req_duplicate_acks += 1;
             }
@@ -778,6 +806,7 @@ impl Requester {
             return Ok(());
         }
         self.timer = None;
+        self.read_retry_from = None;
         let Some(i) = self.wqes.iter().position(|w| w.done.is_none() && w.is_remote() && w.first_psn.is_some()) else {
             return Ok(());
         };
@@ -792,8 +821,11 @@ impl Requester {
         let pmtu = u64::from(ctx.pmtu.bytes());
         let first = w.first_psn.expect("filtered");
         // Resume at the oldest unacknowledged PSN (inside this WQE or at its start).
+        // `una` can be past a READ/ATOMIC whose response was lost (a later ACK
+        // covered it): those resume from their own progress, never from `una`.
         let resume = match w.kind {
             Kind::Read => first.add((w.read_done / pmtu) as u32),
+            Kind::Atomic => first,
             _ if self.una.is_after(first) => self.una,
             _ => first,
         };
