@@ -164,6 +164,28 @@ impl CqRing {
         CqRing { id, ring: ArrayQueue::new(depth.max(1)), armed: AtomicU8::new(ARM_NONE), overflowed: AtomicBool::new(false), channel }
     }
 
+    /// A ring of `depth` entries with this ring's id, channel and arming,
+    /// holding (moved, in order) the completions waiting here
+    /// (`ibv_resize_cq`). `None` if they do not fit. Call with the datapath
+    /// stopped from delivering (the engine lock), so nothing lands in between.
+    pub fn resized(&self, depth: usize) -> Option<CqRing> {
+        if depth < self.ring.len() || depth == 0 {
+            return None;
+        }
+        let new = CqRing {
+            id: self.id,
+            ring: ArrayQueue::new(depth),
+            armed: AtomicU8::new(self.armed.load(Ordering::Acquire)),
+            overflowed: AtomicBool::new(self.overflowed()),
+            channel: self.channel.clone(),
+        };
+        while let Some(wc) = self.ring.pop() {
+            // Cannot fail: depth >= len was checked and only we push here.
+            let _ = new.ring.push(wc);
+        }
+        Some(new)
+    }
+
     /// Capacity in completions.
     pub fn capacity(&self) -> usize {
         self.ring.capacity()

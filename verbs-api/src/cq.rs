@@ -37,7 +37,7 @@ impl CompChannel {
 /// A completion queue (`struct ibv_cq`). Destroyed on drop.
 pub struct Cq {
     pub(crate) ctx: Context,
-    pub(crate) ring: Arc<CqRing>,
+    pub(crate) ring: arc_swap::ArcSwap<CqRing>,
 }
 
 impl Context {
@@ -59,31 +59,32 @@ impl Context {
         let id = CqId(self.inner.alloc_id());
         let ring = Arc::new(CqRing::new(id, cqe as usize, channel.map(|c| c.inner.clone())));
         self.inner.nic.attach_cq(ring.clone());
-        Ok(Cq { ctx: self.clone(), ring })
+        Ok(Cq { ctx: self.clone(), ring: arc_swap::ArcSwap::new(ring) })
     }
 }
 
 impl Cq {
     /// The CQ's number (what [`CompChannel::get_cq_event`] returns).
     pub fn id(&self) -> u32 {
-        self.ring.id.0
+        self.ring.load().id.0
     }
 
     pub(crate) fn cq_id(&self) -> CqId {
-        self.ring.id
+        self.ring.load().id
     }
 
     /// Capacity.
     pub fn capacity(&self) -> usize {
-        self.ring.capacity()
+        self.ring.load().capacity()
     }
 
     /// Take up to `wc.len()` completions (`ibv_poll_cq`). Returns how many.
     /// An overrun CQ (more completions than capacity) reports an error, as a
     /// hardware CQ in error state would.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
-        let n = self.ring.poll(wc);
-        if n == 0 && self.ring.overflowed() {
+        let ring = self.ring.load();
+        let n = ring.poll(wc);
+        if n == 0 && ring.overflowed() {
             return Err(Error::new(ErrorKind::NoResources, format!("CQ {} overran: completions were lost", self.id())));
         }
         Ok(n)
@@ -92,7 +93,28 @@ impl Cq {
     /// Arm the CQ (`ibv_req_notify_cq`): the next completion (or next solicited
     /// or error completion if `solicited_only`) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) {
-        self.ring.req_notify(solicited_only);
+        self.ring.load().req_notify(solicited_only);
+    }
+
+    /// Change the capacity (`ibv_resize_cq`). Completions waiting in the CQ
+    /// stay, in order; fails if `cqe` cannot hold them or exceeds the limit.
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        let lim = self.ctx.inner.limits;
+        if cqe == 0 || cqe > lim.max_cqe {
+            return Err(Error::invalid(format!("cqe {cqe} outside 1..={}", lim.max_cqe)));
+        }
+        let nic = &self.ctx.inner.nic;
+        // The engine lock keeps the datapath from delivering while entries move.
+        nic.with_engine(|_| {
+            let old = self.ring.load_full();
+            let new = Arc::new(
+                old.resized(cqe as usize)
+                    .ok_or_else(|| Error::invalid(format!("{} completions are waiting: more than {cqe}", old.len())))?,
+            );
+            nic.attach_cq(new.clone());
+            self.ring.store(new);
+            Ok(())
+        })
     }
 
     /// The context.
@@ -103,7 +125,7 @@ impl Cq {
 
 impl Drop for Cq {
     fn drop(&mut self) {
-        self.ctx.inner.nic.detach_cq(self.ring.id);
+        self.ctx.inner.nic.detach_cq(self.ring.load().id);
         self.ctx.inner.cq_count.fetch_sub(1, Ordering::AcqRel);
     }
 }

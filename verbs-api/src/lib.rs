@@ -8,7 +8,7 @@
 //! | `ibv_reg_mr` / `ibv_dereg_mr` / `ibv_rereg_mr` | [`Pd::reg_mr`], [`Pd::alloc_mr`], [`Pd::reg_mr_raw`] → [`Mr`]; drop or [`Mr::dereg`]; [`Mr::rereg_access`] |
 //! | `ibv_alloc_mw` / `ibv_bind_mw` | [`Pd::alloc_mw`] → [`Mw`], [`Mw::bind`]; type 2: `SendOp::BindMw` |
 //! | `ibv_create_comp_channel` / `ibv_get_cq_event` | [`Context::create_comp_channel`] → [`CompChannel::get_cq_event`] |
-//! | `ibv_create_cq` / `ibv_poll_cq` / `ibv_req_notify_cq` | [`Context::create_cq`] → [`Cq::poll`], [`Cq::req_notify`] |
+//! | `ibv_create_cq` / `ibv_poll_cq` / `ibv_req_notify_cq` / `ibv_resize_cq` | [`Context::create_cq`] → [`Cq::poll`], [`Cq::req_notify`], [`Cq::resize`] |
 //! | `ibv_create_qp` / `ibv_modify_qp` / `ibv_query_qp` | [`Pd::create_qp`] → [`Qp::modify`], [`Qp::query`] |
 //! | `ibv_post_send` / `ibv_post_recv` | [`Qp::post_send`], [`Qp::post_recv`] |
 //! | `ibv_create_srq` / `ibv_post_srq_recv` / `ibv_modify_srq` | [`Pd::create_srq`] → [`Srq::post_recv`], [`Srq::arm_limit`] |

@@ -304,3 +304,40 @@ fn bad_arguments_are_refused_without_queueing() {
     // nothing was queued: nothing completes
     assert_quiet(&a.cq);
 }
+
+#[test]
+fn completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries() {
+    let (ca, cb) = devices(Impairments::default());
+    let ch = ca.create_comp_channel().unwrap();
+    let a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let cq = ca.create_cq(4, Some(&ch)).unwrap();
+    let qa = a
+        .pd
+        .create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: caps(), sq_sig_all: true })
+        .unwrap();
+    let qb = rc_qp(&b, None);
+    bring_up(&qa, &ca, qb.qp_num(), &cb, 1, 2);
+    bring_up(&qb, &cb, qa.qp_num(), &ca, 2, 1);
+    cq.req_notify(false);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(ch.get_cq_event().unwrap(), cq.id(), "the armed CQ signalled its channel");
+    // Three more completions, then grow the CQ with them waiting.
+    for i in 2..5 {
+        qa.post_send(&send_wr(i, SendOp::Write { remote }, vec![a.mr.sge(0, 8)])).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cq.capacity() == 4 && std::time::Instant::now() < deadline {
+        // wait until all 4 are in the ring (1 from before + 3)
+        if a.ctx.nic().stats.completions.load(std::sync::atomic::Ordering::Relaxed) >= 4 {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    assert!(cq.resize(2).is_err(), "4 waiting completions do not fit 2");
+    cq.resize(64).unwrap();
+    assert_eq!(cq.capacity(), 64);
+    let c = wait(&cq, 4);
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+}
