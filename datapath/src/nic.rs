@@ -18,7 +18,7 @@ use std::time::Instant as StdInstant;
 use crossbeam_queue::ArrayQueue;
 use rocev2::transport::attr::SrqId;
 use rocev2::transport::engine::{AsyncEvent, Engine, EngineError};
-use rocev2::transport::wr::{Completion, CqId, WcOpcode, WcStatus, WorkCompletion};
+use rocev2::transport::wr::{Completion, CqId, WcOpcode, WcStatus};
 use rocev2::Instant;
 
 use crate::port::{Port, PortInfo};
@@ -270,7 +270,7 @@ impl Nic {
         while let Some(wr) = rings.send.pop() {
             work += 1;
             let wr_id = wr.wr_id;
-            let opcode = send_wc_opcode(&wr.op);
+            let opcode = wr.op.wc_opcode();
             if let Err(e) = engine.post_send(rings.qpn, wr) {
                 self.refuse(rings, wr_id, opcode, e, false);
             }
@@ -298,20 +298,8 @@ impl Nic {
         self.stats.posts_refused.fetch_add(1, Ordering::Relaxed);
         let _ = err;
         let status = WcStatus::LocQpOpErr;
-        let qpn = rings.qpn;
-        let wc = WorkCompletion {
-            wr_id,
-            status,
-            opcode,
-            qp_num: qpn,
-            byte_len: 0,
-            imm_data: None,
-            invalidated_rkey: None,
-            src_qp: 0,
-            grh: false,
-        };
         let cq = if recv { rings.recv_cq } else { rings.send_cq };
-        self.deliver(Completion { cq, wc, solicited: false });
+        self.deliver(Completion::error(cq, rings.qpn, wr_id, opcode, status));
     }
 
     fn deliver(&self, c: Completion) {
@@ -327,19 +315,5 @@ impl Nic {
                 self.stats.completions_orphaned.fetch_add(1, Ordering::Relaxed);
             }
         }
-    }
-}
-
-/// The completion opcode a send WR will report.
-pub fn send_wc_opcode(op: &rocev2::transport::wr::SendOp) -> WcOpcode {
-    use rocev2::transport::wr::SendOp;
-    match op {
-        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
-        SendOp::BindMw { .. } => WcOpcode::BindMw,
     }
 }

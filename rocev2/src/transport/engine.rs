@@ -19,7 +19,7 @@ use crate::transport::recv::RecvQueue;
 use crate::transport::requester::{Requester, RequesterCtx, SqFatal};
 use crate::transport::responder::{Responder, ResponderCtx, ResponderOutcome};
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, CqId, RecvWr, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::transport::wr::{Completion, CqId, RecvWr, SendWr, WcOpcode, WcStatus};
 use crate::wire::{parse_frame, sport, Opcode, Service, WireError};
 
 /// Engine configuration.
@@ -533,7 +533,7 @@ impl Engine {
         match qp.state {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
-                self.completions.push_back(flush_completion(qp.init.send_cq, qpn, wr.wr_id, send_wc_opcode(&wr)));
+                self.completions.push_back(flush_completion(qp.init.send_cq, qpn, wr.wr_id, wr.op.wc_opcode()));
                 return Ok(());
             }
             s => return Err(EngineError::WrongState(s)),
@@ -839,33 +839,6 @@ fn flush_responder(
     }
 }
 
-fn send_wc_opcode(wr: &SendWr) -> WcOpcode {
-    use crate::transport::wr::SendOp;
-    match wr.op {
-        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
-        SendOp::BindMw { .. } => WcOpcode::BindMw,
-    }
-}
-
 fn flush_completion(cq: CqId, qpn: u32, wr_id: u64, opcode: WcOpcode) -> Completion {
-    Completion {
-        cq,
-        wc: WorkCompletion {
-            wr_id,
-            status: WcStatus::WrFlushErr,
-            opcode,
-            qp_num: qpn,
-            byte_len: 0,
-            imm_data: None,
-            invalidated_rkey: None,
-            src_qp: 0,
-            grh: false,
-        },
-        solicited: false,
-    }
+    Completion::error(cq, qpn, wr_id, opcode, WcStatus::WrFlushErr)
 }

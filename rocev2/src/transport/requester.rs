@@ -21,7 +21,7 @@ use crate::transport::attr::{Mtu, QpType};
 use crate::transport::memory::{Access, MemoryTable, PdId};
 use crate::transport::packet::PathHeaders;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, CqId, Payload, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::transport::wr::{Completion, CqId, Payload, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 use crate::wire::ext::rnr_timer_nanos;
 use crate::wire::repr::{AckSyndrome, AtomicEthRepr, BthRepr, DethRepr, NakCode, RethRepr, TransportRepr};
 use crate::wire::{sport, Opcode, ParsedFrame};
@@ -134,17 +134,6 @@ fn local_timeout(code: u8) -> Option<Duration> {
     (code != 0).then(|| Duration::from_nanos(4096u64 << u32::from(code.min(31))))
 }
 
-fn wc_opcode(op: &SendOp) -> WcOpcode {
-    match op {
-        SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
-        SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
-        SendOp::Read { .. } => WcOpcode::RdmaRead,
-        SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
-        SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
-        SendOp::LocalInv { .. } => WcOpcode::LocalInv,
-        SendOp::BindMw { .. } => WcOpcode::BindMw,
-    }
-}
 
 impl Requester {
     pub(crate) fn new(max_wr: u32, sq_psn: Psn) -> Requester {
@@ -245,7 +234,7 @@ impl Requester {
                     wc: WorkCompletion {
                         wr_id: w.wr.wr_id,
                         status,
-                        opcode: wc_opcode(&w.wr.op),
+                        opcode: w.wr.op.wc_opcode(),
                         qp_num: ctx.qpn,
                         byte_len,
                         imm_data: None,

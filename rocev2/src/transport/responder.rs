@@ -985,22 +985,7 @@ fn response(opcode: Opcode, dest_qpn: u32, psn: Psn, aeth: Option<AethRepr>, ato
 }
 
 fn error_completion(cq: CqId, qpn: u32, wr_id: u64, status: WcStatus) -> Completion {
-    Completion {
-        cq,
-        wc: WorkCompletion {
-            wr_id,
-            status,
-            opcode: WcOpcode::Recv,
-            qp_num: qpn,
-            byte_len: 0,
-            imm_data: None,
-            invalidated_rkey: None,
-            src_qp: 0,
-            grh: false,
-        },
-        // Error completions always wake a solicited-only CQ.
-        solicited: true,
-    }
+    Completion::error(cq, qpn, wr_id, WcOpcode::Recv, status)
 }
 
 fn push_recv_error(ctx: &mut ResponderCtx<'_>, wr_id: u64, status: WcStatus) {

@@ -108,6 +108,21 @@ pub enum SendOp {
     },
 }
 
+impl SendOp {
+    /// The completion opcode this operation reports.
+    pub const fn wc_opcode(&self) -> WcOpcode {
+        match self {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => WcOpcode::Send,
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CmpSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
+            SendOp::BindMw { .. } => WcOpcode::BindMw,
+        }
+    }
+}
+
 /// Where a send WR's payload comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum Payload {
@@ -252,6 +267,28 @@ pub struct WorkCompletion {
 /// completion with the CQ the QP was created with and the caller delivers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
 pub struct CqId(pub u32);
+
+impl Completion {
+    /// A completion carrying only an error `status` (no data moved), for `cq`.
+    /// Error completions always wake a CQ armed for solicited events.
+    pub const fn error(cq: CqId, qp_num: u32, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
+        Completion {
+            cq,
+            wc: WorkCompletion {
+                wr_id,
+                status,
+                opcode,
+                qp_num,
+                byte_len: 0,
+                imm_data: None,
+                invalidated_rkey: None,
+                src_qp: 0,
+                grh: false,
+            },
+            solicited: true,
+        }
+    }
+}
 
 /// A completion destined for a completion queue.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
