@@ -341,3 +341,41 @@ fn completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries() {
     let c = wait(&cq, 4);
     assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
 }
+
+#[test]
+fn uc_write_and_send() {
+    let (ca, cb) = devices(Impairments::default());
+    let mut a = side(&ca, 1 << 20);
+    let b = side(&cb, 1 << 20);
+    let mk = |s: &Side| {
+        s.pd.create_qp(&QpInit { qp_type: QpType::Uc, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
+            .unwrap()
+    };
+    let (qa, qb) = (mk(&a), mk(&b));
+    for (qp, me, peer, remote_qpn, sq, rq) in [(&qa, &ca, &cb, qb.qp_num(), 10, 20), (&qb, &cb, &ca, qa.qp_num(), 20, 10)] {
+        let mut at = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = me.query_port(1).unwrap().active_mtu;
+        at.dest_qp_num = remote_qpn;
+        at.rq_psn = Psn::new(rq);
+        at.ah_attr = Some(AhAttr { dgid: peer.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() });
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN).unwrap();
+        at.qp_state = QpState::Rts;
+        at.sq_psn = Psn::new(sq);
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    }
+    // UC refuses READ/atomics at post time
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    assert!(qa.post_send(&send_wr(0, SendOp::Read { remote }, vec![a.mr.sge(0, 8)])).is_err());
+    fill(&mut a.mr, 0, 5000, 11);
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 5000)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success, "UC completes on transmission");
+    qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![b.mr.sge(65536, 8192)] }).unwrap();
+    qa.post_send(&send_wr(2, SendOp::SendWithImm { imm: 5 }, vec![a.mr.sge(0, 3000)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len, r[0].imm_data), (9, 3000, Some(5)));
+    assert_eq!(&b.mr.as_slice()[..5000], &expected(5000, 11)[..]);
+    assert_eq!(&b.mr.as_slice()[65536..65536 + 3000], &expected(3000, 11)[..]);
+}
