@@ -7,7 +7,7 @@
 //! limit. Used by unit tests and by the no-privilege quick start; real links
 //! use the AF_XDP port.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -75,11 +75,14 @@ pub struct HubStats {
     pub inbox_full: AtomicU64,
     /// Frames addressed to a MAC no port has.
     pub unknown_dst: AtomicU64,
+    /// Frames dropped because the sending or receiving port's link was down.
+    pub link_down: AtomicU64,
 }
 
 struct Attached {
     mac: [u8; 6],
     inbox: Arc<ArrayQueue<Vec<u8>>>,
+    link: Arc<AtomicBool>,
 }
 
 /// A switch joining in-memory ports. It also plays the neighbour table
@@ -102,19 +105,34 @@ impl MemHub {
     /// Attach a port with `mac` and link `mtu`, impairing what it sends.
     pub fn attach(self: &Arc<Self>, mac: [u8; 6], mtu: u32, impair: Impairments) -> MemPort {
         let inbox = Arc::new(ArrayQueue::new(8192));
+        let link = Arc::new(AtomicBool::new(true));
         let mut ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
         let index = ports.len() as u64;
-        ports.push(Attached { mac, inbox: inbox.clone() });
+        ports.push(Attached { mac, inbox: inbox.clone(), link: link.clone() });
         MemPort {
             hub: self.clone(),
             info: PortInfo { mac, mtu },
             inbox,
+            link,
             impair,
             rng: ChaCha8Rng::seed_from_u64(self.seed ^ (index.wrapping_mul(0x9e37_79b9_7f4a_7c15))),
             held: None,
             tx_buf: vec![0u8; MAX_FRAME],
             credit: impair.rate_burst_bytes as f64,
             last_refill: Instant::now(),
+        }
+    }
+
+    /// Take the link of the port with `mac` down or up (pulling the cable).
+    /// Returns false if no port has that MAC.
+    pub fn set_link(&self, mac: [u8; 6], up: bool) -> bool {
+        let ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
+        match ports.iter().find(|p| p.mac == mac) {
+            Some(p) => {
+                p.link.store(up, Ordering::Release);
+                true
+            }
+            None => false,
         }
     }
 
@@ -145,6 +163,10 @@ impl MemHub {
                 continue;
             }
             sent = true;
+            if !p.link.load(Ordering::Acquire) {
+                self.stats.link_down.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             if p.inbox.push(frame.clone()).is_ok() {
                 self.stats.delivered.fetch_add(1, Ordering::Relaxed);
             } else {
@@ -162,6 +184,7 @@ pub struct MemPort {
     hub: Arc<MemHub>,
     info: PortInfo,
     inbox: Arc<ArrayQueue<Vec<u8>>>,
+    link: Arc<AtomicBool>,
     impair: Impairments,
     rng: ChaCha8Rng,
     held: Option<Vec<u8>>,
@@ -198,6 +221,10 @@ impl MemPort {
     fn send_impaired(&mut self, mut frame: Vec<u8>) {
         let hub = self.hub.clone();
         let st = &hub.stats;
+        if !self.link.load(Ordering::Acquire) {
+            st.link_down.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
         if !self.rate_allows(frame.len()) {
             st.rate_dropped.fetch_add(1, Ordering::Relaxed);
             return;
@@ -306,6 +333,10 @@ impl Port for MemPort {
             n += 1;
         }
         Ok(n)
+    }
+
+    fn link_up(&self) -> bool {
+        self.link.load(Ordering::Acquire)
     }
 
     fn flush(&mut self) -> Result<(), PortError> {

@@ -68,6 +68,7 @@ pub struct Nic {
     doorbells: ArrayQueue<Doorbell>,
     events: ArrayQueue<AsyncEvent>,
     epoch: StdInstant,
+    link_up: AtomicBool,
     /// Counters.
     pub stats: NicStats,
 }
@@ -92,6 +93,7 @@ impl Nic {
             doorbells: ArrayQueue::new(max_queues.max(16) * 2),
             events: ArrayQueue::new(1024),
             epoch: StdInstant::now(),
+            link_up: AtomicBool::new(true),
             stats: NicStats::default(),
         }
     }
@@ -99,6 +101,11 @@ impl Nic {
     /// The port's addresses.
     pub fn port_info(&self) -> PortInfo {
         self.info
+    }
+
+    /// Whether the port's link was up at the last poll.
+    pub fn link_up(&self) -> bool {
+        self.link_up.load(Ordering::Acquire)
     }
 
     /// The engine's notion of now.
@@ -169,6 +176,13 @@ impl Nic {
         let mut port = lock(&self.port);
         let mut work = self.ring_doorbells(&mut engine);
         let now = self.now();
+
+        // Link state changes become async events (IBV_EVENT_PORT_ACTIVE/ERR).
+        let up = port.link_up();
+        if self.link_up.swap(up, Ordering::AcqRel) != up {
+            let _ = self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+            work += 1;
+        }
 
         // Receive.
         let rx = {

@@ -59,6 +59,11 @@ pub trait Port: Send {
     /// Hand up to `budget` received frames to `handler`. Returns how many.
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> Result<usize, PortError>;
 
+    /// Whether the link is up (carrier). Default: always.
+    fn link_up(&self) -> bool {
+        true
+    }
+
     /// Push queued transmissions out (a syscall kick for AF_XDP). Default: nothing.
     fn flush(&mut self) -> Result<(), PortError> {
         Ok(())

@@ -326,7 +326,7 @@ impl Context {
             return Err(Error::invalid(format!("port {port_num} does not exist (urnic devices have port 1)")));
         }
         Ok(PortAttr {
-            state: PortState::Active,
+            state: if self.inner.nic.link_up() { PortState::Active } else { PortState::Down },
             max_mtu: Mtu::Mtu4096,
             active_mtu: self.inner.active_mtu,
             gid_tbl_len: self.inner.gids.len() as u32,

@@ -14,9 +14,15 @@ pub struct Side {
     pub mr: Mr,
 }
 
+pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+
 pub fn devices(impair: Impairments) -> (Context, Context) {
-    let hub = MemHub::new(7);
-    let mut a = DeviceConfig::memory(&hub, "urnic0", [2, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
+    devices_on(&MemHub::new(7), impair)
+}
+
+pub fn devices_on(hub: &std::sync::Arc<MemHub>, impair: Impairments) -> (Context, Context) {
+    let hub = hub.clone();
+    let mut a = DeviceConfig::memory(&hub, "urnic0", MAC_A, [10, 0, 0, 1]);
     let mut b = DeviceConfig::memory(&hub, "urnic1", [2, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
     if let PortConfig::Memory { impairments, .. } = &mut a.port {
         *impairments = impair;
@@ -52,6 +58,11 @@ pub fn rc_qp(s: &Side, srq: Option<&Srq>) -> Qp {
 }
 
 pub fn bring_up(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lpsn: u32, rpsn: u32) {
+    bring_up_with_timeout(qp, local, remote_qpn, remote, lpsn, rpsn, 10)
+}
+
+/// `bring_up` with a chosen local ACK timeout exponent (4.096 µs × 2^timeout).
+pub fn bring_up_with_timeout(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lpsn: u32, rpsn: u32, timeout: u8) {
     let mtu = local.query_port(1).unwrap().active_mtu;
     let mut a = QpAttr {
         qp_state: QpState::Init,
@@ -79,7 +90,7 @@ pub fn bring_up(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lps
     .unwrap();
     a.qp_state = QpState::Rts;
     a.sq_psn = Psn::new(lpsn);
-    a.timeout = 10;
+    a.timeout = timeout;
     a.retry_cnt = 7;
     a.rnr_retry = 7;
     a.max_rd_atomic = 16;

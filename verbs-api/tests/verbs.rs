@@ -379,3 +379,42 @@ fn uc_write_and_send() {
     assert_eq!(&b.mr.as_slice()[..5000], &expected(5000, 11)[..]);
     assert_eq!(&b.mr.as_slice()[65536..65536 + 3000], &expected(3000, 11)[..]);
 }
+
+#[test]
+fn link_down_raises_port_events_and_rc_recovers_after_it() {
+    let hub = MemHub::new(11);
+    let (ca, cb) = devices_on(&hub, Impairments::default());
+    let mut a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let qa = rc_qp(&a, None);
+    let qb = rc_qp(&b, None);
+    // timeout 16 = 268 ms; with retry_cnt 7 the QP outlasts a 2 s outage,
+    // far more than the 5 ms one below even on a loaded machine.
+    bring_up_with_timeout(&qa, &ca, qb.qp_num(), &cb, 1, 2, 16);
+    bring_up_with_timeout(&qb, &cb, qa.qp_num(), &ca, 2, 1, 16);
+    let wait_event = |want: AsyncEvent| {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match ca.poll_async_event() {
+                Some(e) if e == want => return,
+                Some(_) => {}
+                None => assert!(std::time::Instant::now() < deadline, "no {want:?}"),
+            }
+            std::thread::yield_now();
+        }
+    };
+    assert!(hub.set_link(MAC_A, false));
+    wait_event(AsyncEvent::PortError);
+    assert_eq!(ca.query_port(1).unwrap().state, PortState::Down);
+    fill(&mut a.mr, 0, 3000, 21);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 3000)])).unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(5));
+    assert!(hub.set_link(MAC_A, true));
+    wait_event(AsyncEvent::PortActive);
+    assert_eq!(ca.query_port(1).unwrap().state, PortState::Active);
+    // The WRITE sent into the dead link is retransmitted after the timeout.
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(&b.mr.as_slice()[..3000], &expected(3000, 21)[..]);
+    assert!(hub.stats.link_down.load(std::sync::atomic::Ordering::Relaxed) > 0);
+}

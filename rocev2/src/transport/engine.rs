@@ -100,6 +100,10 @@ pub enum AsyncEvent {
     SqDrained(u32),
     /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit.
     SrqLimitReached(SrqId),
+    /// `IBV_EVENT_PORT_ACTIVE`: the link came up (raised by the datapath).
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`: the link went down (raised by the datapath).
+    PortError,
 }
 
 /// Engine-wide counters: frames dropped before reaching a QP, by reason.
