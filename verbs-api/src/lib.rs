@@ -2,6 +2,7 @@
 //!
 //! | ibverbs | urnic |
 //! |---|---|
+//! | `ibv_get_device_list` | [`device_list`] (Ethernet interfaces a device can attach to) |
 //! | `ibv_open_device` | [`open_device`] → [`Context`] |
 //! | `ibv_query_device` / `_port` / `_gid` | [`Context::query_device`], [`Context::query_port`], [`Context::query_gid`] |
 //! | `ibv_alloc_pd` | [`Context::alloc_pd`] → [`Pd`] |
@@ -19,6 +20,7 @@
 
 mod cq;
 mod device;
+mod discover;
 mod error;
 mod mr;
 mod qp;
@@ -28,6 +30,7 @@ pub use device::{
     gid_to_string, link_local_gid, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid,
     PortAttr, PortConfig, PortState, Resolver,
 };
+pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{Mr, Mw, Pd};
 pub use qp::{Ah, AhAttr, Qp, QpAttr, QpInit, Srq};

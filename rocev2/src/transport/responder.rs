@@ -487,10 +487,31 @@ impl Responder {
                 }
                 ctx.stats.resp_read_replays += 1;
                 let msn = self.msn;
-                self.push(
-                    ctx,
-                    Pending::Read { rkey, va: reth.va, remaining: reth.dma_len, psn, first: psn == first, msn },
-                );
+                let replay = Pending::Read { rkey, va: reth.va, remaining: reth.dma_len, psn, first: psn == first, msn };
+                // The replay supersedes a stream of the same resource still
+                // queued (rxe restarts the resource in place): otherwise every
+                // re-request would add a whole stream and a lossy link would
+                // multiply READ responses. It takes that stream's place in the
+                // queue, so responses stay in PSN order.
+                let same = |p: &Pending| {
+                    matches!(*p, Pending::Read { rkey: k, psn: q, .. } if k == rkey && !q.is_before(first) && !q.is_after(last))
+                };
+                match self.pending.iter().position(same) {
+                    Some(i) => {
+                        self.pending[i] = replay;
+                        let mut j = i + 1;
+                        while j < self.pending.len() {
+                            if same(&self.pending[j]) {
+                                self.pending.remove(j);
+                            } else {
+                                j += 1;
+                            }
+                        }
+                    }
+                    None => {
+                        self.push(ctx, replay);
+                    }
+                }
             }
             (Some(Resource { first, kind: ResKind::Atomic { orig }, .. }), false) if first == psn => {
                 // Never execute an atomic twice: answer with the saved value.
