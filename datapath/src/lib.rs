@@ -3,6 +3,7 @@
 
 #![deny(missing_docs)]
 
+pub mod capture;
 pub mod memport;
 pub mod nic;
 pub mod port;

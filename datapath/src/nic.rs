@@ -46,6 +46,8 @@ pub struct NicStats {
     pub cq_overruns: AtomicU64,
     /// Port errors on transmit or receive.
     pub port_errors: AtomicU64,
+    /// Capture-file write failures (capture is switched off after one).
+    pub capture_errors: AtomicU64,
     /// WRs the engine refused after the application's post had returned
     /// (completed with an error status, never lost).
     pub posts_refused: AtomicU64,
@@ -69,6 +71,7 @@ pub struct Nic {
     events: ArrayQueue<AsyncEvent>,
     epoch: StdInstant,
     link_up: AtomicBool,
+    capture: Mutex<Option<crate::capture::PcapWriter>>,
     /// Counters.
     pub stats: NicStats,
 }
@@ -94,6 +97,7 @@ impl Nic {
             events: ArrayQueue::new(1024),
             epoch: StdInstant::now(),
             link_up: AtomicBool::new(true),
+            capture: Mutex::new(None),
             stats: NicStats::default(),
         }
     }
@@ -101,6 +105,17 @@ impl Nic {
     /// The port's addresses.
     pub fn port_info(&self) -> PortInfo {
         self.info
+    }
+
+    /// Capture every frame sent and received from now on into a pcap file
+    /// at `path` (`--pcap FILE`); `None` stops capturing (and flushes).
+    pub fn set_capture(&self, path: Option<&std::path::Path>) -> std::io::Result<()> {
+        let w = match path {
+            Some(p) => Some(crate::capture::PcapWriter::create(p)?),
+            None => None,
+        };
+        *lock(&self.capture) = w;
+        Ok(())
     }
 
     /// Whether the port's link was up at the last poll.
@@ -184,10 +199,20 @@ impl Nic {
             work += 1;
         }
 
+        let mut capture = lock(&self.capture);
         // Receive.
         let rx = {
             let engine = &mut *engine;
-            port.receive(RX_BUDGET, &mut |frame| engine.handle_frame(now, frame))
+            let capture = &mut *capture;
+            port.receive(RX_BUDGET, &mut |frame| {
+                if let Some(c) = capture.as_mut() {
+                    if c.write(frame).is_err() {
+                        self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                        *capture = None;
+                    }
+                }
+                engine.handle_frame(now, frame)
+            })
         };
         match rx {
             Ok(n) => {
@@ -209,7 +234,18 @@ impl Nic {
         let mut sent = 0;
         while sent < TX_BUDGET {
             let engine = &mut *engine;
-            match port.transmit_with(&mut |buf| engine.poll_transmit(now, buf)) {
+            let capture = &mut *capture;
+            let mut fill = |buf: &mut [u8]| {
+                let n = engine.poll_transmit(now, buf)?;
+                if let Some(c) = capture.as_mut() {
+                    if c.write(&buf[..n]).is_err() {
+                        self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                        *capture = None;
+                    }
+                }
+                Some(n)
+            };
+            match port.transmit_with(&mut fill) {
                 Ok(true) => sent += 1,
                 Ok(false) => break,
                 Err(_) => {
@@ -224,6 +260,7 @@ impl Nic {
         self.stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
         work += sent;
         drop(port);
+        drop(capture);
 
         // Completions and events.
         while let Some(c) = engine.poll_completion() {

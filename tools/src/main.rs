@@ -38,10 +38,13 @@ enum Cmd {
         /// Ping-pong iterations for the latency test.
         #[arg(long, default_value_t = 1000)]
         lat_iters: usize,
+        /// Capture each device's frames into DIR/urnic0.pcap and DIR/urnic1.pcap.
+        #[arg(long, value_name = "DIR")]
+        pcap_dir: Option<std::path::PathBuf>,
     },
 }
 
-fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: usize) -> Result<(), String> {
+fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: usize, pcap_dir: Option<&std::path::Path>) -> Result<(), String> {
     let hub = MemHub::new(1);
     let mut ca = DeviceConfig::memory(&hub, "urnic0", [0x02, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
     let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
@@ -53,6 +56,13 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
     cb.datapath = DatapathMode::Manual;
     let a = open_device(ca).map_err(|e| e.to_string())?;
     let b = open_device(cb).map_err(|e| e.to_string())?;
+    if let Some(dir) = pcap_dir {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        for ctx in [&a, &b] {
+            let path = dir.join(format!("{}.pcap", ctx.name()));
+            ctx.nic().set_capture(Some(&path)).map_err(|e| format!("{}: {e}", path.display()))?;
+        }
+    }
     let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
     let buf = (2 * max).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
@@ -76,13 +86,18 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
         println!("{}", lat_row(size, lat_iters, &s));
     }
     println!("{RULE}");
+    for ctx in [&a, &b] {
+        let _ = ctx.nic().set_capture(None);
+    }
     Ok(())
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Demo { sizes, iters, tx_depth, link_mtu, lat_iters } => demo(&sizes, iters, tx_depth, link_mtu, lat_iters),
+        Cmd::Demo { sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => {
+            demo(&sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir.as_deref())
+        }
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
