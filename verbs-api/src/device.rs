@@ -371,7 +371,13 @@ impl Context {
         self.inner.nic.poll_async_event()
     }
 
-    /// The underlying NIC (counters, engine access for tools).
+    /// Device-wide transport counters: frames received, and frames dropped
+    /// before reaching a QP, by reason (bad ICRC, unknown QPN, ...).
+    pub fn engine_stats(&self) -> rocev2::transport::engine::EngineStats {
+        self.inner.nic.with_engine(|e| e.stats().clone())
+    }
+
+    /// The underlying NIC (datapath counters in `nic().stats`, engine access for tools).
     pub fn nic(&self) -> &Arc<Nic> {
         &self.inner.nic
     }

@@ -41,5 +41,6 @@ pub use rocev2::transport::wr::{
     Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
 };
 pub use rocev2::Psn;
-pub use rocev2::transport::engine::AsyncEvent;
+pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
+pub use rocev2::transport::stats::QpStats;
 pub use urnic_datapath::{IdlePolicy, Impairments, MemHub};

@@ -227,6 +227,16 @@ impl Qp {
         Ok(())
     }
 
+    /// This QP's counters: packets/bytes each way, retransmissions, timeouts,
+    /// NAKs and RNR NAKs sent and received by kind, duplicates, drops.
+    pub fn stats(&self) -> Result<rocev2::transport::stats::QpStats> {
+        self.ctx()
+            .inner
+            .nic
+            .with_engine(|e| e.qp_stats(self.qpn).copied())
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("QP {:#x} is gone", self.qpn)))
+    }
+
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<rocev2::transport::attr::QpAttr> {
         self.ctx().inner.nic.with_engine(|e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))

@@ -447,14 +447,14 @@ fn everything_completes_over_an_impaired_link() {
     assert_eq!(&b.mr.as_slice()[..MIB], &want[..]);
     assert_eq!(&a.mr.as_slice()[MIB..2 * MIB], &expected(MIB, 2)[..]);
     assert_eq!(&b.mr.as_slice()[3 * MIB..3 * MIB + 300_000], &expected(300_000, 1)[..]);
-    let s = a.ctx.nic().with_engine(|e| *e.qp_stats(qa.qp_num()).unwrap());
+    let s = qa.stats().unwrap();
     assert!(s.req_retransmits > 0, "losses were recovered by retransmission: {s:?}");
     // Corrupted frames were caught by the ICRC and counted, not delivered.
-    let bad = |c: &Context| c.nic().with_engine(|e| e.stats().rx_bad_frame.values().sum::<u64>());
+    let bad = |c: &Context| c.engine_stats().rx_bad_frame.values().sum::<u64>();
     let corrupted = bad(&a.ctx) + bad(&b.ctx) > 0;
     assert!(corrupted, "1% corruption over thousands of frames produced no ICRC drop");
     // A replayed READ supersedes its queued stream: responses stay within a
     // small multiple of the 1024 packets the READ needs.
-    let responses = b.ctx.nic().with_engine(|e| e.qp_stats(qb.qp_num()).unwrap().resp_read_responses_sent);
+    let responses = qb.stats().unwrap().resp_read_responses_sent;
     assert!(responses < 20 * 1024, "{responses} READ responses for a 1024-packet READ");
 }
