@@ -7,20 +7,7 @@ use std::time::{Duration, Instant};
 use urnic::*;
 
 fn up(qp: &Qp, remote_qpn: u32, remote_gid: Gid, sq: u32, rq: u32) {
-    let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC, ..QpAttr::default() };
-    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = Mtu::Mtu1024;
-    a.dest_qp_num = remote_qpn;
-    a.rq_psn = Psn::new(rq);
-    a.max_dest_rd_atomic = 4;
-    a.min_rnr_timer = 1;
-    a.ah_attr = Some(AhAttr { dgid: remote_gid, sgid_index: 1, port_num: 1, ..AhAttr::default() });
-    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = Psn::new(sq);
-    a.max_rd_atomic = 4;
-    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
+    qp.connect(&Connect { mtu: Some(Mtu::Mtu1024), rd_atomic: 4, min_rnr_timer: 1, ..Connect::new(remote_qpn, remote_gid, sq, rq) }).unwrap();
 }
 
 #[test]

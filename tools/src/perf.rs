@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use urnic::{
-    Access, AhAttr, Context, Cq, Mr, Payload, Psn, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType,
+    Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType,
     RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
@@ -54,52 +54,7 @@ impl Endpoint {
 
     /// Bring the QP to RTS towards `remote` (GID index 1, the IPv4-mapped GID).
     pub fn connect(&self, remote_qpn: u32, remote_gid: [u8; 16], local_psn: u32, remote_psn: u32) -> PerfResult<()> {
-        let mtu = self.ctx.query_port(1).map_err(e("query_port"))?.active_mtu;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ..QpAttr::default()
-        };
-        self.qp
-            .modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
-            .map_err(e("modify INIT"))?;
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = mtu;
-        a.dest_qp_num = remote_qpn;
-        a.rq_psn = Psn::new(remote_psn);
-        a.max_dest_rd_atomic = 16;
-        a.min_rnr_timer = 12;
-        a.ah_attr = Some(AhAttr { dgid: remote_gid, sgid_index: 1, hop_limit: 64, port_num: 1, ..AhAttr::default() });
-        self.qp
-            .modify(
-                &a,
-                QpAttrMask::STATE
-                    | QpAttrMask::AV
-                    | QpAttrMask::PATH_MTU
-                    | QpAttrMask::DEST_QPN
-                    | QpAttrMask::RQ_PSN
-                    | QpAttrMask::MAX_DEST_RD_ATOMIC
-                    | QpAttrMask::MIN_RNR_TIMER,
-            )
-            .map_err(e("modify RTR"))?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = Psn::new(local_psn);
-        a.timeout = 14;
-        a.retry_cnt = 7;
-        a.rnr_retry = 7;
-        a.max_rd_atomic = 16;
-        self.qp
-            .modify(
-                &a,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .map_err(e("modify RTS"))?;
-        Ok(())
+        self.qp.connect(&Connect::new(remote_qpn, remote_gid, local_psn, remote_psn)).map_err(e("connect"))
     }
 
     /// Run one datapath iteration of every context this thread drives.

@@ -33,7 +33,7 @@ pub use device::{
 pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{Mr, Mw, Pd};
-pub use qp::{Ah, AhAttr, Qp, QpAttr, QpInit, Srq};
+pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
 
 pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
 pub use rocev2::transport::memory::{Access, MwType};

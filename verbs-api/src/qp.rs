@@ -5,7 +5,8 @@
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
-use rocev2::transport::attr::{AddressVector, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
+use rocev2::transport::attr::{AddressVector, Mtu, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
+use rocev2::transport::memory::Access;
 use rocev2::transport::wr::{Payload, RecvWr, SendOp, SendWr};
 use urnic_datapath::queues::{QpRings, SrqRing};
 
@@ -34,6 +35,58 @@ pub struct AhAttr {
 /// QP attributes as the application gives them (`struct ibv_qp_attr`): the
 /// engine's attributes with a GID-based path.
 pub type QpAttr = rocev2::transport::attr::QpAttr<AhAttr>;
+
+/// Everything [`Qp::connect`] needs to take an RC or UC QP from RESET to RTS:
+/// what the two sides exchange out of band (QPN, PSN, GID) plus the usual
+/// knobs, with the defaults ibv_rc_pingpong and perftest use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Connect {
+    /// The peer's QPN.
+    pub remote_qpn: u32,
+    /// The peer's GID.
+    pub remote_gid: Gid,
+    /// The PSN this side starts sending with (the peer's `rq_psn`).
+    pub local_psn: u32,
+    /// The PSN the peer starts sending with.
+    pub remote_psn: u32,
+    /// Our GID index (1 = the IPv4-mapped RoCEv2 GID).
+    pub sgid_index: u8,
+    /// Path MTU; `None` = the port's active MTU.
+    pub mtu: Option<Mtu>,
+    /// Remote access this QP grants.
+    pub access: Access,
+    /// Outstanding READ/ATOMIC in each direction.
+    pub rd_atomic: u8,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = forever).
+    pub rnr_retry: u8,
+    /// RNR NAK timer code this side advertises.
+    pub min_rnr_timer: u8,
+}
+
+impl Connect {
+    /// Defaults: GID index 1, active MTU, remote write/read/atomic allowed,
+    /// 16 outstanding READ/ATOMIC, timeout 14 (67 ms), 7 retries, RNR retry forever.
+    pub fn new(remote_qpn: u32, remote_gid: Gid, local_psn: u32, remote_psn: u32) -> Connect {
+        Connect {
+            remote_qpn,
+            remote_gid,
+            local_psn,
+            remote_psn,
+            sgid_index: 1,
+            mtu: None,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            rd_atomic: 16,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 12,
+        }
+    }
+}
 
 /// An address handle (`struct ibv_ah`): a resolved path for UD sends.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -235,6 +288,44 @@ impl Qp {
             .nic
             .with_engine(|e| e.qp_stats(self.qpn).copied())
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("QP {:#x} is gone", self.qpn)))
+    }
+
+    /// Take an RC or UC QP from RESET through INIT and RTR to RTS with the
+    /// three `ibv_modify_qp` calls every ibverbs program makes.
+    pub fn connect(&self, c: &Connect) -> Result<()> {
+        if self.qp_type == QpType::Ud {
+            return Err(Error::invalid("connect is for RC and UC QPs"));
+        }
+        let rc = self.qp_type == QpType::Rc;
+        let mtu = match c.mtu {
+            Some(m) => m,
+            None => self.ctx().query_port(1)?.active_mtu,
+        };
+        let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: c.access, ..QpAttr::default() };
+        self.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        a.qp_state = QpState::Rtr;
+        a.path_mtu = mtu;
+        a.dest_qp_num = c.remote_qpn;
+        a.rq_psn = rocev2::Psn::new(c.remote_psn);
+        a.max_dest_rd_atomic = c.rd_atomic;
+        a.min_rnr_timer = c.min_rnr_timer;
+        a.ah_attr = Some(AhAttr { dgid: c.remote_gid, sgid_index: c.sgid_index, port_num: 1, ..AhAttr::default() });
+        let mut m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+        if rc {
+            m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+        }
+        self.modify(&a, m)?;
+        a.qp_state = QpState::Rts;
+        a.sq_psn = rocev2::Psn::new(c.local_psn);
+        a.timeout = c.timeout;
+        a.retry_cnt = c.retry_cnt;
+        a.rnr_retry = c.rnr_retry;
+        a.max_rd_atomic = c.rd_atomic;
+        let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+        if rc {
+            m |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+        }
+        self.modify(&a, m)
     }
 
     /// `ibv_query_qp`.

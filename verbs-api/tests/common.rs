@@ -63,47 +63,9 @@ pub fn bring_up(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lps
 
 /// `bring_up` with a chosen local ACK timeout exponent (4.096 µs × 2^timeout).
 pub fn bring_up_with_timeout(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lpsn: u32, rpsn: u32, timeout: u8) {
-    let mtu = local.query_port(1).unwrap().active_mtu;
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-        ..QpAttr::default()
-    };
-    qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = mtu;
-    a.dest_qp_num = remote_qpn;
-    a.rq_psn = Psn::new(rpsn);
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = Some(AhAttr { dgid: remote.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() });
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::RQ_PSN
-            | QpAttrMask::MAX_DEST_RD_ATOMIC
-            | QpAttrMask::MIN_RNR_TIMER,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = Psn::new(lpsn);
-    a.timeout = timeout;
-    a.retry_cnt = 7;
-    a.rnr_retry = 7;
-    a.max_rd_atomic = 16;
-    qp.modify(
-        &a,
-        QpAttrMask::STATE
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .unwrap();
+    let _ = local;
+    let c = Connect { timeout, min_rnr_timer: 1, ..Connect::new(remote_qpn, remote.query_gid(1, 1).unwrap(), lpsn, rpsn) };
+    qp.connect(&c).unwrap();
 }
 
 /// A connected RC pair: (a side, a qp, b side, b qp).
