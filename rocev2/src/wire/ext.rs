@@ -2,11 +2,13 @@
 //! DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, and the 16
 //! reserved bytes of a RoCEv2 CNP.
 
-use super::be;
-use super::opcode::{HeaderLayout, Opcode};
+use super::opcode::HeaderLayout;
+use super::packet::{
+    AethPacket, AtomicAckEthPacket, AtomicEthPacket, BthPacket, CnpPacket, DethPacket, IethPacket, ImmDtPacket,
+    RethPacket,
+};
 use super::repr::{AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, RethRepr, TransportRepr};
 use super::{Header, WireError};
-use crate::psn::Psn;
 
 /// BTH length.
 pub const BTH_LEN: usize = 12;
@@ -15,47 +17,58 @@ impl BthRepr {
     /// Parse the 12-byte BTH. The opcode is not checked here (see
     /// [`TransportRepr::parse`]).
     pub fn parse(b: &[u8]) -> Result<BthRepr, WireError> {
-        let h = b.get(..BTH_LEN).ok_or(WireError::Truncated(Header::Bth))?;
+        let p = BthPacket::new_checked(b)?;
         Ok(BthRepr {
-            opcode: Opcode(h[0]),
-            solicited: h[1] & 0x80 != 0,
-            mig_req: h[1] & 0x40 != 0,
-            pad_count: (h[1] >> 4) & 3,
-            tver: h[1] & 0x0f,
-            pkey: u16::from_be_bytes([h[2], h[3]]),
-            fecn: h[4] & 0x80 != 0,
-            becn: h[4] & 0x40 != 0,
-            resv6: h[4] & 0x3f,
-            dest_qp: u32::from_be_bytes([0, h[5], h[6], h[7]]),
-            ack_req: h[8] & 0x80 != 0,
-            resv7: h[8] & 0x7f,
-            psn: Psn::new(u32::from_be_bytes([0, h[9], h[10], h[11]])),
+            opcode: p.opcode(),
+            solicited: p.solicited(),
+            mig_req: p.mig_req(),
+            pad_count: p.pad_count(),
+            tver: p.tver(),
+            pkey: p.pkey(),
+            fecn: p.fecn(),
+            becn: p.becn(),
+            resv6: p.resv6(),
+            dest_qp: p.dest_qp(),
+            ack_req: p.ack_req(),
+            resv7: p.resv7(),
+            psn: p.psn(),
         })
     }
 
-    /// Emit the 12-byte BTH.
+    /// Emit the 12-byte BTH (every bit of it).
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let h = out.get_mut(..BTH_LEN).ok_or(WireError::BufferTooSmall)?;
-        h[0] = self.opcode.0;
-        h[1] = (u8::from(self.solicited) << 7)
-            | (u8::from(self.mig_req) << 6)
-            | ((self.pad_count & 3) << 4)
-            | (self.tver & 0x0f);
-        h[2..4].copy_from_slice(&self.pkey.to_be_bytes());
-        h[4] = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6) | (self.resv6 & 0x3f);
-        h[5..8].copy_from_slice(&self.dest_qp.to_be_bytes()[1..]);
-        h[8] = (u8::from(self.ack_req) << 7) | (self.resv7 & 0x7f);
-        h[9..12].copy_from_slice(&self.psn.value().to_be_bytes()[1..]);
+        let mut p = BthPacket::new_unchecked(h);
+        p.set_opcode(self.opcode);
+        p.set_solicited(self.solicited);
+        p.set_mig_req(self.mig_req);
+        p.set_pad_count(self.pad_count);
+        p.set_tver(self.tver);
+        p.set_pkey(self.pkey);
+        p.set_fecn(self.fecn);
+        p.set_becn(self.becn);
+        p.set_resv6(self.resv6);
+        p.set_dest_qp(self.dest_qp);
+        p.set_ack_req(self.ack_req);
+        p.set_resv7(self.resv7);
+        p.set_psn(self.psn);
         Ok(BTH_LEN)
     }
 }
 
 impl AckSyndrome {
-    /// Decode the AETH syndrome byte (IBTA 9.7.5.1, table 42: bits 6:5 select
-    /// ACK 00, RNR NAK 01, reserved 10, NAK 11; bits 4:0 are the credit count,
-    /// RNR timer code or NAK code).
+    /// Decode the AETH syndrome byte (IBTA 9.7.5.1, table 42: bit 7 is
+    /// reserved (0); bits 6:5 select ACK 00, RNR NAK 01, reserved 10, NAK 11;
+    /// bits 4:0 are the credit count, RNR timer code or NAK code).
+    ///
+    /// A byte with bit 7 set is `Reserved` (rxe likewise matches the type on
+    /// bits 7:5 and treats such a syndrome as unknown), so every byte
+    /// round-trips through [`to_byte`](Self::to_byte).
     pub const fn from_byte(s: u8) -> AckSyndrome {
         let low = s & 0x1f;
+        if s & 0x80 != 0 {
+            return AckSyndrome::Reserved(s);
+        }
         match (s >> 5) & 3 {
             0 => AckSyndrome::Ack { credits: low },
             1 => AckSyndrome::RnrNak { timer: low },
@@ -110,6 +123,14 @@ impl TransportRepr {
 
     /// Parse the BTH and the extension headers its opcode calls for.
     /// Returns the repr and the number of bytes the headers took.
+    ///
+    /// A CNP's 16 reserved bytes are ignored (A17.9.3) and [`emit`](Self::emit)
+    /// writes zeros, so a received CNP with non-zero reserved bytes re-emits
+    /// differently (with the same repr).
+    ///
+    /// Errors: `Truncated(Bth)`, `UnknownOpcode` (IBTA 9.2: reserved, RD and
+    /// manufacturer opcodes are not handled by urnic), `BadTver` (IBTA 9.2:
+    /// the transport header version is 0), `Truncated(ExtHeaders)`.
     pub fn parse(b: &[u8]) -> Result<(TransportRepr, usize), WireError> {
         let bth = BthRepr::parse(b)?;
         let layout = bth.opcode.layout().ok_or(WireError::UnknownOpcode(bth.opcode.0))?;
@@ -118,7 +139,6 @@ impl TransportRepr {
         }
         let len = Self::header_len(&layout);
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        let t = WireError::Truncated(Header::ExtHeaders);
         let mut r = TransportRepr {
             bth,
             deth: None,
@@ -129,109 +149,114 @@ impl TransportRepr {
             immediate: None,
             invalidate_rkey: None,
         };
+        // `h` holds all `len` bytes, so every view below is complete.
+        let at = |off: usize| h.get(off..).unwrap_or(&[]);
         let mut off = BTH_LEN;
-        // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH], [AETH], [AtomicAckETH], [ImmDt | IETH].
+        // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH],
+        // [AETH], [AtomicAckETH], [ImmDt | IETH].
         if layout.deth {
-            r.deth = Some(DethRepr {
-                qkey: be::u32_at(h, off).ok_or(t)?,
-                resv8: h[off + 4],
-                src_qp: be::u32_at(h, off + 4).ok_or(t)? & 0x00ff_ffff,
-            });
-            off += 8;
+            let d = DethPacket::new_unchecked(at(off));
+            r.deth = Some(DethRepr { qkey: d.qkey(), resv8: d.resv8(), src_qp: d.src_qp() });
+            off += DethPacket::<&[u8]>::LEN;
         }
         if layout.reth {
-            r.reth = Some(RethRepr {
-                va: be::u64_at(h, off).ok_or(t)?,
-                rkey: be::u32_at(h, off + 8).ok_or(t)?,
-                dma_len: be::u32_at(h, off + 12).ok_or(t)?,
-            });
-            off += 16;
+            let x = RethPacket::new_unchecked(at(off));
+            r.reth = Some(RethRepr { va: x.va(), rkey: x.rkey(), dma_len: x.dma_len() });
+            off += RethPacket::<&[u8]>::LEN;
         }
         if layout.atomic_eth {
-            r.atomic_eth = Some(AtomicEthRepr {
-                va: be::u64_at(h, off).ok_or(t)?,
-                rkey: be::u32_at(h, off + 8).ok_or(t)?,
-                swap_add: be::u64_at(h, off + 12).ok_or(t)?,
-                compare: be::u64_at(h, off + 20).ok_or(t)?,
-            });
-            off += 28;
+            let x = AtomicEthPacket::new_unchecked(at(off));
+            r.atomic_eth = Some(AtomicEthRepr { va: x.va(), rkey: x.rkey(), swap_add: x.swap_add(), compare: x.compare() });
+            off += AtomicEthPacket::<&[u8]>::LEN;
         }
         if layout.aeth {
-            let v = be::u32_at(h, off).ok_or(t)?;
-            r.aeth = Some(AethRepr { syndrome: AckSyndrome::from_byte((v >> 24) as u8), msn: v & 0x00ff_ffff });
-            off += 4;
+            let x = AethPacket::new_unchecked(at(off));
+            r.aeth = Some(AethRepr { syndrome: x.syndrome(), msn: x.msn() });
+            off += AethPacket::<&[u8]>::LEN;
         }
         if layout.atomic_ack_eth {
-            r.atomic_ack = Some(be::u64_at(h, off).ok_or(t)?);
-            off += 8;
+            r.atomic_ack = Some(AtomicAckEthPacket::new_unchecked(at(off)).orig_remote_data());
+            off += AtomicAckEthPacket::<&[u8]>::LEN;
         }
         if layout.immdt {
-            r.immediate = Some(be::u32_at(h, off).ok_or(t)?);
-            off += 4;
+            r.immediate = Some(ImmDtPacket::new_unchecked(at(off)).immediate());
+            off += ImmDtPacket::<&[u8]>::LEN;
         }
         if layout.ieth {
-            r.invalidate_rkey = Some(be::u32_at(h, off).ok_or(t)?);
-            off += 4;
+            r.invalidate_rkey = Some(IethPacket::new_unchecked(at(off)).rkey());
+            off += IethPacket::<&[u8]>::LEN;
         }
         if layout.cnp_reserved {
-            off += 16;
+            // A17.9.3: reserved, ignored on receipt.
+            off += CnpPacket::<&[u8]>::LEN;
         }
         debug_assert_eq!(off, len);
         Ok((r, len))
     }
 
     /// Emit the BTH and the extension headers the opcode calls for. A header
-    /// the opcode needs but the repr lacks is emitted as zeros; headers the
-    /// opcode does not carry are ignored. Returns bytes written.
+    /// the opcode needs but the repr lacks is emitted as zeros (an absent
+    /// AETH as a plain ACK with credits "invalid", 0x1f); headers the opcode
+    /// does not carry are ignored. Returns bytes written.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let layout = self.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.bth.opcode.0))?;
         let len = Self::header_len(&layout);
         let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
         self.bth.emit(h)?;
         let mut off = BTH_LEN;
+        // `h` holds all `len` bytes, so every view below is complete.
+        fn at(h: &mut [u8], off: usize) -> &mut [u8] {
+            h.get_mut(off..).unwrap_or(&mut [])
+        }
         if layout.deth {
             let d = self.deth.unwrap_or_default();
-            h[off..off + 4].copy_from_slice(&d.qkey.to_be_bytes());
-            h[off + 4..off + 8].copy_from_slice(&(d.src_qp & 0x00ff_ffff).to_be_bytes());
-            h[off + 4] = d.resv8;
-            off += 8;
+            let mut x = DethPacket::new_unchecked(at(h, off));
+            x.set_qkey(d.qkey);
+            x.set_resv8(d.resv8);
+            x.set_src_qp(d.src_qp);
+            off += DethPacket::<&[u8]>::LEN;
         }
         if layout.reth {
-            let x = self.reth.unwrap_or_default();
-            h[off..off + 8].copy_from_slice(&x.va.to_be_bytes());
-            h[off + 8..off + 12].copy_from_slice(&x.rkey.to_be_bytes());
-            h[off + 12..off + 16].copy_from_slice(&x.dma_len.to_be_bytes());
-            off += 16;
+            let r = self.reth.unwrap_or_default();
+            let mut x = RethPacket::new_unchecked(at(h, off));
+            x.set_va(r.va);
+            x.set_rkey(r.rkey);
+            x.set_dma_len(r.dma_len);
+            off += RethPacket::<&[u8]>::LEN;
         }
         if layout.atomic_eth {
-            let x = self.atomic_eth.unwrap_or_default();
-            h[off..off + 8].copy_from_slice(&x.va.to_be_bytes());
-            h[off + 8..off + 12].copy_from_slice(&x.rkey.to_be_bytes());
-            h[off + 12..off + 20].copy_from_slice(&x.swap_add.to_be_bytes());
-            h[off + 20..off + 28].copy_from_slice(&x.compare.to_be_bytes());
-            off += 28;
+            let a = self.atomic_eth.unwrap_or_default();
+            let mut x = AtomicEthPacket::new_unchecked(at(h, off));
+            x.set_va(a.va);
+            x.set_rkey(a.rkey);
+            x.set_swap_add(a.swap_add);
+            x.set_compare(a.compare);
+            off += AtomicEthPacket::<&[u8]>::LEN;
         }
         if layout.aeth {
             let a = self.aeth.unwrap_or(AethRepr { syndrome: AckSyndrome::Ack { credits: 0x1f }, msn: 0 });
-            let v = (u32::from(a.syndrome.to_byte()) << 24) | (a.msn & 0x00ff_ffff);
-            h[off..off + 4].copy_from_slice(&v.to_be_bytes());
-            off += 4;
+            let mut x = AethPacket::new_unchecked(at(h, off));
+            x.set_syndrome(a.syndrome);
+            x.set_msn(a.msn);
+            off += AethPacket::<&[u8]>::LEN;
         }
         if layout.atomic_ack_eth {
-            h[off..off + 8].copy_from_slice(&self.atomic_ack.unwrap_or(0).to_be_bytes());
-            off += 8;
+            AtomicAckEthPacket::new_unchecked(at(h, off)).set_orig_remote_data(self.atomic_ack.unwrap_or(0));
+            off += AtomicAckEthPacket::<&[u8]>::LEN;
         }
         if layout.immdt {
-            h[off..off + 4].copy_from_slice(&self.immediate.unwrap_or(0).to_be_bytes());
-            off += 4;
+            ImmDtPacket::new_unchecked(at(h, off)).set_immediate(self.immediate.unwrap_or(0));
+            off += ImmDtPacket::<&[u8]>::LEN;
         }
         if layout.ieth {
-            h[off..off + 4].copy_from_slice(&self.invalidate_rkey.unwrap_or(0).to_be_bytes());
-            off += 4;
+            IethPacket::new_unchecked(at(h, off)).set_rkey(self.invalidate_rkey.unwrap_or(0));
+            off += IethPacket::<&[u8]>::LEN;
         }
         if layout.cnp_reserved {
-            h[off..off + 16].fill(0);
+            CnpPacket::new_unchecked(at(h, off)).clear_reserved();
+            off += CnpPacket::<&[u8]>::LEN;
         }
+        debug_assert_eq!(off, len);
         Ok(len)
     }
 }
@@ -239,13 +264,17 @@ impl TransportRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::Opcode;
 
     #[test]
     fn syndrome_roundtrip_and_values() {
         for b in 0..=255u8 {
-            let s = AckSyndrome::from_byte(b & 0x7f);
-            assert_eq!(s.to_byte(), b & 0x7f);
+            assert_eq!(AckSyndrome::from_byte(b).to_byte(), b, "{b:#x}");
         }
+        // fuzz crash-b78e2e37: bit 7 was dropped (0xa4 decoded as RNR NAK timer 4)
+        assert_eq!(AckSyndrome::from_byte(0xa4), AckSyndrome::Reserved(0xa4));
+        assert_eq!(AckSyndrome::from_byte(0x9f), AckSyndrome::Reserved(0x9f));
+        assert_eq!(AckSyndrome::from_byte(0x24), AckSyndrome::RnrNak { timer: 4 });
         assert_eq!(AckSyndrome::from_byte(0x1f), AckSyndrome::Ack { credits: 31 });
         assert_eq!(AckSyndrome::from_byte(0x60), AckSyndrome::Nak(NakCode::PsnSequenceError));
         assert_eq!(AckSyndrome::from_byte(0x62), AckSyndrome::Nak(NakCode::RemoteAccessError));

@@ -10,8 +10,9 @@
 //!   values of those fields in the repr are ignored. The UDP checksum is
 //!   emitted as given (0 for RoCEv2 over IPv4).
 
+use super::ext::BTH_LEN;
 use super::icrc;
-use super::ip::{UDP_LEN};
+use super::ip::{IPV4_LEN, IPV6_LEN, UDP_LEN};
 use super::repr::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr};
 use super::{Header, WireError, ROCEV2_UDP_PORT};
 
@@ -20,6 +21,12 @@ pub const ICRC_LEN: usize = 4;
 const ETHERTYPE_IPV4: u16 = 0x0800;
 const ETHERTYPE_IPV6: u16 = 0x86dd;
 const IPPROTO_UDP: u8 = 17;
+
+/// Pad bytes that make a payload of `len` bytes a multiple of 4 (IBTA 9.2,
+/// BTH PadCnt: the payload is padded to a 4-byte boundary).
+pub const fn pad_for(len: usize) -> usize {
+    (4 - len % 4) % 4
+}
 
 /// A parsed, ICRC-checked RoCEv2 frame.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -49,18 +56,19 @@ pub struct ParsedL3<'a> {
 
 /// Parse and fully check an Ethernet frame carrying RoCEv2. Bytes after the
 /// IP packet (Ethernet padding of short frames) are ignored.
+///
+/// Checks, in order: Ethernet (+ one 802.1Q tag) length, EtherType IPv4 or
+/// IPv6, then everything [`parse_l3`] checks, with the IP version required to
+/// match the EtherType.
 pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
     let (eth, off) = EthernetRepr::parse(frame)?;
-    if eth.ethertype != ETHERTYPE_IPV4 && eth.ethertype != ETHERTYPE_IPV6 {
-        return Err(WireError::NotIp { ethertype: eth.ethertype });
-    }
+    let version = match eth.ethertype {
+        ETHERTYPE_IPV4 => 4,
+        ETHERTYPE_IPV6 => 6,
+        ethertype => return Err(WireError::NotIp { ethertype }),
+    };
     let rest = frame.get(off..).ok_or(WireError::Truncated(Header::Ethernet))?;
-    let l3 = parse_l3(rest)?;
-    match (&l3.ip, eth.ethertype) {
-        (IpRepr::V4(_), ETHERTYPE_IPV4) | (IpRepr::V6(_), ETHERTYPE_IPV6) => {}
-        (IpRepr::V4(_), _) => return Err(WireError::BadIpVersion(4)),
-        (IpRepr::V6(_), _) => return Err(WireError::BadIpVersion(6)),
-    }
+    let l3 = parse_ip(rest, Some(version))?;
     Ok(ParsedFrame {
         repr: FrameRepr { eth, ip: l3.ip, udp: l3.udp, transport: l3.transport },
         payload: l3.payload,
@@ -68,9 +76,33 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
     })
 }
 
-/// Parse and fully check a RoCEv2 packet starting at its IPv4 or IPv6 header.
+/// Parse and fully check a RoCEv2 packet starting at its IPv4 or IPv6 header
+/// (as captured without an Ethernet header, e.g. the vendor CNP vector).
+/// Bytes after the IP packet are ignored.
+///
+/// Checks, in order: the IP header ([`Ipv4Repr::parse`]: version, IHL,
+/// total length, header checksum, no fragment; [`Ipv6Repr::parse`]: version,
+/// payload length), protocol UDP, the UDP length against the IP length,
+/// destination port 4791 (IBTA annex A17, the IANA RoCEv2 port), the
+/// BTH and the extension headers of its opcode ([`TransportRepr::parse`]),
+/// the pad count (IBTA 9.2: the pad bytes are part of the payload area, so
+/// they cannot outnumber it, and payload plus pad is a whole number of
+/// 4-byte words), no payload after an opcode that carries none
+/// (IBTA 9.3 layouts), and the ICRC (A17.3.3). The content of the pad bytes
+/// is not checked (it carries nothing; [`FrameRepr::emit_with`] writes zeros).
 pub fn parse_l3(packet: &[u8]) -> Result<ParsedL3<'_>, WireError> {
-    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
+    parse_ip(packet, None)
+}
+
+fn parse_ip(packet: &[u8], want_version: Option<u8>) -> Result<ParsedL3<'_>, WireError> {
+    let first = *packet.first().ok_or(match want_version {
+        Some(6) => WireError::Truncated(Header::Ipv6),
+        _ => WireError::Truncated(Header::Ipv4),
+    })?;
+    let version = first >> 4;
+    if want_version.is_some_and(|w| w != version) {
+        return Err(WireError::BadIpVersion(version));
+    }
     let (ip, ip_len, total) = match version {
         4 => {
             let (v4, hl) = Ipv4Repr::parse(packet)?;
@@ -89,9 +121,9 @@ pub fn parse_l3(packet: &[u8]) -> Result<ParsedL3<'_>, WireError> {
     if protocol != IPPROTO_UDP {
         return Err(WireError::NotUdp { protocol });
     }
-    // `total` fits `packet` (checked by the IP parsers).
-    let ip_packet = &packet[..total];
-    let udp = UdpRepr::parse(&ip_packet[ip_len..])?;
+    // The IP parsers checked that `total` fits `packet`.
+    let ip_packet = packet.get(..total).ok_or(WireError::BadIpLength)?;
+    let udp = UdpRepr::parse(ip_packet.get(ip_len..).unwrap_or(&[]))?;
     if ip_len + usize::from(udp.length) != total {
         return Err(WireError::BadUdpLength);
     }
@@ -99,24 +131,32 @@ pub fn parse_l3(packet: &[u8]) -> Result<ParsedL3<'_>, WireError> {
         return Err(WireError::NotRoce { dst_port: udp.dst_port });
     }
     let ib_start = ip_len + UDP_LEN;
-    if total < ib_start + ICRC_LEN {
+    let ib_len = total - ib_start;
+    if ib_len < BTH_LEN {
         return Err(WireError::Truncated(Header::Bth));
     }
+    if ib_len < BTH_LEN + ICRC_LEN {
+        return Err(WireError::Truncated(Header::Icrc));
+    }
     let icrc_at = total - ICRC_LEN;
-    let ib = &ip_packet[ib_start..icrc_at];
+    let ib = ip_packet.get(ib_start..icrc_at).unwrap_or(&[]);
     let (transport, hdr_len) = TransportRepr::parse(ib)?;
     let layout = transport.bth.opcode.layout().ok_or(WireError::UnknownOpcode(transport.bth.opcode.0))?;
-    let body = &ib[hdr_len..];
+    let body = ib.get(hdr_len..).unwrap_or(&[]);
     let pad = usize::from(transport.bth.pad_count);
     if pad > body.len() {
         return Err(WireError::BadPad { pad: transport.bth.pad_count });
     }
-    let payload = &body[..body.len() - pad];
     if !layout.payload && !body.is_empty() {
         return Err(if pad > 0 { WireError::BadPad { pad: transport.bth.pad_count } } else { WireError::UnexpectedPayload });
     }
-    let s = &ip_packet[icrc_at..total];
-    let found = u32::from_le_bytes([s[0], s[1], s[2], s[3]]);
+    // IBTA 9.2 (PadCnt): payload plus pad fill whole 4-byte words; rxe and
+    // ConnectX always pad so. A misaligned body means the pad count is wrong.
+    if body.len() % 4 != 0 {
+        return Err(WireError::BadPad { pad: transport.bth.pad_count });
+    }
+    let payload = body.get(..body.len() - pad).unwrap_or(&[]);
+    let found = u32::from_le_bytes(icrc::rd_icrc(ip_packet, icrc_at));
     let expected = icrc::compute(ip_packet, ip_len, icrc_at)?;
     if found != expected {
         return Err(WireError::BadIcrc { expected, found });
@@ -137,17 +177,19 @@ impl FrameRepr {
 
     /// Bytes the whole frame takes for a payload of `payload_len` bytes
     /// (headers + payload + pad + 4-byte ICRC); 0 for an unknown opcode.
+    /// (Saturates instead of overflowing for absurd `payload_len`s, which
+    /// [`emit_with`](Self::emit_with) refuses.)
     pub fn frame_len(&self, payload_len: usize) -> usize {
         let ip = match self.ip {
-            IpRepr::V4(_) => 20,
-            IpRepr::V6(_) => 40,
+            IpRepr::V4(_) => IPV4_LEN,
+            IpRepr::V6(_) => IPV6_LEN,
         };
         let ib = self.layout_len().unwrap_or(0);
         if ib == 0 {
             return 0;
         }
-        let pad = (4 - payload_len % 4) % 4;
-        self.eth.header_len() + ip + UDP_LEN + ib + payload_len + pad + ICRC_LEN
+        let pad = pad_for(payload_len);
+        (self.eth.header_len() + ip + UDP_LEN + ib + pad + ICRC_LEN).saturating_add(payload_len)
     }
 
     /// Emit the frame with `payload` copied in. Returns the frame length.
@@ -164,13 +206,17 @@ impl FrameRepr {
         if payload_len > 0 && !layout_payload {
             return Err(WireError::UnexpectedPayload);
         }
-        let pad = (4 - payload_len % 4) % 4;
+        // Every length below fits a u16 field, so none of the sums overflow.
+        if payload_len > usize::from(u16::MAX) {
+            return Err(WireError::FieldOverflow);
+        }
+        let pad = pad_for(payload_len);
         let total = self.frame_len(payload_len);
         let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
         let eth_len = self.eth.emit(buf)?;
         let ip_len = match self.ip {
-            IpRepr::V4(_) => 20,
-            IpRepr::V6(_) => 40,
+            IpRepr::V4(_) => IPV4_LEN,
+            IpRepr::V6(_) => IPV6_LEN,
         };
         let udp_len = UDP_LEN + ib_len + payload_len + pad + ICRC_LEN;
         let udp_len16 = u16::try_from(udp_len).map_err(|_| WireError::FieldOverflow)?;

@@ -10,42 +10,66 @@
 //!
 //! Computed in one pass without copying the frame: the three small headers
 //! are masked in stack copies, the rest of the packet is fed in place.
-//! `crc32fast` uses carry-less multiplication (PCLMULQDQ) when the CPU has it.
+//! `crc32fast` uses carry-less multiplication (PCLMULQDQ, or VPCLMULQDQ on
+//! AVX-512/AVX2 machines) when the CPU has it, detected at run time.
+//!
+//! Entry points: [`of_l3`] / [`of_frame`] compute the ICRC a packet should
+//! carry, [`fill_l3`] / [`fill_frame`] store it, [`compute`] is the primitive
+//! for callers that already know where the headers are.
 
-use super::ip::{IPV6_LEN, UDP_LEN};
 use super::ext::BTH_LEN;
+use super::frame::ICRC_LEN;
+use super::ip::{IPV6_LEN, UDP_LEN};
+use super::packet::{EthernetFrame, Ipv4Packet, Ipv6Packet};
 use super::{Header, WireError};
 
-/// CRC-32 state after the 8 bytes of 0xFF that stand for the masked LRH
-/// (the value rxe starts from).
+/// CRC-32 register after the 8 bytes of 0xFF that stand for the masked LRH
+/// (the value rxe starts from; `crc32fast` takes the complemented form,
+/// [`LRH_CRC`]).
 pub const LRH_STATE: u32 = 0xdebb_20e3;
 
+/// The finished CRC-32 of 8 bytes of 0xFF (`!LRH_STATE`): the value
+/// `crc32fast::Hasher::new_with_initial` continues from.
+pub const LRH_CRC: u32 = !LRH_STATE;
+
 /// Compute the ICRC over an L3 packet starting at its IP header, where
-/// `ip_header_len` bytes are the IP header (20+ for IPv4, 40 for IPv6), and
+/// `ip_header_len` bytes are the IP header (20..=60 for IPv4, 40 for IPv6), and
 /// `end` is where the ICRC starts (the ICRC covers `packet[..end]`).
+///
+/// Errors: `Truncated(Bth)` if `end` leaves no room for the IP, UDP and BTH
+/// headers or lies beyond `packet`; `BadIhl` for an IPv4 header length
+/// outside 20..=60; `BadIpVersion` for a version nibble other than 4 or 6.
 pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, WireError> {
     let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
     let udp = ip_header_len;
     let bth = udp + UDP_LEN;
     let rest = bth + BTH_LEN;
-    if end < rest || end > packet.len() {
+    let covered = packet.get(..end).ok_or(WireError::Truncated(Header::Bth))?;
+    if end < rest {
         return Err(WireError::Truncated(Header::Bth));
     }
-    let mut h = crc32fast::Hasher::new_with_initial(!LRH_STATE);
+    let mut h = crc32fast::Hasher::new_with_initial(LRH_CRC);
     match version {
         4 => {
             let mut ip = [0u8; 60];
-            let ip = ip.get_mut(..ip_header_len).ok_or(WireError::BadIhl((ip_header_len / 4) as u8))?;
-            ip.copy_from_slice(&packet[..ip_header_len]);
-            ip[1] = 0xff; // TOS
+            let bad_ihl = WireError::BadIhl((ip_header_len / 4).min(255) as u8);
+            if ip_header_len < 20 {
+                return Err(bad_ihl);
+            }
+            let ip = ip.get_mut(..ip_header_len).ok_or(bad_ihl)?;
+            ip.copy_from_slice(&covered[..ip_header_len]);
+            ip[1] = 0xff; // TOS (DSCP + ECN)
             ip[8] = 0xff; // TTL
             ip[10] = 0xff; // header checksum
             ip[11] = 0xff;
             h.update(ip);
         }
         6 => {
+            if ip_header_len != IPV6_LEN {
+                return Err(WireError::BadIpLength);
+            }
             let mut ip = [0u8; IPV6_LEN];
-            ip.copy_from_slice(packet.get(..IPV6_LEN).ok_or(WireError::Truncated(Header::Ipv6))?);
+            ip.copy_from_slice(&covered[..IPV6_LEN]);
             ip[0] |= 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
             ip[1] = 0xff; // ... and the flow label
             ip[2] = 0xff;
@@ -56,16 +80,70 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
         v => return Err(WireError::BadIpVersion(v)),
     }
     let mut u = [0u8; UDP_LEN];
-    u.copy_from_slice(&packet[udp..bth]);
-    u[6] = 0xff;
+    u.copy_from_slice(&covered[udp..bth]);
+    u[6] = 0xff; // UDP checksum
     u[7] = 0xff;
     h.update(&u);
     let mut b = [0u8; BTH_LEN];
-    b.copy_from_slice(&packet[bth..rest]);
-    b[4] = 0xff;
+    b.copy_from_slice(&covered[bth..rest]);
+    b[4] = 0xff; // FECN, BECN, resv6
     h.update(&b);
-    h.update(&packet[rest..end]);
+    h.update(&covered[rest..]);
     Ok(h.finalize())
+}
+
+/// Where the IP header ends and the IP packet ends, from the IP header's own
+/// length fields (no checksum or protocol checks).
+fn l3_bounds(packet: &[u8]) -> Result<(usize, usize), WireError> {
+    match packet.first().map(|b| b >> 4) {
+        Some(6) => {
+            let p = Ipv6Packet::new_checked(packet)?;
+            Ok((IPV6_LEN, IPV6_LEN + usize::from(p.payload_len())))
+        }
+        Some(_) => {
+            let p = Ipv4Packet::new_checked(packet)?;
+            Ok((p.header_len(), usize::from(p.total_len())))
+        }
+        None => Err(WireError::Truncated(Header::Ipv4)),
+    }
+}
+
+/// The ICRC a RoCEv2 packet starting at its IP header should carry: the
+/// CRC over the IP packet (as long as its length field says) up to its last
+/// 4 bytes, which are the ICRC's place. Does not look at what is stored there.
+pub fn of_l3(packet: &[u8]) -> Result<u32, WireError> {
+    let (ip_len, total) = l3_bounds(packet)?;
+    let end = total.checked_sub(ICRC_LEN).ok_or(WireError::Truncated(Header::Icrc))?;
+    compute(packet, ip_len, end)
+}
+
+/// The ICRC an Ethernet frame (optionally 802.1Q-tagged) carrying RoCEv2
+/// should carry; see [`of_l3`].
+pub fn of_frame(frame: &[u8]) -> Result<u32, WireError> {
+    of_l3(EthernetFrame::new_checked(frame)?.payload())
+}
+
+/// Compute the ICRC of an L3 packet and store it in its last 4 bytes (LSB
+/// first), e.g. after patching a header field the ICRC covers. Returns it.
+pub fn fill_l3(packet: &mut [u8]) -> Result<u32, WireError> {
+    let (ip_len, total) = l3_bounds(packet)?;
+    let end = total.checked_sub(ICRC_LEN).ok_or(WireError::Truncated(Header::Icrc))?;
+    let crc = compute(packet, ip_len, end)?;
+    if let Some(dst) = packet.get_mut(end..total) {
+        dst.copy_from_slice(&crc.to_le_bytes());
+    }
+    Ok(crc)
+}
+
+/// [`fill_l3`] for an Ethernet frame.
+pub fn fill_frame(frame: &mut [u8]) -> Result<u32, WireError> {
+    let mut f = EthernetFrame::new_checked(frame)?;
+    fill_l3(f.payload_mut())
+}
+
+/// The 4 stored ICRC bytes at `at` (zeros if out of range; callers check lengths first).
+pub(crate) fn rd_icrc(packet: &[u8], at: usize) -> [u8; 4] {
+    super::packet::field::rd(packet, at)
 }
 
 #[cfg(test)]
@@ -74,10 +152,33 @@ mod tests {
 
     #[test]
     fn lrh_state_is_crc_of_eight_ff() {
-        // crc32fast's `new_with_initial(x)` continues a CRC whose finalized
-        // value so far is `x`; the raw register after 8 × 0xFF is !crc.
+        // crc32fast's `new_with_initial(x)` continues a CRC whose finished
+        // value so far is `x`; the raw register after 8 × 0xFF is its complement.
         let mut h = crc32fast::Hasher::new();
         h.update(&[0xff; 8]);
-        assert_eq!(!h.finalize(), LRH_STATE);
+        assert_eq!(h.finalize(), LRH_CRC);
+        assert_eq!(!LRH_CRC, 0xdebb_20e3);
+        // ... and continuing from it equals hashing the 8 bytes first.
+        let data: Vec<u8> = (0..=255u8).cycle().take(1000).collect();
+        let mut whole = crc32fast::Hasher::new();
+        whole.update(&[0xff; 8]);
+        whole.update(&data);
+        let mut cont = crc32fast::Hasher::new_with_initial(LRH_CRC);
+        cont.update(&data);
+        assert_eq!(cont.finalize(), whole.finalize());
+    }
+
+    #[test]
+    fn compute_rejects_bad_bounds() {
+        let mut p = [0u8; 60];
+        p[0] = 0x45;
+        assert_eq!(compute(&p, 20, 39), Err(WireError::Truncated(Header::Bth)));
+        assert_eq!(compute(&p, 20, 61), Err(WireError::Truncated(Header::Bth)));
+        assert_eq!(compute(&p, 16, 56), Err(WireError::BadIhl(4)));
+        assert_eq!(compute(&[0u8; 120], 64, 100).map(|_| ()), Err(WireError::BadIpVersion(0)));
+        p[0] = 0x46;
+        assert!(compute(&p, 24, 44).is_ok());
+        assert_eq!(compute(&p, 64, 44), Err(WireError::Truncated(Header::Bth)));
+        assert_eq!(compute(&[], 20, 0), Err(WireError::Truncated(Header::Ipv4)));
     }
 }

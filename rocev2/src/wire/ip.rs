@@ -3,9 +3,9 @@
 //! Parsers take the bytes starting at their header and return the `Repr` plus
 //! the header length; they never panic and never read past the slice.
 
-use super::be;
-use super::repr::{EthernetRepr, Ipv4Repr, Ipv6Repr, UdpRepr, VlanTag};
-use super::{Header, WireError};
+use super::packet::{field, EthernetFrame, Ipv4Packet, Ipv6Packet, UdpPacket};
+use super::repr::{EthernetRepr, Ipv4Repr, Ipv6Repr, UdpRepr};
+use super::WireError;
 
 /// EtherType of an 802.1Q tag.
 pub const ETHERTYPE_VLAN: u16 = 0x8100;
@@ -28,37 +28,27 @@ impl EthernetRepr {
         }
     }
 
-    /// Parse an Ethernet II header with at most one 802.1Q tag.
+    /// Parse an Ethernet II header with at most one 802.1Q tag. Returns the
+    /// repr and the header length.
     pub fn parse(b: &[u8]) -> Result<(EthernetRepr, usize), WireError> {
-        let t = || WireError::Truncated(Header::Ethernet);
-        let dst: [u8; 6] = b.get(0..6).ok_or_else(t)?.try_into().map_err(|_| t())?;
-        let src: [u8; 6] = b.get(6..12).ok_or_else(t)?.try_into().map_err(|_| t())?;
-        let mut ethertype = be::u16_at(b, 12).ok_or_else(t)?;
-        let mut len = ETHERNET_LEN;
-        let mut vlan = None;
-        if ethertype == ETHERTYPE_VLAN {
-            let tci = be::u16_at(b, 14).ok_or(WireError::Truncated(Header::Vlan))?;
-            ethertype = be::u16_at(b, 16).ok_or(WireError::Truncated(Header::Vlan))?;
-            vlan = Some(VlanTag { pcp: (tci >> 13) as u8, dei: tci & 0x1000 != 0, vid: tci & 0x0fff });
-            len += 4;
-        }
-        Ok((EthernetRepr { dst, src, vlan, ethertype }, len))
+        let f = EthernetFrame::new_checked(b)?;
+        let repr = EthernetRepr { dst: f.dst_addr(), src: f.src_addr(), vlan: f.vlan(), ethertype: f.ethertype() };
+        Ok((repr, f.header_len()))
     }
 
     /// Emit into the start of `out` (at least `header_len()` bytes).
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let len = self.header_len();
         let out = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
-        out[0..6].copy_from_slice(&self.dst);
-        out[6..12].copy_from_slice(&self.src);
-        let mut off = 12;
-        if let Some(v) = self.vlan {
-            out[12..14].copy_from_slice(&ETHERTYPE_VLAN.to_be_bytes());
-            let tci = (u16::from(v.pcp & 7) << 13) | (u16::from(v.dei) << 12) | (v.vid & 0x0fff);
-            out[14..16].copy_from_slice(&tci.to_be_bytes());
-            off = 16;
+        let mut f = EthernetFrame::new_unchecked(out);
+        f.set_dst_addr(self.dst);
+        f.set_src_addr(self.src);
+        match self.vlan {
+            Some(tag) => f.set_vlan(tag),
+            // an untagged header: make sure no stale TPID moves the EtherType
+            None => field::set_u16(f.bytes_mut(), 12, 0),
         }
-        out[off..off + 2].copy_from_slice(&self.ethertype.to_be_bytes());
+        f.set_ethertype(self.ethertype);
         Ok(len)
     }
 }
@@ -80,42 +70,30 @@ pub fn internet_checksum(data: &[u8]) -> u16 {
 }
 
 impl Ipv4Repr {
-    /// Parse an IPv4 header (options accepted and skipped). Checks version,
-    /// IHL, total length against `b`, the header checksum, and that the packet
-    /// is not a fragment. Returns the repr and the header length.
+    /// Parse an IPv4 header (options accepted and skipped). Checks, in this
+    /// order: version, IHL (RFC 791: at least 5), total length against `b`,
+    /// the header checksum, and that the packet is not a fragment (RoCEv2
+    /// sets DF and is never fragmented). Returns the repr and the header length.
     pub fn parse(b: &[u8]) -> Result<(Ipv4Repr, usize), WireError> {
-        let t = WireError::Truncated(Header::Ipv4);
-        let h = b.get(..IPV4_LEN).ok_or(t)?;
-        if h[0] >> 4 != 4 {
-            return Err(WireError::BadIpVersion(h[0] >> 4));
-        }
-        let ihl = h[0] & 0x0f;
-        if ihl < 5 {
-            return Err(WireError::BadIhl(ihl));
-        }
-        let hlen = usize::from(ihl) * 4;
-        let full = b.get(..hlen).ok_or(t)?;
-        let total = usize::from(u16::from_be_bytes([h[2], h[3]]));
-        if total < hlen || total > b.len() {
-            return Err(WireError::BadIpLength);
-        }
-        if internet_checksum(full) != 0 {
+        let p = Ipv4Packet::new_checked(b)?;
+        if !p.verify_checksum() {
             return Err(WireError::BadIpv4Checksum);
         }
-        let flags_frag = u16::from_be_bytes([h[6], h[7]]);
-        if flags_frag & 0x2000 != 0 || flags_frag & 0x1fff != 0 {
+        if p.more_frags() || p.frag_offset() != 0 {
             return Err(WireError::Fragmented);
         }
+        let hlen = p.header_len();
         let repr = Ipv4Repr {
-            src: [h[12], h[13], h[14], h[15]],
-            dst: [h[16], h[17], h[18], h[19]],
-            dscp: h[1] >> 2,
-            ecn: h[1] & 3,
-            ident: u16::from_be_bytes([h[4], h[5]]),
-            dont_frag: flags_frag & 0x4000 != 0,
-            ttl: h[8],
-            protocol: h[9],
-            payload_len: (total - hlen) as u16,
+            src: p.src_addr(),
+            dst: p.dst_addr(),
+            dscp: p.dscp(),
+            ecn: p.ecn(),
+            ident: p.ident(),
+            dont_frag: p.dont_frag(),
+            ttl: p.ttl(),
+            protocol: p.protocol(),
+            // check_len: total length >= header length
+            payload_len: p.total_len() - hlen as u16,
         };
         Ok((repr, hlen))
     }
@@ -125,19 +103,18 @@ impl Ipv4Repr {
         let h = out.get_mut(..IPV4_LEN).ok_or(WireError::BufferTooSmall)?;
         let total = usize::from(self.payload_len) + IPV4_LEN;
         let total = u16::try_from(total).map_err(|_| WireError::FieldOverflow)?;
-        h[0] = 0x45;
-        h[1] = (self.dscp << 2) | (self.ecn & 3);
-        h[2..4].copy_from_slice(&total.to_be_bytes());
-        h[4..6].copy_from_slice(&self.ident.to_be_bytes());
-        h[6..8].copy_from_slice(&(if self.dont_frag { 0x4000u16 } else { 0 }).to_be_bytes());
-        h[8] = self.ttl;
-        h[9] = self.protocol;
-        h[10] = 0;
-        h[11] = 0;
-        h[12..16].copy_from_slice(&self.src);
-        h[16..20].copy_from_slice(&self.dst);
-        let ck = internet_checksum(h);
-        h[10..12].copy_from_slice(&ck.to_be_bytes());
+        let mut p = Ipv4Packet::new_unchecked(h);
+        p.set_version_and_header_len(IPV4_LEN);
+        p.set_dscp(self.dscp);
+        p.set_ecn(self.ecn);
+        p.set_total_len(total);
+        p.set_ident(self.ident);
+        p.set_flags_frag(self.dont_frag, false, 0);
+        p.set_ttl(self.ttl);
+        p.set_protocol(self.protocol);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
+        p.fill_checksum();
         Ok(IPV4_LEN)
     }
 }
@@ -146,43 +123,31 @@ impl Ipv6Repr {
     /// Parse an IPv6 header (no extension headers). Checks the version and
     /// the payload length against `b`.
     pub fn parse(b: &[u8]) -> Result<(Ipv6Repr, usize), WireError> {
-        let h = b.get(..IPV6_LEN).ok_or(WireError::Truncated(Header::Ipv6))?;
-        if h[0] >> 4 != 6 {
-            return Err(WireError::BadIpVersion(h[0] >> 4));
-        }
-        let payload_len = u16::from_be_bytes([h[4], h[5]]);
-        if IPV6_LEN + usize::from(payload_len) > b.len() {
-            return Err(WireError::BadIpLength);
-        }
-        let mut src = [0u8; 16];
-        let mut dst = [0u8; 16];
-        src.copy_from_slice(&h[8..24]);
-        dst.copy_from_slice(&h[24..40]);
-        let vtf = u32::from_be_bytes([h[0], h[1], h[2], h[3]]);
-        Ok((
-            Ipv6Repr {
-                src,
-                dst,
-                traffic_class: (vtf >> 20) as u8,
-                flow_label: vtf & 0x000f_ffff,
-                next_header: h[6],
-                hop_limit: h[7],
-                payload_len,
-            },
-            IPV6_LEN,
-        ))
+        let p = Ipv6Packet::new_checked(b)?;
+        let repr = Ipv6Repr {
+            src: p.src_addr(),
+            dst: p.dst_addr(),
+            traffic_class: p.traffic_class(),
+            flow_label: p.flow_label(),
+            next_header: p.next_header(),
+            hop_limit: p.hop_limit(),
+            payload_len: p.payload_len(),
+        };
+        Ok((repr, IPV6_LEN))
     }
 
     /// Emit the 40-byte header.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let h = out.get_mut(..IPV6_LEN).ok_or(WireError::BufferTooSmall)?;
-        let vtf = (6u32 << 28) | (u32::from(self.traffic_class) << 20) | (self.flow_label & 0x000f_ffff);
-        h[0..4].copy_from_slice(&vtf.to_be_bytes());
-        h[4..6].copy_from_slice(&self.payload_len.to_be_bytes());
-        h[6] = self.next_header;
-        h[7] = self.hop_limit;
-        h[8..24].copy_from_slice(&self.src);
-        h[24..40].copy_from_slice(&self.dst);
+        let mut p = Ipv6Packet::new_unchecked(h);
+        p.set_version();
+        p.set_traffic_class(self.traffic_class);
+        p.set_flow_label(self.flow_label);
+        p.set_payload_len(self.payload_len);
+        p.set_next_header(self.next_header);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
         Ok(IPV6_LEN)
     }
 }
@@ -190,26 +155,18 @@ impl Ipv6Repr {
 impl UdpRepr {
     /// Parse a UDP header; `length` must fit in `b` and cover the header.
     pub fn parse(b: &[u8]) -> Result<UdpRepr, WireError> {
-        let h = b.get(..UDP_LEN).ok_or(WireError::Truncated(Header::Udp))?;
-        let length = u16::from_be_bytes([h[4], h[5]]);
-        if usize::from(length) < UDP_LEN || usize::from(length) > b.len() {
-            return Err(WireError::BadUdpLength);
-        }
-        Ok(UdpRepr {
-            src_port: u16::from_be_bytes([h[0], h[1]]),
-            dst_port: u16::from_be_bytes([h[2], h[3]]),
-            length,
-            checksum: u16::from_be_bytes([h[6], h[7]]),
-        })
+        let p = UdpPacket::new_checked(b)?;
+        Ok(UdpRepr { src_port: p.src_port(), dst_port: p.dst_port(), length: p.len(), checksum: p.checksum() })
     }
 
     /// Emit the 8-byte header as given.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let h = out.get_mut(..UDP_LEN).ok_or(WireError::BufferTooSmall)?;
-        h[0..2].copy_from_slice(&self.src_port.to_be_bytes());
-        h[2..4].copy_from_slice(&self.dst_port.to_be_bytes());
-        h[4..6].copy_from_slice(&self.length.to_be_bytes());
-        h[6..8].copy_from_slice(&self.checksum.to_be_bytes());
+        let mut p = UdpPacket::new_unchecked(h);
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_len(self.length);
+        p.set_checksum(self.checksum);
         Ok(UDP_LEN)
     }
 }
@@ -217,6 +174,7 @@ impl UdpRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::{Header, VlanTag};
 
     #[test]
     fn ipv4_roundtrip_and_checks() {

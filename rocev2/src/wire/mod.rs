@@ -11,12 +11,17 @@ pub mod frame;
 pub mod icrc;
 pub mod ip;
 pub mod opcode;
+pub mod packet;
 pub mod repr;
 pub mod sport;
 pub mod view;
 
-pub use frame::{parse_frame, parse_l3, ParsedFrame};
+pub use frame::{pad_for, parse_frame, parse_l3, ParsedFrame, ParsedL3, ICRC_LEN};
 pub use view::FrameView;
+pub use packet::{
+    AethPacket, AtomicAckEthPacket, AtomicEthPacket, BthPacket, CnpPacket, DethPacket, EthernetFrame, IethPacket,
+    ImmDtPacket, Ipv4Packet, Ipv6Packet, RethPacket, UdpPacket,
+};
 pub use opcode::{HeaderLayout, Opcode, Segment, Service};
 pub use repr::*;
 
@@ -83,7 +88,8 @@ pub enum WireError {
     UnknownOpcode(u8),
     /// Transport header version is not 0.
     BadTver(u8),
-    /// The pad count exceeds the payload, or is non-zero where none is allowed.
+    /// The pad count exceeds the payload area, is non-zero where no payload
+    /// is allowed, or payload plus pad is not a multiple of 4 bytes.
     BadPad {
         /// Pad count from the BTH.
         pad: u8,
@@ -126,24 +132,3 @@ impl core::fmt::Display for WireError {
 }
 
 impl std::error::Error for WireError {}
-
-/// Big-endian field access that never panics: `None` past the end.
-pub(crate) mod be {
-    #[inline]
-    pub fn u16_at(b: &[u8], off: usize) -> Option<u16> {
-        let s = b.get(off..off + 2)?;
-        Some(u16::from_be_bytes([s[0], s[1]]))
-    }
-    #[inline]
-    pub fn u32_at(b: &[u8], off: usize) -> Option<u32> {
-        let s = b.get(off..off + 4)?;
-        Some(u32::from_be_bytes([s[0], s[1], s[2], s[3]]))
-    }
-    #[inline]
-    pub fn u64_at(b: &[u8], off: usize) -> Option<u64> {
-        let s = b.get(off..off + 8)?;
-        let mut a = [0u8; 8];
-        a.copy_from_slice(s);
-        Some(u64::from_be_bytes(a))
-    }
-}

@@ -168,7 +168,8 @@ pub enum AckSyndrome {
     },
     /// NAK of the given kind.
     Nak(NakCode),
-    /// Syndrome 0b10x_xxxx, reserved.
+    /// A reserved syndrome, kept whole: bits 6:5 = 10, or bit 7 (reserved,
+    /// 0 in IBTA 9.3.5) set.
     Reserved(u8),
 }
 

@@ -4,10 +4,9 @@
 //! copying or re-parsing. Used where a frame is inspected or patched on the
 //! hot path (ECN marking, dispatch by DestQP) rather than fully parsed.
 
-use super::ext::BTH_LEN;
 use super::frame::{parse_frame, ICRC_LEN};
-use super::ip::internet_checksum;
 use super::opcode::Opcode;
+use super::packet::{field, BthPacket, Ipv4Packet, Ipv6Packet};
 use super::WireError;
 use crate::psn::Psn;
 
@@ -25,7 +24,7 @@ pub struct FrameView<T: AsRef<[u8]>> {
 
 impl<T: AsRef<[u8]>> FrameView<T> {
     /// Validate `buffer` as a RoCEv2 frame (every check of
-    /// [`parse_frame`](super::parse_frame), ICRC included) and remember where
+    /// [`parse_frame`], ICRC included) and remember where
     /// its parts are.
     pub fn new_checked(buffer: T) -> Result<FrameView<T>, WireError> {
         let (ip, ipv4, bth, payload, payload_len, end) = {
@@ -46,42 +45,43 @@ impl<T: AsRef<[u8]>> FrameView<T> {
         self.buffer.as_ref()
     }
 
+    fn bth_view(&self) -> BthPacket<&[u8]> {
+        BthPacket::new_unchecked(self.b().get(self.bth..).unwrap_or(&[]))
+    }
+
     /// The BTH opcode.
     pub fn opcode(&self) -> Opcode {
-        Opcode(self.b()[self.bth])
+        self.bth_view().opcode()
     }
 
     /// The destination QP number.
     pub fn dest_qp(&self) -> u32 {
-        let b = &self.b()[self.bth + 5..self.bth + 8];
-        u32::from_be_bytes([0, b[0], b[1], b[2]])
+        self.bth_view().dest_qp()
     }
 
     /// The PSN.
     pub fn psn(&self) -> Psn {
-        let b = &self.b()[self.bth + 9..self.bth + BTH_LEN];
-        Psn::new(u32::from_be_bytes([0, b[0], b[1], b[2]]))
+        self.bth_view().psn()
     }
 
     /// The IP ECN bits (0 not-ECT, 1 ECT(1), 2 ECT(0), 3 CE).
     pub fn ecn(&self) -> u8 {
-        let b = self.b();
+        let ip = self.b().get(self.ip..).unwrap_or(&[]);
         if self.ipv4 {
-            b[self.ip + 1] & 3
+            Ipv4Packet::new_unchecked(ip).ecn()
         } else {
-            (b[self.ip + 1] >> 4) & 3
+            Ipv6Packet::new_unchecked(ip).ecn()
         }
     }
 
     /// The payload (no pad, no ICRC).
     pub fn payload(&self) -> &[u8] {
-        &self.b()[self.payload..self.payload + self.payload_len]
+        field::slice(self.b(), self.payload, self.payload + self.payload_len)
     }
 
     /// The ICRC as stored.
     pub fn icrc(&self) -> u32 {
-        let b = &self.b()[self.end - ICRC_LEN..self.end];
-        u32::from_le_bytes([b[0], b[1], b[2], b[3]])
+        u32::from_le_bytes(field::rd(self.b(), self.end - ICRC_LEN))
     }
 
     /// The underlying buffer.
@@ -95,16 +95,13 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameView<T> {
     /// cover them (they are masked), so the frame stays valid.
     pub fn set_ecn(&mut self, ecn: u8) {
         let (ip, ipv4) = (self.ip, self.ipv4);
-        let b = self.buffer.as_mut();
+        let b = self.buffer.as_mut().get_mut(ip..).unwrap_or(&mut []);
         if ipv4 {
-            b[ip + 1] = (b[ip + 1] & !3) | (ecn & 3);
-            let hlen = usize::from(b[ip] & 0x0f) * 4;
-            b[ip + 10] = 0;
-            b[ip + 11] = 0;
-            let ck = internet_checksum(&b[ip..ip + hlen]);
-            b[ip + 10..ip + 12].copy_from_slice(&ck.to_be_bytes());
+            let mut p = Ipv4Packet::new_unchecked(b);
+            p.set_ecn(ecn);
+            p.fill_checksum();
         } else {
-            b[ip + 1] = (b[ip + 1] & !0x30) | ((ecn & 3) << 4);
+            Ipv6Packet::new_unchecked(b).set_ecn(ecn);
         }
     }
 }

@@ -1,0 +1,216 @@
+//! Base Transport Header (IBTA Vol 1 9.2; FECN/BECN in byte 4 per RoCEv2
+//! annex A17.9.3).
+//!
+//! ```text
+//! byte 0      opcode
+//! byte 1      SE(7) MigReq(6) PadCnt(5:4) TVer(3:0)
+//! bytes 2-3   P_Key
+//! byte 4      FECN(7) BECN(6) resv6(5:0)   (the IBA "resv8a" byte)
+//! bytes 5-7   DestQP
+//! byte 8      AckReq(7) resv7(6:0)
+//! bytes 9-11  PSN
+//! ```
+
+use super::field;
+use super::view;
+use crate::psn::Psn;
+use crate::wire::ext::BTH_LEN;
+use crate::wire::opcode::Opcode;
+use crate::wire::{Header, WireError};
+
+view! {
+    /// A checked view of a BTH followed by the rest of the transport packet.
+    BthPacket
+}
+
+impl<T: AsRef<[u8]>> BthPacket<T> {
+    /// The buffer holds the 12-byte BTH. (Whether the opcode is known and
+    /// TVer is 0 are checked by [`TransportRepr::parse`](crate::wire::TransportRepr::parse).)
+    pub fn check_len(&self) -> Result<(), WireError> {
+        if self.buffer.as_ref().len() < BTH_LEN {
+            return Err(WireError::Truncated(Header::Bth));
+        }
+        Ok(())
+    }
+
+    fn byte(&self, off: usize) -> u8 {
+        field::u8_at(self.buffer.as_ref(), off)
+    }
+
+    /// Operation code (any byte; unknown ones have no layout).
+    pub fn opcode(&self) -> Opcode {
+        Opcode(self.byte(0))
+    }
+
+    /// Solicited event.
+    pub fn solicited(&self) -> bool {
+        self.byte(1) & 0x80 != 0
+    }
+
+    /// Migration request (receivers ignore it: ConnectX-3 Pro sets it, rxe does not).
+    pub fn mig_req(&self) -> bool {
+        self.byte(1) & 0x40 != 0
+    }
+
+    /// Pad count (0..=3).
+    pub fn pad_count(&self) -> u8 {
+        (self.byte(1) >> 4) & 3
+    }
+
+    /// Transport header version (IBTA 9.2: 0).
+    pub fn tver(&self) -> u8 {
+        self.byte(1) & 0x0f
+    }
+
+    /// Partition key.
+    pub fn pkey(&self) -> u16 {
+        field::u16_at(self.buffer.as_ref(), 2)
+    }
+
+    /// Forward ECN.
+    pub fn fecn(&self) -> bool {
+        self.byte(4) & 0x80 != 0
+    }
+
+    /// Backward ECN (set in CNPs).
+    pub fn becn(&self) -> bool {
+        self.byte(4) & 0x40 != 0
+    }
+
+    /// The 6 reserved bits of byte 4.
+    pub fn resv6(&self) -> u8 {
+        self.byte(4) & 0x3f
+    }
+
+    /// Destination QP number (24 bits).
+    pub fn dest_qp(&self) -> u32 {
+        field::u24_at(self.buffer.as_ref(), 5)
+    }
+
+    /// Acknowledge request.
+    pub fn ack_req(&self) -> bool {
+        self.byte(8) & 0x80 != 0
+    }
+
+    /// The 7 reserved bits of byte 8.
+    pub fn resv7(&self) -> u8 {
+        self.byte(8) & 0x7f
+    }
+
+    /// Packet sequence number.
+    pub fn psn(&self) -> Psn {
+        Psn::new(field::u24_at(self.buffer.as_ref(), 9))
+    }
+
+    /// Everything after the BTH (extension headers, payload, pad, ICRC).
+    pub fn payload(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        field::slice(b, BTH_LEN, b.len())
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
+    /// Set the opcode.
+    pub fn set_opcode(&mut self, op: Opcode) {
+        field::set_u8(self.bytes_mut(), 0, op.0);
+    }
+
+    /// Set the solicited-event bit.
+    pub fn set_solicited(&mut self, v: bool) {
+        field::set_bits(self.bytes_mut(), 1, 0x80, u8::from(v) << 7);
+    }
+
+    /// Set the MigReq bit.
+    pub fn set_mig_req(&mut self, v: bool) {
+        field::set_bits(self.bytes_mut(), 1, 0x40, u8::from(v) << 6);
+    }
+
+    /// Set the pad count (2 bits).
+    pub fn set_pad_count(&mut self, v: u8) {
+        field::set_bits(self.bytes_mut(), 1, 0x30, v << 4);
+    }
+
+    /// Set TVer (4 bits).
+    pub fn set_tver(&mut self, v: u8) {
+        field::set_bits(self.bytes_mut(), 1, 0x0f, v);
+    }
+
+    /// Set the P_Key.
+    pub fn set_pkey(&mut self, v: u16) {
+        field::set_u16(self.bytes_mut(), 2, v);
+    }
+
+    /// Set FECN.
+    pub fn set_fecn(&mut self, v: bool) {
+        field::set_bits(self.bytes_mut(), 4, 0x80, u8::from(v) << 7);
+    }
+
+    /// Set BECN.
+    pub fn set_becn(&mut self, v: bool) {
+        field::set_bits(self.bytes_mut(), 4, 0x40, u8::from(v) << 6);
+    }
+
+    /// Set the 6 reserved bits of byte 4.
+    pub fn set_resv6(&mut self, v: u8) {
+        field::set_bits(self.bytes_mut(), 4, 0x3f, v);
+    }
+
+    /// Set DestQP (low 24 bits).
+    pub fn set_dest_qp(&mut self, qpn: u32) {
+        field::set_u24(self.bytes_mut(), 5, qpn);
+    }
+
+    /// Set AckReq.
+    pub fn set_ack_req(&mut self, v: bool) {
+        field::set_bits(self.bytes_mut(), 8, 0x80, u8::from(v) << 7);
+    }
+
+    /// Set the 7 reserved bits of byte 8.
+    pub fn set_resv7(&mut self, v: u8) {
+        field::set_bits(self.bytes_mut(), 8, 0x7f, v);
+    }
+
+    /// Set the PSN.
+    pub fn set_psn(&mut self, psn: Psn) {
+        field::set_u24(self.bytes_mut(), 9, psn.value());
+    }
+
+    /// Everything after the BTH, mutable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let b = self.bytes_mut();
+        let len = b.len();
+        field::slice_mut(b, BTH_LEN, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_field_in_its_bits() {
+        let mut b = [0u8; 14];
+        let mut p = BthPacket::new_unchecked(&mut b[..]);
+        p.set_opcode(Opcode::CNP);
+        p.set_solicited(true);
+        p.set_mig_req(true);
+        p.set_pad_count(3);
+        p.set_tver(0);
+        p.set_pkey(0xffff);
+        p.set_fecn(false);
+        p.set_becn(true);
+        p.set_resv6(0x15);
+        p.set_dest_qp(0x12_3456);
+        p.set_ack_req(true);
+        p.set_resv7(0x2a);
+        p.set_psn(Psn::new(0xab_cdef));
+        p.payload_mut().copy_from_slice(&[9, 9]);
+        assert_eq!(b, [0x81, 0xf0, 0xff, 0xff, 0x55, 0x12, 0x34, 0x56, 0xaa, 0xab, 0xcd, 0xef, 9, 9]);
+        let p = BthPacket::new_checked(&b[..]).unwrap();
+        assert_eq!((p.opcode(), p.solicited(), p.mig_req(), p.pad_count(), p.tver(), p.pkey()), (Opcode::CNP, true, true, 3, 0, 0xffff));
+        assert_eq!((p.fecn(), p.becn(), p.resv6(), p.dest_qp(), p.ack_req(), p.resv7()), (false, true, 0x15, 0x12_3456, true, 0x2a));
+        assert_eq!((p.psn(), p.payload()), (Psn::new(0xab_cdef), &[9u8, 9][..]));
+        assert_eq!(BthPacket::new_checked(&b[..11]), Err(WireError::Truncated(Header::Bth)));
+        assert_eq!(BthPacket::new_unchecked(&b[..6]).dest_qp(), 0);
+    }
+}

@@ -1,0 +1,148 @@
+//! Ethernet II header with at most one 802.1Q tag (IEEE 802.3 / 802.1Q).
+
+use super::field;
+use super::view;
+use crate::wire::ip::{ETHERNET_LEN, ETHERTYPE_VLAN};
+use crate::wire::repr::{MacAddr, VlanTag};
+use crate::wire::{Header, WireError};
+
+view! {
+    /// A checked view of an Ethernet II frame: destination and source MAC,
+    /// an optional 802.1Q tag (TPID 0x8100), the EtherType, the payload.
+    EthernetFrame
+}
+
+impl<T: AsRef<[u8]>> EthernetFrame<T> {
+    /// Length of the header without a tag.
+    pub const BASE_LEN: usize = ETHERNET_LEN;
+
+    /// The buffer holds the 14-byte header, and the 4 tag bytes when the
+    /// TPID at offset 12 is 0x8100.
+    pub fn check_len(&self) -> Result<(), WireError> {
+        let len = self.buffer.as_ref().len();
+        if len < ETHERNET_LEN {
+            return Err(WireError::Truncated(Header::Ethernet));
+        }
+        if self.has_vlan() && len < ETHERNET_LEN + 4 {
+            return Err(WireError::Truncated(Header::Vlan));
+        }
+        Ok(())
+    }
+
+    /// Destination MAC address.
+    pub fn dst_addr(&self) -> MacAddr {
+        field::rd(self.buffer.as_ref(), 0)
+    }
+
+    /// Source MAC address.
+    pub fn src_addr(&self) -> MacAddr {
+        field::rd(self.buffer.as_ref(), 6)
+    }
+
+    /// Whether an 802.1Q tag follows the source address.
+    pub fn has_vlan(&self) -> bool {
+        field::u16_at(self.buffer.as_ref(), 12) == ETHERTYPE_VLAN
+    }
+
+    /// The 802.1Q tag (PCP 3 bits, DEI, VID 12 bits), if present.
+    pub fn vlan(&self) -> Option<VlanTag> {
+        if !self.has_vlan() {
+            return None;
+        }
+        let tci = field::u16_at(self.buffer.as_ref(), 14);
+        Some(VlanTag { pcp: (tci >> 13) as u8, dei: tci & 0x1000 != 0, vid: tci & 0x0fff })
+    }
+
+    /// Header length: 14, or 18 with a tag.
+    pub fn header_len(&self) -> usize {
+        if self.has_vlan() {
+            ETHERNET_LEN + 4
+        } else {
+            ETHERNET_LEN
+        }
+    }
+
+    /// The EtherType of the payload (after the tag, if any).
+    pub fn ethertype(&self) -> u16 {
+        field::u16_at(self.buffer.as_ref(), self.header_len() - 2)
+    }
+
+    /// Everything after the header.
+    pub fn payload(&self) -> &[u8] {
+        let b = self.buffer.as_ref();
+        field::slice(b, self.header_len(), b.len())
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
+    /// Set the destination MAC address.
+    pub fn set_dst_addr(&mut self, a: MacAddr) {
+        field::wr(self.bytes_mut(), 0, a);
+    }
+
+    /// Set the source MAC address.
+    pub fn set_src_addr(&mut self, a: MacAddr) {
+        field::wr(self.bytes_mut(), 6, a);
+    }
+
+    /// Write an 802.1Q tag (TPID and TCI at offsets 12..16). Set it before
+    /// [`set_ethertype`](Self::set_ethertype), which writes after the tag.
+    pub fn set_vlan(&mut self, tag: VlanTag) {
+        let tci = (u16::from(tag.pcp & 7) << 13) | (u16::from(tag.dei) << 12) | (tag.vid & 0x0fff);
+        let b = self.bytes_mut();
+        field::set_u16(b, 12, ETHERTYPE_VLAN);
+        field::set_u16(b, 14, tci);
+    }
+
+    /// Set the EtherType (at offset 12, or 16 after a tag).
+    pub fn set_ethertype(&mut self, t: u16) {
+        let off = self.header_len() - 2;
+        field::set_u16(self.bytes_mut(), off, t);
+    }
+
+    /// Everything after the header, mutable.
+    pub fn payload_mut(&mut self) -> &mut [u8] {
+        let h = self.header_len();
+        let b = self.bytes_mut();
+        let len = b.len();
+        field::slice_mut(b, h, len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tagged_and_untagged() {
+        let mut b = [0u8; 20];
+        let mut f = EthernetFrame::new_unchecked(&mut b[..]);
+        f.set_dst_addr([1, 2, 3, 4, 5, 6]);
+        f.set_src_addr([7, 8, 9, 10, 11, 12]);
+        f.set_ethertype(0x0800);
+        assert!(f.vlan().is_none());
+        assert_eq!((f.header_len(), f.ethertype(), f.payload().len()), (14, 0x0800, 6));
+        f.set_vlan(VlanTag { pcp: 5, dei: true, vid: 0xabc });
+        f.set_ethertype(0x86dd);
+        assert_eq!(f.vlan(), Some(VlanTag { pcp: 5, dei: true, vid: 0xabc }));
+        assert_eq!((f.header_len(), f.ethertype(), f.payload().len()), (18, 0x86dd, 2));
+        assert_eq!(&b[12..18], &[0x81, 0x00, 0xba, 0xbc, 0x86, 0xdd]);
+        let f = EthernetFrame::new_checked(&b[..]).unwrap();
+        assert_eq!((f.dst_addr(), f.src_addr()), ([1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]));
+    }
+
+    #[test]
+    fn short_buffers_are_typed_errors_and_reads_never_panic() {
+        let mut b = [0u8; 16];
+        b[12] = 0x81;
+        assert_eq!(EthernetFrame::new_checked(&b[..]), Err(WireError::Truncated(Header::Vlan)));
+        assert_eq!(EthernetFrame::new_checked(&b[..13]), Err(WireError::Truncated(Header::Ethernet)));
+        let f = EthernetFrame::new_unchecked(&b[..13]);
+        assert_eq!((f.ethertype(), f.vlan(), f.payload()), (0, None, &[][..]));
+        let mut e: [u8; 0] = [];
+        let mut f = EthernetFrame::new_unchecked(&mut e[..]);
+        f.set_vlan(VlanTag::default());
+        f.set_ethertype(1);
+        assert_eq!(f.payload_mut(), &mut [][..]);
+    }
+}
