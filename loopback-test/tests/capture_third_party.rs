@@ -44,10 +44,7 @@ fn captured_traffic_passes_scapy_and_tshark() {
     }
     let mut got = 0;
     let deadline = Instant::now() + Duration::from_secs(120);
-    let mut wc = vec![
-        WorkCompletion { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::Send, qp_num: 0, byte_len: 0, imm_data: None, invalidated_rkey: None, src_qp: 0, grh: false };
-        8
-    ];
+    let mut wc = vec![WorkCompletion::default(); 8];
     while got < ops.len() {
         let n = qa_cq.poll(&mut wc).unwrap();
         assert!(wc[..n].iter().all(|c| c.status == WcStatus::Success), "{:?}", &wc[..n]);

@@ -122,25 +122,6 @@ struct Fields {
     payload_len: usize,
 }
 
-fn syndrome_byte(s: rocev2::wire::AckSyndrome) -> u8 {
-    use rocev2::wire::{AckSyndrome, NakCode};
-    match s {
-        AckSyndrome::Ack { credits } => credits & 0x1f,
-        AckSyndrome::RnrNak { timer } => 0x20 | (timer & 0x1f),
-        AckSyndrome::Nak(code) => {
-            0x60 | match code {
-                NakCode::PsnSequenceError => 0,
-                NakCode::InvalidRequest => 1,
-                NakCode::RemoteAccessError => 2,
-                NakCode::RemoteOperationalError => 3,
-                NakCode::InvalidRdRequest => 4,
-                NakCode::Reserved(v) => v & 0x1f,
-            }
-        }
-        AckSyndrome::Reserved(v) => v,
-    }
-}
-
 fn fields(p: &ParsedFrame<'_>) -> Fields {
     let t = &p.repr.transport;
     Fields {
@@ -149,7 +130,7 @@ fn fields(p: &ParsedFrame<'_>) -> Fields {
         dest_qp: t.bth.dest_qp,
         ack_req: t.bth.ack_req,
         solicited: t.bth.solicited,
-        aeth: t.aeth.map(|a| (syndrome_byte(a.syndrome), a.msn)),
+        aeth: t.aeth.map(|a| (a.syndrome.to_byte(), a.msn)),
         atomic_orig: t.atomic_ack,
         reth: t.reth.map(|r| (r.va, r.rkey, r.dma_len)),
         immediate: t.immediate,

@@ -66,7 +66,7 @@ impl Endpoint {
 
     /// Poll until a completion arrives or `deadline` passes.
     pub fn wait_one(&self, deadline: Instant) -> PerfResult<WorkCompletion> {
-        let mut wc = [blank_wc(); 1];
+        let mut wc = [WorkCompletion::default(); 1];
         loop {
             if self.cq.poll(&mut wc).map_err(e("poll_cq"))? == 1 {
                 if wc[0].status != WcStatus::Success {
@@ -79,21 +79,6 @@ impl Endpoint {
             }
             self.kick();
         }
-    }
-}
-
-/// An empty completion to fill arrays with.
-pub fn blank_wc() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: urnic::WcOpcode::Send,
-        qp_num: 0,
-        byte_len: 0,
-        imm_data: None,
-        invalidated_rkey: None,
-        src_qp: 0,
-        grh: false,
     }
 }
 
@@ -141,7 +126,7 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
     let mut window_start = start;
     let mut window_done = 0usize;
     let mut peak = 0f64;
-    let mut wcs = vec![blank_wc(); 64];
+    let mut wcs = vec![WorkCompletion::default(); 64];
     while done < iters {
         while posted < iters && posted - done < depth {
             a.qp.post_send(&wr(posted)).map_err(e("post_send"))?;
@@ -227,7 +212,7 @@ pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -
         a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
         samples.push(rtt.as_secs_f64() * 1e6 / 2.0);
         // drain remaining send completions
-        let mut wcs = [blank_wc(); 4];
+        let mut wcs = [WorkCompletion::default(); 4];
         let _ = a.cq.poll(&mut wcs);
         let _ = b.cq.poll(&mut wcs);
     }

@@ -90,17 +90,7 @@ fn main() -> Result<()> {
         qp.post_recv(&recv_wr(mr))?;
     }
     let start = Instant::now();
-    let mut wc = [WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qp_num: 0,
-        byte_len: 0,
-        imm_data: None,
-        invalidated_rkey: None,
-        src_qp: 0,
-        grh: false,
-    }; 4];
+    let mut wc = [WorkCompletion::default(); 4];
     for i in 0..iters * 2 {
         let (s, r) = if i % 2 == 0 { (0, 1) } else { (1, 0) };
         ends[s].3.post_send(&send_wr(&ends[s].1))?;

@@ -67,10 +67,7 @@ fn main() -> Result<()> {
     // The server's address and rkey travel out of band in real programs.
     let remote = RemoteAddr { addr: dst.addr(), rkey: dst.rkey() };
     let wr = SendWr { wr_id: 0, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![src.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None };
-    let mut wc = vec![
-        WorkCompletion { wr_id: 0, status: WcStatus::Success, opcode: WcOpcode::RdmaWrite, qp_num: 0, byte_len: 0, imm_data: None, invalidated_rkey: None, src_qp: 0, grh: false };
-        64
-    ];
+    let mut wc = vec![WorkCompletion::default(); 64];
     let start = Instant::now();
     let (mut posted, mut done) = (0, 0);
     while done < iters {

@@ -80,26 +80,12 @@ pub fn rc_pair(impair: Impairments, buf: usize) -> (Side, Qp, Side, Qp) {
     (a, qa, b, qb)
 }
 
-pub fn blank() -> WorkCompletion {
-    WorkCompletion {
-        wr_id: 0,
-        status: WcStatus::Success,
-        opcode: WcOpcode::Send,
-        qp_num: 0,
-        byte_len: 0,
-        imm_data: None,
-        invalidated_rkey: None,
-        src_qp: 0,
-        grh: false,
-    }
-}
-
 /// Poll `cq` until `n` completions arrived (generous deadline: a hang is a
 /// failure, not a timing assertion).
 pub fn wait(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
     let deadline = Instant::now() + Duration::from_secs(120);
     let mut out = Vec::new();
-    let mut buf = vec![blank(); 64];
+    let mut buf = vec![WorkCompletion::default(); 64];
     while out.len() < n {
         let k = cq.poll(&mut buf).unwrap();
         out.extend_from_slice(&buf[..k]);
@@ -114,7 +100,7 @@ pub fn wait(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
 /// Assert no further completion shows up for a while.
 pub fn assert_quiet(cq: &Cq) {
     std::thread::sleep(Duration::from_millis(50));
-    let mut buf = vec![blank(); 8];
+    let mut buf = vec![WorkCompletion::default(); 8];
     let k = cq.poll(&mut buf).unwrap();
     assert_eq!(k, 0, "unexpected completions: {:?}", &buf[..k]);
 }

@@ -549,6 +549,12 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// A checked, unregistered region over `[addr, addr + len)`.
+    fn new_region(pd: PdId, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<Region, RegError> {
+        Self::check_reg_args(addr, len, iova, access)?;
+        Ok(Region { pd, ptr: RegionPtr(addr), len: len as u64, iova, access, bound_windows: 0, invalidated: false })
+    }
+
     /// Register `[addr, addr + len)` as a memory region of `pd` whose first
     /// byte has address `iova` (0 when `access` has ZERO_BASED) for SGEs and
     /// peers (`ibv_reg_mr_iova`).
@@ -563,16 +569,7 @@ impl MemoryTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        Self::check_reg_args(addr, len, iova, access)?;
-        let region = Region {
-            pd,
-            ptr: RegionPtr(addr),
-            len: len as u64,
-            iova,
-            access,
-            bound_windows: 0,
-            invalidated: false,
-        };
+        let region = Self::new_region(pd, addr, len, iova, access)?;
         let key = self.write().insert(Object::Mr(region))?;
         Ok(MrKeys { lkey: key, rkey: key })
     }
@@ -593,16 +590,7 @@ impl MemoryTable {
         access: Access,
         key: u32,
     ) -> Result<MrKeys, RegError> {
-        Self::check_reg_args(addr, len, iova, access)?;
-        let region = Region {
-            pd,
-            ptr: RegionPtr(addr),
-            len: len as u64,
-            iova,
-            access,
-            bound_windows: 0,
-            invalidated: false,
-        };
+        let region = Self::new_region(pd, addr, len, iova, access)?;
         let key = self.write().insert_at(key, Object::Mr(region))?;
         Ok(MrKeys { lkey: key, rkey: key })
     }
@@ -627,7 +615,7 @@ impl MemoryTable {
         iova: u64,
         access: Access,
     ) -> Result<MrKeys, RegError> {
-        Self::check_reg_args(addr, len, iova, access)?;
+        let region = Self::new_region(pd, addr, len, iova, access)?;
         let mut t = self.write();
         let index = lkey >> 8;
         match t.get_mut(lkey) {
@@ -637,15 +625,7 @@ impl MemoryTable {
                 if r.bound_windows > 0 {
                     return Err(RegError::Busy);
                 }
-                *r = Region {
-                    pd,
-                    ptr: RegionPtr(addr),
-                    len: len as u64,
-                    iova,
-                    access,
-                    bound_windows: 0,
-                    invalidated: false,
-                };
+                *r = region;
             }
         }
         let slot = &mut t.slots[index as usize];

@@ -675,7 +675,7 @@ impl Requester {
         } else if op.is_read_response() {
             self.handle_read_response(now, ctx, frame, pmtu)
         } else if op == Opcode::RC_ATOMIC_ACK {
-            self.handle_atomic_ack(now, ctx, frame, pmtu)
+            self.handle_atomic_ack(now, ctx, frame)
         } else {
             ctx.stats.req_bad_responses += 1;
             Ok(())
@@ -750,7 +750,7 @@ impl Requester {
         Ok(())
     }
 
-    fn handle_atomic_ack(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>, _pmtu: u64) -> Result<(), SqFatal> {
+    fn handle_atomic_ack(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>) -> Result<(), SqFatal> {
         let psn = frame.repr.transport.bth.psn;
         let (_, at) = self.ack_before(psn, false);
         let Some(i) = at else {

@@ -263,6 +263,24 @@ pub struct WorkCompletion {
     pub grh: bool,
 }
 
+impl Default for WorkCompletion {
+    /// A zeroed completion (as a C program zero-fills its `ibv_wc` array):
+    /// the buffer `Cq::poll` writes into.
+    fn default() -> Self {
+        WorkCompletion {
+            wr_id: 0,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Send,
+            qp_num: 0,
+            byte_len: 0,
+            imm_data: None,
+            invalidated_rkey: None,
+            src_qp: 0,
+            grh: false,
+        }
+    }
+}
+
 /// Identifies a completion queue. The engine does not own CQs: it tags each
 /// completion with the CQ the QP was created with and the caller delivers it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
