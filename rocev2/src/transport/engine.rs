@@ -6,7 +6,8 @@
 //! responses before requests. Timers are driven by `next_timeout` /
 //! `handle_timeout`; completions and async events are polled out.
 
-use std::collections::{HashMap, VecDeque};
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
 
@@ -148,6 +149,54 @@ pub enum WireErrorKind {
     Other,
 }
 
+impl WireErrorKind {
+    /// A short name for counters (`bad_icrc`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WireErrorKind::Truncated => "truncated",
+            WireErrorKind::BadIp => "bad_ip",
+            WireErrorKind::BadUdp => "bad_udp",
+            WireErrorKind::NotRoce => "not_roce",
+            WireErrorKind::BadOpcode => "bad_opcode",
+            WireErrorKind::BadLayout => "bad_layout",
+            WireErrorKind::BadIcrc => "bad_icrc",
+            WireErrorKind::Other => "other",
+        }
+    }
+
+    /// Every kind.
+    pub const ALL: [WireErrorKind; 8] = [
+        WireErrorKind::Truncated,
+        WireErrorKind::BadIp,
+        WireErrorKind::BadUdp,
+        WireErrorKind::NotRoce,
+        WireErrorKind::BadOpcode,
+        WireErrorKind::BadLayout,
+        WireErrorKind::BadIcrc,
+        WireErrorKind::Other,
+    ];
+}
+
+impl EngineStats {
+    /// Every counter with its name (bad frames one per reason).
+    pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let fixed = [
+            ("rx_frames", self.rx_frames),
+            ("rx_unknown_qpn", self.rx_unknown_qpn),
+            ("rx_wrong_service", self.rx_wrong_service),
+            ("rx_bad_pkey", self.rx_bad_pkey),
+            ("rx_wrong_state", self.rx_wrong_state),
+            ("rx_cnps", self.rx_cnps),
+            ("tx_frames", self.tx_frames),
+        ];
+        fixed.into_iter().map(|(k, v)| (k.to_string(), v)).chain(
+            WireErrorKind::ALL
+                .into_iter()
+                .map(|k| (format!("rx_drop_{}", k.name()), self.rx_bad_frame.get(&k).copied().unwrap_or(0))),
+        )
+    }
+}
+
 impl From<WireError> for WireErrorKind {
     fn from(e: WireError) -> Self {
         match e {
@@ -182,6 +231,8 @@ struct Qp {
     /// The responder hit a fatal error: flush it once its NAK is out.
     responder_flush_pending: bool,
     drained_reported: bool,
+    /// Deadline of this QP's newest entry in the engine's timer queue.
+    timer_at: Option<Instant>,
 }
 
 /// A device's transport engine.
@@ -198,6 +249,11 @@ pub struct Engine {
     completions: VecDeque<Completion>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
+    /// Requester deadlines (retransmission, RNR), earliest first. Entries are
+    /// never removed early: a QP whose deadline moved later keeps a stale,
+    /// earlier entry that is re-checked when it comes up (lazy deletion), so
+    /// an ACK costs nothing here and a timer costs O(log n) once.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
 }
 
 /// (required, optional) attribute masks of a transition, IBTA 11.2.4.2 /
@@ -266,6 +322,7 @@ impl Engine {
             completions: VecDeque::new(),
             events: VecDeque::new(),
             stats: EngineStats::default(),
+            timers: BinaryHeap::new(),
         }
     }
 
@@ -277,6 +334,11 @@ impl Engine {
     /// Engine-wide counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// The QPNs of every QP, in creation order.
+    pub fn qpns(&self) -> impl Iterator<Item = u32> + '_ {
+        self.order.iter().copied()
     }
 
     /// Counters of one QP.
@@ -334,6 +396,7 @@ impl Engine {
                 stats: QpStats::default(),
                 responder_flush_pending: false,
                 drained_reported: false,
+                timer_at: None,
             },
         );
         self.order.push(qpn);
@@ -368,6 +431,12 @@ impl Engine {
     /// `ibv_modify_qp`: validate the mask and values for the transition, then
     /// apply. On error nothing changes.
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
+        let r = self.modify_qp_inner(qpn, attr, mask);
+        self.arm(qpn);
+        r
+    }
+
+    fn modify_qp_inner(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         let from = qp.state;
         if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
@@ -553,7 +622,9 @@ impl Engine {
             _ => {}
         }
         let sig_all = qp.init.sq_sig_all;
-        qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)
+        qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
+        self.arm(qpn);
+        Ok(())
     }
 
     /// `ibv_post_recv`. In ERR the WR completes at once with `WR_FLUSH_ERR`.
@@ -635,6 +706,7 @@ impl Engine {
             if let Err(SqFatal(_)) = r {
                 self.enter_error(qpn, true);
             }
+            self.arm(qpn);
             self.note_drained(qpn);
         } else {
             if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
@@ -724,6 +796,7 @@ impl Engine {
         if qp.init.qp_type != QpType::Ud {
             qp.path = Some(path);
         }
+        self.arm(qpn);
         match r {
             Ok(out) => {
                 self.note_drained(qpn);
@@ -736,24 +809,47 @@ impl Engine {
         }
     }
 
-    /// When the engine next wants `handle_timeout`.
+    /// When the engine next wants `handle_timeout`. May be earlier than any
+    /// real deadline (a stale entry), never later.
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|q| q.requester.next_timeout()).min()
+        self.timers.peek().map(|Reverse((t, _))| *t)
+    }
+
+    /// Put `qpn`'s requester deadline in the timer queue if it is earlier
+    /// than the entry the QP already has there.
+    fn arm(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        if let Some(t) = qp.requester.next_timeout() {
+            if qp.timer_at.is_none_or(|s| t < s) {
+                qp.timer_at = Some(t);
+                self.timers.push(Reverse((t, qpn)));
+            }
+        }
     }
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<u32> =
-            self.qps.iter().filter(|(_, q)| q.requester.next_timeout().is_some_and(|t| t <= now)).map(|(&n, _)| n).collect();
-        for qpn in due {
-            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
-            let r = {
-                let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
-                requester.handle_timeout(now, &mut ctx)
-            };
-            if r.is_err() {
-                self.enter_error(qpn, true);
+        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
             }
+            self.timers.pop();
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            if qp.timer_at != Some(t) {
+                // Superseded by an earlier entry that already fired.
+                continue;
+            }
+            qp.timer_at = None;
+            if qp.requester.next_timeout().is_some_and(|d| d <= now) {
+                let r = {
+                    let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
+                    requester.handle_timeout(now, &mut ctx)
+                };
+                if r.is_err() {
+                    self.enter_error(qpn, true);
+                }
+            }
+            self.arm(qpn);
         }
     }
 }

@@ -80,3 +80,47 @@ pub struct QpStats {
     /// Requester: local ACK timeouts.
     pub req_timeouts: u64,
 }
+
+impl QpStats {
+    /// Every counter with its name, for display (`urnic stat`).
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        [
+            ("tx_packets", self.tx_packets),
+            ("tx_bytes", self.tx_bytes),
+            ("rx_packets", self.rx_packets),
+            ("rx_bytes", self.rx_bytes),
+            ("resp_acks_sent", self.resp_acks_sent),
+            ("resp_naks_psn_seq_sent", self.resp_naks_psn_seq_sent),
+            ("resp_naks_inv_req_sent", self.resp_naks_inv_req_sent),
+            ("resp_naks_rem_access_sent", self.resp_naks_rem_access_sent),
+            ("resp_naks_rem_op_sent", self.resp_naks_rem_op_sent),
+            ("resp_rnr_naks_sent", self.resp_rnr_naks_sent),
+            ("resp_read_responses_sent", self.resp_read_responses_sent),
+            ("resp_atomic_acks_sent", self.resp_atomic_acks_sent),
+            ("resp_duplicates", self.resp_duplicates),
+            ("resp_read_replays", self.resp_read_replays),
+            ("resp_atomic_replays", self.resp_atomic_replays),
+            ("resp_dup_no_resource_dropped", self.resp_dup_no_resource_dropped),
+            ("resp_out_of_seq_dropped", self.resp_out_of_seq_dropped),
+            ("resp_dropped_in_error", self.resp_dropped_in_error),
+            ("resp_bad_opcode_dropped", self.resp_bad_opcode_dropped),
+            ("resp_responses_dropped", self.resp_responses_dropped),
+            ("resp_messages", self.resp_messages),
+            ("resp_bytes_placed", self.resp_bytes_placed),
+            ("resp_uc_dropped", self.resp_uc_dropped),
+            ("resp_ud_qkey_dropped", self.resp_ud_qkey_dropped),
+            ("resp_ud_no_wqe_dropped", self.resp_ud_no_wqe_dropped),
+            ("resp_ud_len_dropped", self.resp_ud_len_dropped),
+            ("req_acks_received", self.req_acks_received),
+            ("req_duplicate_acks", self.req_duplicate_acks),
+            ("req_ghost_responses", self.req_ghost_responses),
+            ("req_rnr_naks_received", self.req_rnr_naks_received),
+            ("req_naks_seq_received", self.req_naks_seq_received),
+            ("req_naks_error_received", self.req_naks_error_received),
+            ("req_bad_responses", self.req_bad_responses),
+            ("req_retransmits", self.req_retransmits),
+            ("req_timeouts", self.req_timeouts),
+        ]
+        .into_iter()
+    }
+}
