@@ -4,6 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash deploy/deps.sh build test
 [ -d ../shared/pcaps ] || { echo "test.sh: ../shared (reference captures and vectors) must sit next to this repository" >&2; exit 1; }
+# Namespaces left by a killed earlier run (urnic-* whose process is gone).
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^urnic-' || true); do
+  pid=$(echo "$ns" | awk -F- '{print $(NF-2)}')
+  [ -d "/proc/$pid" ] || ip netns del "$ns" 2>/dev/null || true
+done
 cargo build --workspace --all-targets --quiet
 cargo test --workspace --doc --quiet
 cargo nextest run --workspace --no-fail-fast

@@ -5,12 +5,18 @@
 
 pub mod capture;
 pub mod memport;
+pub mod neigh;
+pub mod netdev;
+pub mod netns;
 pub mod nic;
 pub mod port;
 pub mod queues;
 pub mod runner;
+pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};
 pub use nic::Nic;
 pub use port::{Port, PortError, PortInfo};
 pub use runner::{IdlePolicy, Runner};
+pub use xsk::{BindMode, XskConfig, XskPort};
+pub use urnic_xdp as xdp;

@@ -53,6 +53,25 @@ pub struct NicStats {
     pub posts_refused: AtomicU64,
 }
 
+impl NicStats {
+    /// Every counter with its name.
+    pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        [
+            ("polls", g(&self.polls)),
+            ("rx_frames", g(&self.rx_frames)),
+            ("tx_frames", g(&self.tx_frames)),
+            ("completions", g(&self.completions)),
+            ("completions_orphaned", g(&self.completions_orphaned)),
+            ("cq_overruns", g(&self.cq_overruns)),
+            ("port_errors", g(&self.port_errors)),
+            ("capture_errors", g(&self.capture_errors)),
+            ("posts_refused", g(&self.posts_refused)),
+        ]
+        .into_iter()
+    }
+}
+
 enum Doorbell {
     Qp(u32),
     Srq(SrqId),
@@ -121,6 +140,12 @@ impl Nic {
     /// Whether the port's link was up at the last poll.
     pub fn link_up(&self) -> bool {
         self.link_up.load(Ordering::Acquire)
+    }
+
+    /// Run `f` with the port locked (port counters and controls).
+    pub fn with_port<R>(&self, f: impl FnOnce(&mut dyn Port) -> R) -> R {
+        let mut p = lock(&self.port);
+        f(&mut **p)
     }
 
     /// The engine's notion of now.

@@ -68,4 +68,15 @@ pub trait Port: Send {
     fn flush(&mut self) -> Result<(), PortError> {
         Ok(())
     }
+
+    /// Port-specific counters (name, value) for `urnic stat`. Default: none.
+    fn counters(&self) -> Vec<(String, u64)> {
+        Vec::new()
+    }
+
+    /// The concrete port, for port-specific controls (the AF_XDP port's
+    /// impairments, say). Default: not offered.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }

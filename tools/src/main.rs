@@ -6,7 +6,8 @@ mod report;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use urnic::{open_device, DatapathMode, DeviceConfig, MemHub};
+use urnic::{open_af_xdp, open_device, xdp, BindMode, Context, DatapathMode, DeviceConfig, IdlePolicy, MemHub, XskConfig};
+use urnic_datapath::netns::VethPair;
 
 use crate::perf::{banner, connect_pair, send_lat, write_bw, Endpoint};
 use crate::report::{bw_header, bw_row, lat_header, lat_row, RULE};
@@ -20,9 +21,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Two urnic devices in this process, joined by an in-memory link, moving
-    /// RDMA traffic: WRITE bandwidth and SEND latency, perftest-style.
+    /// Two urnic devices moving RDMA traffic, WRITE bandwidth and SEND
+    /// latency, perftest-style: by default each in its own network namespace,
+    /// joined by veth, through AF_XDP (needs root); `--link memory` joins
+    /// them in memory instead (no privileges).
     Demo {
+        /// veth (two namespaces, AF_XDP, the XDP program) or memory.
+        #[arg(long, default_value = "veth")]
+        link: Link,
+        /// Who runs the datapaths: this thread for both devices
+        /// (run-to-completion) or one polling thread per device.
+        #[arg(long, default_value = "manual")]
+        datapath: Datapath,
+        /// XDP attach mode on veth.
+        #[arg(long, default_value = "auto")]
+        xdp_mode: XdpMode,
+        /// Capture everything urnic0 sends and receives into FILE (pcap).
+        #[arg(long, value_name = "FILE")]
+        pcap: Option<std::path::PathBuf>,
+        /// Print every counter of both devices at the end.
+        #[arg(long)]
+        stats: bool,
         /// Message sizes for the bandwidth test.
         #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 4096, 65536, 1 << 20])]
         sizes: Vec<usize>,
@@ -42,20 +61,115 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         pcap_dir: Option<std::path::PathBuf>,
     },
+    /// Counters of the urnic devices running on this machine (published by
+    /// each device into DIR while it runs).
+    Stat {
+        /// Where devices publish their counters.
+        #[arg(long, default_value = STAT_DIR)]
+        dir: std::path::PathBuf,
+        /// Show zero counters too.
+        #[arg(long)]
+        all: bool,
+    },
 }
 
-fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: usize, pcap_dir: Option<&std::path::Path>) -> Result<(), String> {
-    let hub = MemHub::new(1);
-    let mut ca = DeviceConfig::memory(&hub, "urnic0", [0x02, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
-    let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
-    ca.link_mtu = link_mtu;
-    cb.link_mtu = link_mtu;
-    // Run-to-completion: this thread drives both devices' datapaths itself
-    // (no datapath threads competing for the cores), as an embedding would.
-    ca.datapath = DatapathMode::Manual;
-    cb.datapath = DatapathMode::Manual;
-    let a = open_device(ca).map_err(|e| e.to_string())?;
-    let b = open_device(cb).map_err(|e| e.to_string())?;
+/// Where `urnic` devices publish counters for `urnic stat`.
+const STAT_DIR: &str = "/run/urnic";
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Link {
+    Veth,
+    Memory,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Datapath {
+    Manual,
+    Thread,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum XdpMode {
+    Auto,
+    Native,
+    Generic,
+}
+
+/// Options of `urnic demo`.
+struct DemoOpts<'a> {
+    sizes: &'a [usize],
+    iters: usize,
+    depth: usize,
+    link_mtu: u32,
+    lat_iters: usize,
+    pcap_dir: Option<&'a std::path::Path>,
+    link: Link,
+    datapath: Datapath,
+    xdp_mode: XdpMode,
+    pcap: Option<&'a std::path::Path>,
+    stats: bool,
+}
+
+/// Open the two demo devices. The veth pair (if any) must outlive them.
+fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, String), String> {
+    let mode = match o.datapath {
+        Datapath::Manual => DatapathMode::Manual,
+        Datapath::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
+    };
+    match o.link {
+        Link::Memory => {
+            let hub = MemHub::new(1);
+            let mut ca = DeviceConfig::memory(&hub, "urnic0", [0x02, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
+            let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
+            ca.link_mtu = o.link_mtu;
+            cb.link_mtu = o.link_mtu;
+            ca.datapath = mode;
+            cb.datapath = mode;
+            let a = open_device(ca).map_err(|e| e.to_string())?;
+            let b = open_device(cb).map_err(|e| e.to_string())?;
+            Ok((a, b, None, "in-memory link".into()))
+        }
+        Link::Veth => {
+            let _ = VethPair::sweep_stale();
+            let pair = VethPair::create("demo", o.link_mtu)
+                .map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?;
+            let mut xsk = XskConfig::new(&pair.ifname[0]);
+            xsk.bind = BindMode::Auto;
+            xsk.xdp.mode = match o.xdp_mode {
+                XdpMode::Auto => xdp::AttachMode::Auto,
+                XdpMode::Native => xdp::AttachMode::Native,
+                XdpMode::Generic => xdp::AttachMode::Generic,
+            };
+            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode).map_err(|e| format!("urnic0 in {}: {e}", pair.ns[0]))?;
+            xsk.ifname = pair.ifname[1].clone();
+            let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).map_err(|e| format!("urnic1 in {}: {e}", pair.ns[1]))?;
+            let how = a
+                .nic()
+                .with_port(|p| {
+                    p.as_any_mut().and_then(|p| p.downcast_mut::<urnic_datapath::XskPort>()).map(|x| {
+                        format!("{:?} XDP, {} AF_XDP", x.xdp_mode(), if x.zero_copy() { "zero-copy" } else { "copy-mode" })
+                    })
+                })
+                .unwrap_or_default();
+            let desc = format!("veth {}/{} <-> {}/{}, {how}", pair.ns[0], pair.ifname[0], pair.ns[1], pair.ifname[1]);
+            Ok((a, b, Some(pair), desc))
+        }
+    }
+}
+
+fn demo(o: &DemoOpts) -> Result<(), String> {
+    let DemoOpts { sizes, iters, depth, lat_iters, pcap_dir, .. } = *o;
+    // Run-to-completion by default: this thread drives both devices'
+    // datapaths itself (no datapath threads competing for the two cores),
+    // as an embedding would.
+    let (a, b, _pair, link_desc) = demo_devices(o)?;
+    for ctx in [&a, &b] {
+        // Best effort: `urnic stat` in another terminal shows them live.
+        let _ = ctx.publish_counters(std::path::Path::new(STAT_DIR));
+    }
+    if let Some(file) = o.pcap {
+        a.nic().set_capture(Some(file)).map_err(|e| format!("{}: {e}", file.display()))?;
+    }
     if let Some(dir) = pcap_dir {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         for ctx in [&a, &b] {
@@ -67,19 +181,23 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
     let buf = (2 * max).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
     let mut eb = Endpoint::new(&b, buf, depth as u32)?;
-    ea.drive = vec![a.clone(), b.clone()];
-    eb.drive = vec![a.clone(), b.clone()];
+    if o.datapath == Datapath::Manual {
+        ea.drive = vec![a.clone(), b.clone()];
+        eb.drive = vec![a.clone(), b.clone()];
+    }
     connect_pair(&ea, &eb)?;
     let mtu = a.query_port(1).map_err(|e| e.to_string())?.active_mtu.bytes();
 
-    banner("RDMA_Write BW Test (urnic, in-memory link, run-to-completion)", "urnic0 -> urnic1", mtu, depth);
+    let how = if o.datapath == Datapath::Manual { "run-to-completion" } else { "datapath threads" };
+    println!(" Link: {link_desc}; {how}");
+    banner("RDMA_Write BW Test (urnic)", "urnic0 -> urnic1", mtu, depth);
     println!("{}", bw_header());
     for &size in sizes {
         let r = write_bw(&mut ea, &mut eb, size, iters, depth)?;
         println!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs));
     }
     println!("{RULE}");
-    banner("Send Latency Test (urnic, in-memory link, run-to-completion)", "urnic0 <-> urnic1", mtu, 1);
+    banner("Send Latency Test (urnic)", "urnic0 <-> urnic1", mtu, 1);
     println!("{}", lat_header());
     for size in [8usize, 64, 4096] {
         let s = send_lat(&mut ea, &mut eb, size, lat_iters)?;
@@ -88,6 +206,32 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
     println!("{RULE}");
     for ctx in [&a, &b] {
         let _ = ctx.nic().set_capture(None);
+        if o.stats {
+            print!("{}", ctx.counters());
+        }
+    }
+    Ok(())
+}
+
+fn stat(dir: &std::path::Path, all: bool) -> Result<(), String> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
+        .map_err(|e| format!("{}: {e} (no urnic device has published counters here)", dir.display()))?
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "stat"))
+        .collect();
+    files.sort();
+    if files.is_empty() {
+        return Err(format!("no urnic device is running (nothing in {})", dir.display()));
+    }
+    for f in files {
+        let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        println!("# {}", f.display());
+        for line in text.lines() {
+            if all || !line.ends_with(" 0") {
+                println!("{line}");
+            }
+        }
     }
     Ok(())
 }
@@ -95,9 +239,20 @@ fn demo(sizes: &[usize], iters: usize, depth: usize, link_mtu: u32, lat_iters: u
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Demo { sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => {
-            demo(&sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir.as_deref())
-        }
+        Cmd::Demo { link, datapath, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => demo(&DemoOpts {
+            sizes: &sizes,
+            iters,
+            depth: tx_depth,
+            link_mtu,
+            lat_iters,
+            pcap_dir: pcap_dir.as_deref(),
+            link,
+            datapath,
+            xdp_mode,
+            pcap: pcap.as_deref(),
+            stats,
+        }),
+        Cmd::Stat { dir, all } => stat(&dir, all),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

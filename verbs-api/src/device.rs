@@ -7,7 +7,8 @@ use std::sync::Arc;
 use rocev2::transport::attr::{AddressVector, Mtu};
 use rocev2::transport::engine::{AsyncEvent, Engine, EngineConfig};
 use rocev2::transport::memory::MemoryTable;
-use urnic_datapath::{IdlePolicy, Impairments, MemHub, Nic, Port, Runner};
+use urnic_datapath::neigh::Neighbours;
+use urnic_datapath::{IdlePolicy, Impairments, MemHub, Nic, Port, Runner, XskConfig, XskPort};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -89,6 +90,53 @@ impl DeviceConfig {
             limits: DeviceLimits::default(),
         }
     }
+}
+
+impl DeviceConfig {
+    /// A device on a real interface through AF_XDP: attaches urnic's XDP
+    /// program and opens the socket on `xsk.ifname` **in the calling
+    /// thread's network namespace**; MAC, MTU and GIDs come from the
+    /// interface, peers' MACs from the kernel's neighbour table (ARP/ND
+    /// triggered when missing). See [`open_af_xdp`] to open one inside a
+    /// named namespace.
+    pub fn af_xdp(name: &str, xsk: &XskConfig) -> Result<DeviceConfig> {
+        let port = XskPort::open(xsk).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
+        let iface = port.interface().clone();
+        let link_mtu = urnic_datapath::Port::info(&port).mtu;
+        let neigh = Neighbours::new(iface.index, std::time::Duration::from_secs(3))?;
+        let resolve: Resolver = Box::new(move |gid: &Gid| {
+            let ip = match AddressVector::is_ipv4_mapped(gid) {
+                true => std::net::IpAddr::from([gid[12], gid[13], gid[14], gid[15]]),
+                false => std::net::IpAddr::from(*gid),
+            };
+            neigh.resolve(ip)
+        });
+        let ll = link_local_gid(iface.mac);
+        Ok(DeviceConfig {
+            name: name.to_string(),
+            port: PortConfig::Custom { port: Box::new(port), resolve },
+            mac: iface.mac,
+            ipv4: iface.ipv4.first().map(|a| a.octets()),
+            ipv6: iface.ipv6.iter().map(|a| a.octets()).filter(|g| *g != ll).collect(),
+            link_mtu,
+            datapath: DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
+            first_qpn: 0x11,
+            limits: DeviceLimits::default(),
+        })
+    }
+}
+
+/// Open an AF_XDP device on `xsk.ifname` inside network namespace `netns`
+/// (as made by `ip netns add`; `None`: the caller's), with `datapath`.
+/// The device works from any thread afterwards.
+pub fn open_af_xdp(netns: Option<&str>, name: &str, xsk: &XskConfig, datapath: DatapathMode) -> Result<Context> {
+    let name = name.to_string();
+    let xsk = xsk.clone();
+    urnic_datapath::netns::in_netns(netns, move || {
+        let mut cfg = DeviceConfig::af_xdp(&name, &xsk)?;
+        cfg.datapath = datapath;
+        open_device(cfg)
+    })?
 }
 
 /// Device limits (reported by `query_device`, enforced by the verbs layer).

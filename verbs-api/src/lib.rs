@@ -24,15 +24,17 @@ mod discover;
 mod error;
 mod mr;
 mod qp;
+mod stats;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    gid_to_string, link_local_gid, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid,
+    gid_to_string, link_local_gid, open_af_xdp, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid,
     PortAttr, PortConfig, PortState, Resolver,
 };
 pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{Mr, Mw, Pd};
+pub use stats::DeviceCounters;
 pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
 
 pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
@@ -43,4 +45,4 @@ pub use rocev2::transport::wr::{
 pub use rocev2::Psn;
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
 pub use rocev2::transport::stats::QpStats;
-pub use urnic_datapath::{IdlePolicy, Impairments, MemHub};
+pub use urnic_datapath::{xdp, BindMode, IdlePolicy, Impairments, MemHub, XskConfig};

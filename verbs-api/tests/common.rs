@@ -16,8 +16,23 @@ pub struct Side {
 
 pub const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
 
+/// Makes the two devices a case runs on.
+pub type Fabric = fn(Impairments) -> (Context, Context);
+
+static FABRIC: std::sync::OnceLock<Fabric> = std::sync::OnceLock::new();
+
+/// Run this test binary's cases on `f` instead of the in-memory hub (the
+/// veth suite in loopback-test sets its namespaces-and-AF_XDP fabric).
+pub fn use_fabric(f: Fabric) {
+    let _ = FABRIC.set(f);
+}
+
+/// Two devices that can reach each other, on the binary's fabric.
 pub fn devices(impair: Impairments) -> (Context, Context) {
-    devices_on(&MemHub::new(7), impair)
+    match FABRIC.get() {
+        Some(f) => f(impair),
+        None => devices_on(&MemHub::new(7), impair),
+    }
 }
 
 pub fn devices_on(hub: &std::sync::Arc<MemHub>, impair: Impairments) -> (Context, Context) {

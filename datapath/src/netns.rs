@@ -1,0 +1,156 @@
+//! Network namespaces: run code inside a named namespace (`ip netns add NAME`).
+//!
+//! AF_XDP sockets, XDP attachments, netlink and UDP sockets belong to the
+//! namespace of the thread that created them and keep working from any
+//! thread afterwards. So a device is opened inside its namespace on a
+//! short-lived thread that entered it with `setns(2)`, and then used from
+//! anywhere. (`ip netns exec` is no substitute in-process: it also remounts
+//! `/sys`, see PLATFORM.md.)
+
+use std::fs::File;
+use std::io;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+
+/// Where `ip netns add NAME` puts the namespace handle.
+pub fn netns_path(name: &str) -> PathBuf {
+    PathBuf::from("/run/netns").join(name)
+}
+
+/// Move the calling thread into the network namespace `name`.
+pub fn enter_netns(name: &str) -> io::Result<()> {
+    let path = netns_path(name);
+    let f = File::open(&path).map_err(|e| io::Error::new(e.kind(), format!("network namespace {}: {e}", path.display())))?;
+    // SAFETY: setns on an open namespace fd only changes this thread's namespace.
+    if unsafe { libc::setns(f.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+        let e = io::Error::last_os_error();
+        return Err(io::Error::new(e.kind(), format!("setns into {}: {e}", path.display())));
+    }
+    Ok(())
+}
+
+/// Run `f` on a new thread inside network namespace `name` (`None`: the
+/// caller's namespace) and return its result.
+pub fn in_netns<T: Send + 'static>(name: Option<&str>, f: impl FnOnce() -> T + Send + 'static) -> io::Result<T> {
+    let name = name.map(str::to_string);
+    let handle = std::thread::Builder::new().name("urnic-netns".into()).spawn(move || -> io::Result<T> {
+        if let Some(n) = &name {
+            enter_netns(n)?;
+        }
+        Ok(f())
+    })?;
+    handle.join().map_err(|_| io::Error::other("thread inside the network namespace panicked"))?
+}
+
+/// Namespaces this process made and has not deleted yet (deleted at exit).
+static MADE: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+static AT_EXIT: std::sync::Once = std::sync::Once::new();
+
+extern "C" fn delete_made_namespaces() {
+    let names: Vec<String> = MADE.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default();
+    for n in names {
+        let _ = ip(&["netns", "del", &n]);
+    }
+}
+
+fn ip(args: &[&str]) -> io::Result<()> {
+    let out = std::process::Command::new("ip").args(args).output()?;
+    if !out.status.success() {
+        return Err(io::Error::other(format!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    Ok(())
+}
+
+/// Two network namespaces joined by a veth pair, for tests and the quick
+/// start: `ns[0]`/`ifname[0]` has `ipv4[0]`/24 and `mac[0]`, `ns[1]` the
+/// other end. Both namespaces (and with them the veth) are deleted on drop,
+/// at process exit if the value was leaked (a panicking test), and by
+/// [`VethPair::sweep_stale`] if the process was killed.
+#[derive(Debug)]
+pub struct VethPair {
+    /// Namespace names.
+    pub ns: [String; 2],
+    /// Interface names inside them.
+    pub ifname: [String; 2],
+    /// IPv4 addresses (/24).
+    pub ipv4: [[u8; 4]; 2],
+    /// MAC addresses.
+    pub mac: [[u8; 6]; 2],
+}
+
+const PREFIX: &str = "urnic-";
+
+impl VethPair {
+    /// Create `urnic-<tag>-<pid>-<n>-{a,b}` with veth `u0`/`u1`,
+    /// 10.99.0.1/24 and 10.99.0.2/24, MTU `mtu`, both up. Needs root.
+    pub fn create(tag: &str, mtu: u32) -> io::Result<VethPair> {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        AT_EXIT.call_once(|| {
+            // SAFETY: registers a plain extern "C" function with no arguments.
+            unsafe { libc::atexit(delete_made_namespaces) };
+        });
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let pid = std::process::id();
+        let base = format!("{PREFIX}{tag}-{pid}-{n}");
+        let pair = VethPair {
+            ns: [format!("{base}-a"), format!("{base}-b")],
+            ifname: ["u0".into(), "u1".into()],
+            ipv4: [[10, 99, 0, 1], [10, 99, 0, 2]],
+            mac: [[0x02, 0x75, 0x72, 0, 0, 1], [0x02, 0x75, 0x72, 0, 0, 2]],
+        };
+        for ns in &pair.ns {
+            ip(&["netns", "add", ns])?;
+            if let Ok(mut v) = MADE.lock() {
+                v.push(ns.clone());
+            }
+        }
+        let mtu_s = mtu.to_string();
+        let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+        ip(&[
+            "-n", &pair.ns[0], "link", "add", "u0", "address", &mac(pair.mac[0]), "mtu", &mtu_s, "type", "veth", "peer", "name",
+            "u1", "address", &mac(pair.mac[1]), "mtu", &mtu_s, "netns", &pair.ns[1],
+        ])?;
+        for i in 0..2 {
+            let a = pair.ipv4[i];
+            let cidr = format!("{}.{}.{}.{}/24", a[0], a[1], a[2], a[3]);
+            ip(&["-n", &pair.ns[i], "addr", "add", &cidr, "dev", &pair.ifname[i]])?;
+            ip(&["-n", &pair.ns[i], "link", "set", &pair.ifname[i], "up"])?;
+            ip(&["-n", &pair.ns[i], "link", "set", "lo", "up"])?;
+        }
+        Ok(pair)
+    }
+
+    /// Delete both namespaces now (also done on drop).
+    pub fn delete(&self) {
+        for ns in &self.ns {
+            let _ = ip(&["netns", "del", ns]);
+            if let Ok(mut v) = MADE.lock() {
+                v.retain(|n| n != ns);
+            }
+        }
+    }
+
+    /// Delete namespaces left by urnic processes that no longer run (killed
+    /// before they could clean up). Returns how many were deleted.
+    pub fn sweep_stale() -> usize {
+        let Ok(dir) = std::fs::read_dir("/run/netns") else { return 0 };
+        let mut n = 0;
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(rest) = name.strip_prefix(PREFIX) else { continue };
+            // urnic-<tag>-<pid>-<n>-<a|b>: the pid is third from the end.
+            let fields: Vec<&str> = rest.rsplitn(4, '-').collect();
+            let Some(pid) = fields.get(2).and_then(|p| p.parse::<u32>().ok()) else { continue };
+            if !std::path::Path::new(&format!("/proc/{pid}")).exists() && ip(&["netns", "del", &name]).is_ok() {
+                n += 1;
+            }
+        }
+        n
+    }
+}
+
+impl Drop for VethPair {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}

@@ -1,0 +1,422 @@
+//! The AF_XDP port: frames in and out of a real interface through an AF_XDP
+//! socket (xsk-rs) fed by urnic's XDP program (`urnic-xdp`).
+//!
+//! One UMEM per port, split between the fill ring (receive buffers lent to
+//! the kernel) and a free list of transmit buffers. Receive is batched:
+//! descriptors are taken from the RX ring, handed up, and given straight back
+//! to the fill ring. Transmit builds each frame in place in UMEM; `flush`
+//! publishes the batch on the TX ring and kicks the kernel only when it asks
+//! for it (`XDP_USE_NEED_WAKEUP`). Completed TX buffers return to the free
+//! list. Must be created inside the interface's network namespace
+//! ([`crate::netns::in_netns`]); usable from any thread after that.
+
+use std::cell::Cell;
+use std::num::NonZeroU32;
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use urnic_xdp::{AttachMode, Impairments, XdpConfig, XdpCounters, XdpProgram};
+use xsk_rs::config::{BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig};
+use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
+
+use crate::netdev::Interface;
+use crate::port::{Port, PortError, PortInfo};
+
+/// How the AF_XDP socket binds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BindMode {
+    /// Zero-copy if the driver supports it, else copy.
+    #[default]
+    Auto,
+    /// Copy mode (works everywhere, veth included).
+    Copy,
+    /// Zero-copy only (fails where the driver cannot).
+    ZeroCopy,
+}
+
+/// AF_XDP port configuration.
+#[derive(Clone, Debug)]
+pub struct XskConfig {
+    /// Interface name in the current network namespace.
+    pub ifname: String,
+    /// RX/TX queue of the interface to bind to.
+    pub queue: u32,
+    /// UMEM frames (half lent to the kernel for receive, half for transmit).
+    pub frame_count: u32,
+    /// UMEM frame size (power of two, 2048 or 4096).
+    pub frame_size: u32,
+    /// Entries in each of the RX, TX, fill and completion rings (power of two).
+    pub ring_size: u32,
+    /// Copy or zero-copy.
+    pub bind: BindMode,
+    /// Ask the kernel to tell us when it needs a wakeup syscall.
+    pub need_wakeup: bool,
+    /// Back the UMEM with huge pages.
+    pub huge_pages: bool,
+    /// The XDP program's configuration (UDP port, attach mode, impairments);
+    /// our addresses are filled in from the interface.
+    pub xdp: XdpConfig,
+}
+
+impl XskConfig {
+    /// Defaults for interface `ifname`: queue 0, 4096 frames of 4 KiB,
+    /// rings of 2048, automatic copy/zero-copy and XDP mode.
+    pub fn new(ifname: &str) -> XskConfig {
+        XskConfig {
+            ifname: ifname.to_string(),
+            queue: 0,
+            frame_count: 4096,
+            frame_size: 4096,
+            ring_size: 2048,
+            bind: BindMode::Auto,
+            need_wakeup: true,
+            huge_pages: false,
+            xdp: XdpConfig::default(),
+        }
+    }
+}
+
+/// Why an AF_XDP port could not be opened.
+#[derive(Debug)]
+pub struct XskError(pub String);
+
+impl std::fmt::Display for XskError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for XskError {}
+
+impl From<XskError> for std::io::Error {
+    fn from(e: XskError) -> Self {
+        std::io::Error::other(e.0)
+    }
+}
+
+/// What the port did, for `urnic stat`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XskStats {
+    /// Frames received.
+    pub rx_frames: u64,
+    /// Bytes received.
+    pub rx_bytes: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+    /// Bytes sent.
+    pub tx_bytes: u64,
+    /// Frames the engine wanted to send while every TX buffer was in flight.
+    pub tx_no_buffer: u64,
+    /// Wakeup syscalls made.
+    pub wakeups: u64,
+    /// Received frames with the multi-buffer flag (not supported: dropped).
+    pub rx_multibuffer_dropped: u64,
+}
+
+/// A port on an AF_XDP socket.
+pub struct XskPort {
+    info: PortInfo,
+    iface: Interface,
+    umem: Umem,
+    fill: FillQueue,
+    comp: CompQueue,
+    tx: TxQueue,
+    rx: RxQueue,
+    /// TX buffers not in flight.
+    free: Vec<FrameDesc>,
+    /// Frames written, not yet on the TX ring.
+    pending: Vec<FrameDesc>,
+    /// Scratch for RX and completion batches.
+    scratch: Vec<FrameDesc>,
+    /// RX buffers waiting for room in the fill ring.
+    refill: Vec<FrameDesc>,
+    frame_len: usize,
+    zero_copy: bool,
+    link: Cell<(bool, Option<Instant>)>,
+    stats: XskStats,
+    // Dropped after the socket queues (field order): detaches the program.
+    prog: XdpProgram,
+}
+
+fn err(what: &str, e: impl std::fmt::Display) -> XskError {
+    XskError(format!("{what}: {e}"))
+}
+
+impl XskPort {
+    /// Attach the XDP program to `cfg.ifname` and open an AF_XDP socket on
+    /// `cfg.queue`, in the calling thread's network namespace.
+    pub fn open(cfg: &XskConfig) -> Result<XskPort, XskError> {
+        let iface = Interface::query(&cfg.ifname).map_err(|e| err("interface", e))?;
+        if !cfg.frame_size.is_power_of_two() || !(2048..=4096).contains(&cfg.frame_size) {
+            return Err(XskError(format!("frame_size {} must be 2048 or 4096", cfg.frame_size)));
+        }
+        if cfg.frame_count < 64 || !cfg.ring_size.is_power_of_two() || cfg.ring_size < 64 {
+            return Err(XskError(format!(
+                "frame_count {} must be at least 64 and ring_size {} a power of two of at least 64",
+                cfg.frame_count, cfg.ring_size
+            )));
+        }
+        let mut xdp = cfg.xdp.clone();
+        xdp.ipv4 = iface.ipv4.iter().map(|a| a.octets()).collect();
+        xdp.ipv6 = iface.ipv6.iter().map(|a| a.octets()).collect();
+        if xdp.ipv4.is_empty() && xdp.ipv6.is_empty() {
+            return Err(XskError(format!("interface {} has no IP address: RoCEv2 needs one (it is the GID)", iface.name)));
+        }
+        let prog = XdpProgram::attach(iface.index, &xdp).map_err(|e| err(&format!("XDP program on {}", iface.name), e))?;
+
+        let ring = QueueSize::new(cfg.ring_size).map_err(|e| err("ring size", e))?;
+        let umem_cfg = UmemConfig::builder()
+            .frame_size(FrameSize::new(cfg.frame_size).map_err(|e| err("frame size", e))?)
+            .fill_queue_size(ring)
+            .comp_queue_size(ring)
+            .build()
+            .map_err(|e| err("UMEM config", e))?;
+        let frame_len = umem_cfg.mtu() as usize;
+        let count = NonZeroU32::new(cfg.frame_count).ok_or_else(|| XskError("frame_count must not be 0".into()))?;
+        let (umem, mut frames) = Umem::new(umem_cfg, count, cfg.huge_pages).map_err(|e| err("UMEM", e))?;
+        let ifname: xsk_rs::config::Interface = cfg.ifname.parse().map_err(|e| err("interface name", e))?;
+
+        let modes: &[bool] = match cfg.bind {
+            BindMode::Auto => &[true, false],
+            BindMode::ZeroCopy => &[true],
+            BindMode::Copy => &[false],
+        };
+        let mut last_err = String::new();
+        let mut opened = None;
+        for &zc in modes {
+            let mut flags = if zc { BindFlags::XDP_ZEROCOPY } else { BindFlags::XDP_COPY };
+            if cfg.need_wakeup {
+                flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+            }
+            let sock_cfg = SocketConfig::builder()
+                .rx_queue_size(ring)
+                .tx_queue_size(ring)
+                .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+                .bind_flags(flags)
+                .build();
+            // SAFETY: the UMEM is not shared with another socket on this
+            // (interface, queue); INHIBIT_PROG_LOAD is set.
+            match unsafe { Socket::new(sock_cfg, &umem, &ifname, cfg.queue) } {
+                Ok(q) => {
+                    opened = Some((q, zc));
+                    break;
+                }
+                Err(e) => last_err = format!("{} mode: {e}", if zc { "zero-copy" } else { "copy" }),
+            }
+        }
+        let ((tx, rx, fq_cq), zero_copy) =
+            opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {}: {last_err}", cfg.ifname, cfg.queue)))?;
+        let (mut fill, comp) = fq_cq.ok_or_else(|| XskError("AF_XDP socket came without fill/completion rings".into()))?;
+        prog.register_socket(cfg.queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
+
+        // Half the frames (at most the ring) for receive, the rest for transmit.
+        let n_rx = (frames.len() / 2).min(cfg.ring_size as usize);
+        let free = frames.split_off(n_rx);
+        // SAFETY: these frames belong to `umem` and are not in use elsewhere.
+        let put = unsafe { fill.produce(&frames) };
+        let refill = frames.split_off(put);
+
+        let mtu = iface.mtu.min((frame_len - 18) as u32);
+        Ok(XskPort {
+            info: PortInfo { mac: iface.mac, mtu },
+            iface,
+            umem,
+            fill,
+            comp,
+            tx,
+            rx,
+            free,
+            pending: Vec::with_capacity(256),
+            scratch: vec![FrameDesc::default(); 256],
+            refill,
+            frame_len,
+            zero_copy,
+            link: Cell::new((true, None)),
+            stats: XskStats::default(),
+            prog,
+        })
+    }
+
+    /// The interface this port is on (addresses as found at open).
+    pub fn interface(&self) -> &Interface {
+        &self.iface
+    }
+
+    /// Whether the socket is bound zero-copy.
+    pub fn zero_copy(&self) -> bool {
+        self.zero_copy
+    }
+
+    /// The XDP program's attach mode (native or generic).
+    pub fn xdp_mode(&self) -> AttachMode {
+        self.prog.mode()
+    }
+
+    /// The XDP program's counters.
+    pub fn xdp_counters(&self) -> Option<XdpCounters> {
+        self.prog.counters().ok()
+    }
+
+    /// Change the XDP program's test impairments on the live port.
+    pub fn set_impairments(&self, imp: &Impairments) -> Result<(), XskError> {
+        self.prog.set_impairments(imp).map_err(|e| err("impairments", e))
+    }
+
+    /// Port counters.
+    pub fn stats(&self) -> XskStats {
+        self.stats
+    }
+
+    /// Take finished transmissions back into the free list.
+    fn reclaim(&mut self) {
+        loop {
+            // SAFETY: completed descriptors are ours again.
+            let n = unsafe { self.comp.consume(&mut self.scratch) };
+            if n == 0 {
+                break;
+            }
+            self.free.extend_from_slice(&self.scratch[..n]);
+            if n < self.scratch.len() {
+                break;
+            }
+        }
+    }
+
+    fn give_back(&mut self) {
+        if self.refill.is_empty() {
+            return;
+        }
+        // SAFETY: frames of `umem` that nobody else uses.
+        let put = unsafe { self.fill.produce(&self.refill) };
+        self.refill.drain(..put);
+    }
+}
+
+impl Port for XskPort {
+    fn info(&self) -> PortInfo {
+        self.info
+    }
+
+    fn transmit_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError> {
+        if self.free.is_empty() {
+            self.reclaim();
+        }
+        let Some(mut desc) = self.free.pop() else {
+            self.stats.tx_no_buffer += 1;
+            // Nothing free: push out what is pending so buffers come back.
+            self.flush()?;
+            return Ok(false);
+        };
+        let frame_len = self.frame_len;
+        // SAFETY: `desc` is a frame of our UMEM that is not in flight.
+        let mut data = unsafe { self.umem.data_mut(&mut desc) };
+        let cap = {
+            let mut cursor = data.cursor();
+            let cap = cursor.buf_len().min(frame_len);
+            cursor.set_pos(cap);
+            cap
+        };
+        let written = fill(&mut data.contents_mut()[..cap]);
+        match written {
+            Some(n) if n > 0 && n <= cap => {
+                data.cursor().set_pos(n);
+                self.stats.tx_frames += 1;
+                self.stats.tx_bytes += n as u64;
+                self.pending.push(desc);
+                if self.pending.len() >= 64 {
+                    self.flush()?;
+                }
+                Ok(true)
+            }
+            _ => {
+                self.free.push(desc);
+                Ok(false)
+            }
+        }
+    }
+
+    fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> Result<usize, PortError> {
+        self.give_back();
+        let want = budget.min(self.scratch.len());
+        // SAFETY: received descriptors belong to our UMEM.
+        let n = unsafe { self.rx.consume(&mut self.scratch[..want]) };
+        for i in 0..n {
+            let desc = self.scratch[i];
+            if desc.has_more_frames() {
+                self.stats.rx_multibuffer_dropped += 1;
+            } else {
+                // SAFETY: the kernel handed this frame to us; nobody writes it
+                // until we return it to the fill ring below.
+                let data = unsafe { self.umem.data(&desc) };
+                self.stats.rx_frames += 1;
+                self.stats.rx_bytes += data.len() as u64;
+                handler(data.contents());
+            }
+        }
+        self.refill.extend_from_slice(&self.scratch[..n]);
+        self.give_back();
+        if self.fill.needs_wakeup() {
+            self.stats.wakeups += 1;
+            let _ = self.fill.wakeup(self.rx.fd_mut(), 0);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> Result<(), PortError> {
+        if !self.pending.is_empty() {
+            // SAFETY: pending frames are written and ours until completed.
+            let n = unsafe { self.tx.produce(&self.pending) };
+            self.pending.drain(..n);
+        }
+        if self.tx.needs_wakeup() {
+            self.stats.wakeups += 1;
+            if let Err(e) = self.tx.wakeup() {
+                // EAGAIN/EBUSY/ENOBUFS: the kernel is busy; try next time.
+                if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) | Some(libc::ENETDOWN)) {
+                    return Err(PortError::Io(e.to_string()));
+                }
+            }
+        }
+        self.reclaim();
+        Ok(())
+    }
+
+    fn counters(&self) -> Vec<(String, u64)> {
+        let s = self.stats;
+        let mut v = vec![
+            ("xsk_rx_frames".to_string(), s.rx_frames),
+            ("xsk_rx_bytes".to_string(), s.rx_bytes),
+            ("xsk_tx_frames".to_string(), s.tx_frames),
+            ("xsk_tx_bytes".to_string(), s.tx_bytes),
+            ("xsk_tx_no_buffer".to_string(), s.tx_no_buffer),
+            ("xsk_wakeups".to_string(), s.wakeups),
+            ("xsk_rx_multibuffer_dropped".to_string(), s.rx_multibuffer_dropped),
+        ];
+        if let Ok(st) = self.rx.fd().xdp_statistics() {
+            v.push(("xsk_rx_dropped".to_string(), st.rx_dropped()));
+            v.push(("xsk_rx_ring_full".to_string(), st.rx_ring_full()));
+            v.push(("xsk_rx_invalid_descs".to_string(), st.rx_invalid_descs()));
+            v.push(("xsk_tx_invalid_descs".to_string(), st.tx_invalid_descs()));
+            v.push(("xsk_rx_fill_ring_empty".to_string(), st.rx_fill_ring_empty_descs()));
+        }
+        if let Some(c) = self.xdp_counters() {
+            v.extend(c.iter().map(|(k, n)| (format!("xdp_{k}"), n)));
+        }
+        v
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+
+    fn link_up(&self) -> bool {
+        // An ioctl per poll would cost more than the poll: check every 100 ms.
+        let (up, at) = self.link.get();
+        if at.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+            return up;
+        }
+        let up = crate::netdev::link_up(&self.iface.name).unwrap_or(up);
+        self.link.set((up, Some(Instant::now())));
+        up
+    }
+}

@@ -1,0 +1,44 @@
+//! Two AF_XDP urnic devices in two network namespaces joined by veth.
+
+#![allow(dead_code)]
+
+use urnic::*;
+use urnic_datapath::netns::VethPair;
+
+/// Fail loudly (never skip) when the tests cannot make namespaces.
+pub fn require_root() {
+    // SAFETY: geteuid has no preconditions.
+    let euid = unsafe { libc::geteuid() };
+    assert_eq!(euid, 0, "the veth tests create network namespaces and attach XDP programs: run them as root");
+}
+
+/// What the XDP program does to the frames each device receives.
+pub fn xdp_impairments(imp: Impairments) -> xdp::Impairments {
+    assert!(
+        imp.duplicate == 0.0 && imp.reorder == 0.0 && imp.rate_bytes_per_sec.is_none(),
+        "the XDP program impairs by dropping, corrupting and CE-marking only: {imp:?}"
+    );
+    xdp::Impairments { drop_prob: imp.drop, corrupt_prob: imp.corrupt, ce_prob: imp.ecn_mark, ce_above_pps: 0 }
+}
+
+/// A veth pair in two fresh namespaces with a urnic device on each end.
+/// The namespaces live until the process exits.
+pub fn pair(imp: Impairments, mtu: u32) -> (VethPair, Context, Context) {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("t", mtu).expect("create namespaces and veth (needs root and iproute2)");
+    let mut xsk = XskConfig::new(&pair.ifname[0]);
+    xsk.xdp.impairments = xdp_impairments(imp);
+    let mode = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+    let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode).expect("AF_XDP device in namespace a");
+    xsk.ifname = pair.ifname[1].clone();
+    let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).expect("AF_XDP device in namespace b");
+    (pair, a, b)
+}
+
+/// The fabric the shared cases run on.
+pub fn devices(imp: Impairments) -> (Context, Context) {
+    let (pair, a, b) = pair(imp, 1500);
+    // Outlive the contexts the case holds: deleted at process exit.
+    std::mem::forget(pair);
+    (a, b)
+}

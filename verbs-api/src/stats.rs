@@ -1,0 +1,107 @@
+//! Counters of a device, its port and its QPs in one snapshot (what
+//! `urnic stat` shows), and a publisher that keeps a text copy of them in a
+//! file so another process can read them.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use rocev2::transport::stats::QpStats;
+
+use crate::device::{Context, DeviceInner};
+
+/// One snapshot of every counter of a device.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Device name.
+    pub name: String,
+    /// Poll loop: frames in and out of the port, completions, CQ overruns.
+    pub datapath: Vec<(String, u64)>,
+    /// The port's own counters (AF_XDP socket and XDP program: bytes,
+    /// drops by reason, impairments).
+    pub port: Vec<(String, u64)>,
+    /// Transport-wide: frames refused before reaching a QP, by reason
+    /// (`rx_drop_bad_icrc`, `rx_unknown_qpn`, ...), CNPs.
+    pub transport: Vec<(String, u64)>,
+    /// Per QP: packets and bytes, retransmits, NAKs by kind, RNR.
+    pub qps: Vec<(u32, QpStats)>,
+}
+
+impl Context {
+    /// Every counter of this device now.
+    pub fn counters(&self) -> DeviceCounters {
+        counters_of(&self.inner)
+    }
+
+    /// Keep `dir/<device>.<pid>.stat` up to date with [`Context::counters`]
+    /// (every 250 ms, while the device is open; removed when it closes), for
+    /// `urnic stat`.
+    pub fn publish_counters(&self, dir: &Path) -> std::io::Result<PathBuf> {
+        std::fs::create_dir_all(dir)?;
+        let path = dir.join(format!("{}.{}.stat", self.inner.name, std::process::id()));
+        let weak: Weak<DeviceInner> = Arc::downgrade(&self.inner);
+        let p = path.clone();
+        write_atomically(&p, &counters_of(&self.inner).to_string())?;
+        std::thread::Builder::new().name("urnic-stat".into()).spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_millis(250));
+                let Some(inner) = weak.upgrade() else { break };
+                let text = counters_of(&inner).to_string();
+                drop(inner);
+                if write_atomically(&p, &text).is_err() {
+                    break;
+                }
+            }
+            let _ = std::fs::remove_file(&p);
+        })?;
+        Ok(path)
+    }
+}
+
+fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
+    let tmp = path.with_extension("stat.tmp");
+    std::fs::write(&tmp, text)?;
+    std::fs::rename(&tmp, path)
+}
+
+fn counters_of(inner: &DeviceInner) -> DeviceCounters {
+    let nic = &inner.nic;
+    let (transport, qps) = nic.with_engine(|e| {
+        let t: Vec<(String, u64)> = e.stats().iter().collect();
+        let q: Vec<(u32, QpStats)> = e.qpns().filter_map(|n| e.qp_stats(n).map(|s| (n, *s))).collect();
+        (t, q)
+    });
+    DeviceCounters {
+        name: inner.name.clone(),
+        datapath: nic.stats.iter().map(|(k, v)| (k.to_string(), v)).collect(),
+        port: nic.with_port(|p| p.counters()),
+        transport,
+        qps,
+    }
+}
+
+impl DeviceCounters {
+    /// The value of counter `name` in any of the device-wide groups.
+    pub fn get(&self, name: &str) -> Option<u64> {
+        self.datapath.iter().chain(&self.port).chain(&self.transport).find(|(k, _)| k == name).map(|(_, v)| *v)
+    }
+}
+
+impl fmt::Display for DeviceCounters {
+    /// `group.counter value` lines; zero QP counters are left out.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "device {}", self.name)?;
+        for (group, list) in [("datapath", &self.datapath), ("port", &self.port), ("transport", &self.transport)] {
+            for (k, v) in list {
+                writeln!(f, "{group}.{k} {v}")?;
+            }
+        }
+        for (qpn, s) in &self.qps {
+            for (k, v) in s.iter().filter(|(_, v)| *v != 0) {
+                writeln!(f, "qp{qpn:#x}.{k} {v}")?;
+            }
+        }
+        Ok(())
+    }
+}

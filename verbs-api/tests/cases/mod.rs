@@ -1,0 +1,383 @@
+//! The verbs integration cases, written against `common::devices` so they
+//! run over any fabric: the in-memory hub (`verbs-api/tests/verbs.rs`) and
+//! real AF_XDP devices in two network namespaces over veth
+//! (`loopback-test/tests/veth_verbs.rs`).
+
+#![allow(dead_code)]
+
+use super::common::*;
+use urnic::*;
+
+const MIB: usize = 1 << 20;
+
+/// Shared case (in-memory hub and veth).
+pub fn send_recv_across_sizes_with_imm() {
+    let (mut a, qa, b, qb) = rc_pair(Impairments::default(), 8 * MIB);
+    for (i, &len) in [0usize, 1, 7, 1024, 1025, 4097, 65536, 3 * MIB + 5].iter().enumerate() {
+        fill(&mut a.mr, 0, len, i as u8);
+        qb.post_recv(&RecvWr { wr_id: 1000 + i as u64, sgl: vec![b.mr.sge(0, (4 * MIB) as u32)] }).unwrap();
+        let op = if i % 2 == 0 { SendOp::Send } else { SendOp::SendWithImm { imm: 0xabc0 + i as u32 } };
+        qa.post_send(&send_wr(i as u64, op, vec![a.mr.sge(0, len as u32)])).unwrap();
+        let s = wait(&a.cq, 1);
+        assert_eq!((s[0].wr_id, s[0].status, s[0].opcode), (i as u64, WcStatus::Success, WcOpcode::Send));
+        let r = wait(&b.cq, 1);
+        assert_eq!(r[0].status, WcStatus::Success, "len {len}");
+        assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len as usize), (1000 + i as u64, WcOpcode::Recv, len));
+        assert_eq!(r[0].imm_data, if i % 2 == 0 { None } else { Some(0xabc0 + i as u32) });
+        assert_eq!(&b.mr.as_slice()[..len], &expected(len, i as u8)[..], "payload of {len} bytes");
+    }
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn write_and_write_with_imm() {
+    let (mut a, qa, b, qb) = rc_pair(Impairments::default(), 8 * MIB);
+    for (i, &len) in [0usize, 1, 1024, 1500, 65536, 5 * MIB].iter().enumerate() {
+        fill(&mut a.mr, 0, len, 40 + i as u8);
+        let off = 4096 * i;
+        let remote = RemoteAddr { addr: b.mr.addr() + off as u64, rkey: b.mr.rkey() };
+        qa.post_send(&send_wr(i as u64, SendOp::Write { remote }, vec![a.mr.sge(0, len as u32)])).unwrap();
+        assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+        assert_eq!(&b.mr.as_slice()[off..off + len], &expected(len, 40 + i as u8)[..]);
+    }
+    // WRITE with immediate consumes a receive and reports the DMA length.
+    qb.post_recv(&RecvWr { wr_id: 77, sgl: vec![] }).unwrap();
+    fill(&mut a.mr, 0, 3000, 9);
+    let remote = RemoteAddr { addr: b.mr.addr() + 100, rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(9, SendOp::WriteWithImm { remote, imm: 0x1234_5678 }, vec![a.mr.sge(0, 3000)])).unwrap();
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm_data), (77, WcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678)));
+    assert_eq!(&b.mr.as_slice()[100..3100], &expected(3000, 9)[..]);
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn read_across_sizes_and_sges() {
+    let (a, qa, mut b, _qb) = rc_pair(Impairments::default(), 8 * MIB);
+    for (i, &len) in [0usize, 8, 1024, 1025, 70_000, 2 * MIB].iter().enumerate() {
+        fill(&mut b.mr, 0, len, 80 + i as u8);
+        let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+        // split the destination over three SGEs
+        let l1 = len / 3;
+        let l2 = len / 3;
+        let l3 = len - l1 - l2;
+        let base = 4 * MIB;
+        let sgl = vec![a.mr.sge(base, l1 as u32), a.mr.sge(base + l1 + 64, l2 as u32), a.mr.sge(base + l1 + l2 + 128, l3 as u32)];
+        qa.post_send(&send_wr(i as u64, SendOp::Read { remote }, sgl)).unwrap();
+        let c = wait(&a.cq, 1);
+        assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead), "len {len}");
+        let want = expected(len, 80 + i as u8);
+        let m = a.mr.as_slice();
+        let mut got = m[base..base + l1].to_vec();
+        got.extend_from_slice(&m[base + l1 + 64..base + l1 + 64 + l2]);
+        got.extend_from_slice(&m[base + l1 + l2 + 128..base + l1 + l2 + 128 + l3]);
+        assert_eq!(got, want, "read of {len} bytes");
+    }
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn atomics() {
+    let (a, qa, mut b, _qb) = rc_pair(Impairments::default(), 64 * 1024);
+    b.mr.as_mut_slice()[64..72].copy_from_slice(&10u64.to_ne_bytes());
+    let remote = RemoteAddr { addr: b.mr.addr() + 64, rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(1, SendOp::FetchAdd { remote, add: 5 }, vec![a.mr.sge(0, 8)])).unwrap();
+    qa.post_send(&send_wr(2, SendOp::CmpSwap { remote, compare: 15, swap: 99 }, vec![a.mr.sge(8, 8)])).unwrap();
+    qa.post_send(&send_wr(3, SendOp::CmpSwap { remote, compare: 15, swap: 1 }, vec![a.mr.sge(16, 8)])).unwrap();
+    let c = wait(&a.cq, 3);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2, 3]);
+    let v = |o: usize| u64::from_ne_bytes(a.mr.as_slice()[o..o + 8].try_into().unwrap());
+    assert_eq!((v(0), v(8), v(16)), (10, 15, 99));
+    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[64..72].try_into().unwrap()), 99);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn srq_feeds_two_qps() {
+    let (ca, cb) = devices(Impairments::default());
+    let mut a = side(&ca, MIB);
+    let b = side(&cb, MIB);
+    let srq = b.pd.create_srq(64, 2).unwrap();
+    let qa1 = rc_qp(&a, None);
+    let qa2 = rc_qp(&a, None);
+    let qb1 = rc_qp(&b, Some(&srq));
+    let qb2 = rc_qp(&b, Some(&srq));
+    bring_up(&qa1, &ca, qb1.qp_num(), &cb, 1, 2);
+    bring_up(&qb1, &cb, qa1.qp_num(), &ca, 2, 1);
+    bring_up(&qa2, &ca, qb2.qp_num(), &cb, 3, 4);
+    bring_up(&qb2, &cb, qa2.qp_num(), &ca, 4, 3);
+    assert!(qb1.post_recv(&RecvWr { wr_id: 1, sgl: vec![] }).is_err(), "QPs on an SRQ take no receives");
+    for i in 0..4u64 {
+        srq.post_recv(&RecvWr { wr_id: 500 + i, sgl: vec![b.mr.sge(i as usize * 4096, 4096)] }).unwrap();
+    }
+    fill(&mut a.mr, 0, 2000, 5);
+    qa1.post_send(&send_wr(1, SendOp::Send, vec![a.mr.sge(0, 2000)])).unwrap();
+    qa2.post_send(&send_wr(2, SendOp::Send, vec![a.mr.sge(0, 1000)])).unwrap();
+    let mut r = wait(&b.cq, 2);
+    r.sort_by_key(|c| c.qp_num);
+    assert!(r.iter().all(|c| c.status == WcStatus::Success && c.opcode == WcOpcode::Recv));
+    let mut qpns = [qb1.qp_num(), qb2.qp_num()];
+    qpns.sort();
+    assert_eq!([r[0].qp_num, r[1].qp_num], qpns);
+    let mut ids: Vec<u64> = r.iter().map(|c| c.wr_id).collect();
+    ids.sort();
+    assert_eq!(ids, vec![500, 501], "SRQ WQEs consumed in order");
+    wait(&a.cq, 2);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn ud_send_with_address_handle() {
+    let (ca, cb) = devices(Impairments::default());
+    let mut a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let mk = |s: &Side| {
+        s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
+            .unwrap()
+    };
+    let (qa, qb) = (mk(&a), mk(&b));
+    for qp in [&qa, &qb] {
+        let mut at = QpAttr { qp_state: QpState::Init, qkey: 0x1111_1111, ..QpAttr::default() };
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+        at.qp_state = QpState::Rtr;
+        qp.modify(&at, QpAttrMask::STATE).unwrap();
+        at.qp_state = QpState::Rts;
+        at.sq_psn = Psn::new(7);
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    }
+    qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![b.mr.sge(0, 40 + 1024)] }).unwrap();
+    let ah = a.pd.create_ah(&AhAttr { dgid: cb.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() }).unwrap();
+    fill(&mut a.mr, 0, 512, 3);
+    let wr = SendWr {
+        wr_id: 1,
+        op: SendOp::SendWithImm { imm: 42 },
+        payload: Payload::Sgl(vec![a.mr.sge(0, 512)]),
+        flags: SendFlags::SIGNALED,
+        ud: Some(UdDest { av: *ah.address_vector(), remote_qpn: qb.qp_num(), remote_qkey: 0x1111_1111 }),
+    };
+    qa.post_send(&wr).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].status, r[0].byte_len, r[0].src_qp, r[0].grh, r[0].imm_data), (WcStatus::Success, 512 + 40, qa.qp_num(), true, Some(42)));
+    assert_eq!(&b.mr.as_slice()[40..552], &expected(512, 3)[..]);
+    // a UD QP refuses RDMA operations at post time
+    let bad = SendWr { op: SendOp::Write { remote: RemoteAddr::default() }, ..wr };
+    assert_eq!(qa.post_send(&bad).unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn memory_windows_bind_use_and_invalidate() {
+    let (a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    // type 1: bound through the verbs call
+    let mut mw1 = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey1 = mw1.bind(&b.mr, b.mr.addr() + 4096, 4096, Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+    let remote = RemoteAddr { addr: b.mr.addr() + 4096, rkey: rkey1 };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 100)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    // outside the window: refused
+    let outside = RemoteAddr { addr: b.mr.addr() + 8192, rkey: rkey1 };
+    qa.post_send(&send_wr(2, SendOp::Write { remote: outside }, vec![a.mr.sge(0, 100)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    let _ = (qb, mw1.rkey());
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn type2_window_bound_by_wr_and_invalidated_by_send() {
+    let (mut a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    let mw = b.pd.alloc_mw(MwType::Type2).unwrap();
+    // b binds the window on its own QP with a BIND_MW work request
+    let new_key = 0x5a;
+    qb.post_send(&SendWr {
+        wr_id: 10,
+        op: SendOp::BindMw {
+            mw_rkey: mw.rkey(),
+            new_key,
+            mr_lkey: b.mr.lkey(),
+            addr: b.mr.addr(),
+            length: 8192,
+            access: Access::REMOTE_WRITE,
+        },
+        payload: Payload::Sgl(vec![]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
+    })
+    .unwrap();
+    let c = wait(&b.cq, 1);
+    assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::BindMw));
+    let rkey = (mw.rkey() & !0xff) | new_key as u32;
+    fill(&mut a.mr, 0, 64, 1);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 64)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    // a SEND with invalidate kills the window's rkey
+    qb.post_recv(&RecvWr { wr_id: 2, sgl: vec![b.mr.sge(16384, 64)] }).unwrap();
+    qa.post_send(&send_wr(3, SendOp::SendWithInv { rkey }, vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].status, r[0].invalidated_rkey), (WcStatus::Success, Some(rkey)));
+    // now the window refuses access, and the target stays untouched
+    let before = b.mr.as_slice()[..64].to_vec();
+    fill(&mut a.mr, 0, 64, 200);
+    qa.post_send(&send_wr(4, SendOp::Write { remote }, vec![a.mr.sge(0, 64)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    assert_eq!(&b.mr.as_slice()[..64], &before[..]);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn many_threads_post_on_many_qps() {
+    let (ca, cb) = devices(Impairments::default());
+    let a = side(&ca, 4 * MIB);
+    let b = side(&cb, 4 * MIB);
+    let n_qps = 4;
+    let mut pairs = Vec::new();
+    for i in 0..n_qps {
+        let qa = rc_qp(&a, None);
+        let qb = rc_qp(&b, None);
+        bring_up(&qa, &ca, qb.qp_num(), &cb, 10 * i, 20 * i);
+        bring_up(&qb, &cb, qa.qp_num(), &ca, 20 * i, 10 * i);
+        pairs.push((qa, qb));
+    }
+    let per_thread = 300u64;
+    let base = b.mr.addr();
+    let rkey = b.mr.rkey();
+    let sge_a = a.mr.sge(0, 1000);
+    std::thread::scope(|s| {
+        for (t, (qa, _)) in pairs.iter().enumerate() {
+            s.spawn(move || {
+                for k in 0..per_thread {
+                    let off = ((t as u64 * per_thread + k) % 1000) * 4096;
+                    let remote = RemoteAddr { addr: base + off, rkey };
+                    loop {
+                        match qa.post_send(&send_wr(t as u64 * 1_000_000 + k, SendOp::Write { remote }, vec![sge_a])) {
+                            Ok(()) => break,
+                            Err(e) if e.kind() == ErrorKind::NoResources => std::thread::yield_now(),
+                            Err(e) => panic!("{e}"),
+                        }
+                    }
+                }
+            });
+        }
+    });
+    let c = wait(&a.cq, n_qps as usize * per_thread as usize);
+    assert!(c.iter().all(|c| c.status == WcStatus::Success));
+    // per QP, completions arrive in posting order
+    for (qa, _) in &pairs {
+        let ids: Vec<u64> = c.iter().filter(|c| c.qp_num == qa.qp_num()).map(|c| c.wr_id % 1_000_000).collect();
+        assert_eq!(ids, (0..per_thread).collect::<Vec<_>>());
+    }
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn error_state_flushes_everything_once() {
+    let (a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    for i in 0..5 {
+        qb.post_recv(&RecvWr { wr_id: i, sgl: vec![b.mr.sge(0, 64)] }).unwrap();
+    }
+    let at = QpAttr { qp_state: QpState::Err, ..QpAttr::default() };
+    qb.modify(&at, QpAttrMask::STATE).unwrap();
+    let r = wait(&b.cq, 5);
+    assert!(r.iter().all(|c| c.status == WcStatus::WrFlushErr));
+    assert_eq!(r.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![0, 1, 2, 3, 4]);
+    // posting in ERR completes with a flush error, never silently
+    qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![] }).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::WrFlushErr);
+    assert_quiet(&b.cq);
+    let _ = (a, qa);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn bad_arguments_are_refused_without_queueing() {
+    let (a, qa, b, _qb) = rc_pair(Impairments::default(), 65536);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    let bad_lkey = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() ^ 0x100 };
+    assert_eq!(qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![bad_lkey])).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    let oob = Sge { addr: a.mr.addr() + 65530, length: 16, lkey: a.mr.lkey() };
+    assert!(qa.post_send(&send_wr(2, SendOp::Write { remote }, vec![oob])).is_err());
+    let too_many = vec![a.mr.sge(0, 1); 5];
+    assert!(qa.post_send(&send_wr(3, SendOp::Write { remote }, too_many)).is_err());
+    let big_inline = SendWr { payload: Payload::Inline(vec![0; 300]), ..send_wr(4, SendOp::Send, vec![]) };
+    assert!(qa.post_send(&big_inline).is_err());
+    let unaligned = RemoteAddr { addr: b.mr.addr() + 4, rkey: b.mr.rkey() };
+    assert!(qa.post_send(&send_wr(5, SendOp::FetchAdd { remote: unaligned, add: 1 }, vec![a.mr.sge(0, 8)])).is_err());
+    // another PD's key
+    let pd2 = a.ctx.alloc_pd().unwrap();
+    let mr2 = pd2.alloc_mr(4096, ALL).unwrap();
+    assert!(qa.post_send(&send_wr(6, SendOp::Write { remote }, vec![mr2.sge(0, 8)])).is_err());
+    // a QP in INIT refuses sends
+    let q = rc_qp(&a, None);
+    assert_eq!(q.post_send(&send_wr(7, SendOp::Send, vec![])).unwrap_err().kind(), ErrorKind::InvalidState);
+    // nothing was queued: nothing completes
+    assert_quiet(&a.cq);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries() {
+    let (ca, cb) = devices(Impairments::default());
+    let ch = ca.create_comp_channel().unwrap();
+    let a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let cq = ca.create_cq(4, Some(&ch)).unwrap();
+    let qa = a
+        .pd
+        .create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: caps(), sq_sig_all: true })
+        .unwrap();
+    let qb = rc_qp(&b, None);
+    bring_up(&qa, &ca, qb.qp_num(), &cb, 1, 2);
+    bring_up(&qb, &cb, qa.qp_num(), &ca, 2, 1);
+    cq.req_notify(false);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(ch.get_cq_event().unwrap(), cq.id(), "the armed CQ signalled its channel");
+    // Three more completions, then grow the CQ with them waiting.
+    for i in 2..5 {
+        qa.post_send(&send_wr(i, SendOp::Write { remote }, vec![a.mr.sge(0, 8)])).unwrap();
+    }
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while cq.capacity() == 4 && std::time::Instant::now() < deadline {
+        // wait until all 4 are in the ring (1 from before + 3)
+        if a.ctx.nic().stats.completions.load(std::sync::atomic::Ordering::Relaxed) >= 4 {
+            break;
+        }
+        std::thread::yield_now();
+    }
+    assert!(cq.resize(2).is_err(), "4 waiting completions do not fit 2");
+    cq.resize(64).unwrap();
+    assert_eq!(cq.capacity(), 64);
+    let c = wait(&cq, 4);
+    assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2, 3, 4]);
+}
+
+/// Shared case (in-memory hub and veth).
+pub fn uc_write_and_send() {
+    let (ca, cb) = devices(Impairments::default());
+    let mut a = side(&ca, 1 << 20);
+    let b = side(&cb, 1 << 20);
+    let mk = |s: &Side| {
+        s.pd.create_qp(&QpInit { qp_type: QpType::Uc, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
+            .unwrap()
+    };
+    let (qa, qb) = (mk(&a), mk(&b));
+    for (qp, me, peer, remote_qpn, sq, rq) in [(&qa, &ca, &cb, qb.qp_num(), 10, 20), (&qb, &cb, &ca, qa.qp_num(), 20, 10)] {
+        let mut at = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
+        at.qp_state = QpState::Rtr;
+        at.path_mtu = me.query_port(1).unwrap().active_mtu;
+        at.dest_qp_num = remote_qpn;
+        at.rq_psn = Psn::new(rq);
+        at.ah_attr = Some(AhAttr { dgid: peer.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() });
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN).unwrap();
+        at.qp_state = QpState::Rts;
+        at.sq_psn = Psn::new(sq);
+        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    }
+    // UC refuses READ/atomics at post time
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    assert!(qa.post_send(&send_wr(0, SendOp::Read { remote }, vec![a.mr.sge(0, 8)])).is_err());
+    fill(&mut a.mr, 0, 5000, 11);
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 5000)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success, "UC completes on transmission");
+    qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![b.mr.sge(65536, 8192)] }).unwrap();
+    qa.post_send(&send_wr(2, SendOp::SendWithImm { imm: 5 }, vec![a.mr.sge(0, 3000)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].byte_len, r[0].imm_data), (9, 3000, Some(5)));
+    assert_eq!(&b.mr.as_slice()[..5000], &expected(5000, 11)[..]);
+    assert_eq!(&b.mr.as_slice()[65536..65536 + 3000], &expected(3000, 11)[..]);
+}

@@ -1,0 +1,295 @@
+// SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
+/*
+ * urnic's XDP program: RoCEv2 (UDP to our port, addressed to one of our IPs)
+ * goes to the AF_XDP socket of the receiving queue; everything else (ARP,
+ * ICMP, ND, other UDP, TCP) passes to the kernel, which keeps answering ARP
+ * and neighbour solicitations for us. Optional test impairments (drop,
+ * corrupt, ECN CE marking) act on our traffic only. Counters per reason in a
+ * per-CPU array.
+ */
+#include <linux/bpf.h>
+#include <linux/if_ether.h>
+#include <linux/in.h>
+#include <linux/ip.h>
+#include <linux/ipv6.h>
+#include <linux/udp.h>
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_endian.h>
+
+#define MAX_ADDRS 8
+
+/* Mirrored by `Config` in src/lib.rs: keep the layouts identical. */
+struct urnic_cfg {
+	__u16 udp_port;      /* host order */
+	__u16 n_ipv4;
+	__u16 n_ipv6;
+	__u16 pad0;
+	__u32 ipv4[MAX_ADDRS]; /* network order, as on the wire */
+	__u8 ipv6[MAX_ADDRS][16];
+	__u32 drop_thresh;   /* act when bpf_get_prandom_u32() < thresh */
+	__u32 corrupt_thresh;
+	__u32 ce_thresh;
+	__u32 pad1;
+	__u64 ce_above_pps;  /* 0 = off */
+};
+_Static_assert(sizeof(struct urnic_cfg) == 192, "struct urnic_cfg layout changed: update lib.rs");
+
+enum counter {
+	C_SEEN,
+	C_REDIRECTED,
+	C_PASS_NOT_IP,
+	C_PASS_NOT_UDP,
+	C_PASS_OTHER_PORT,
+	C_PASS_NOT_OURS,
+	C_PASS_MALFORMED,
+	C_PASS_NO_SOCKET,
+	C_IMPAIR_DROPPED,
+	C_IMPAIR_CE_MARKED,
+	C_IMPAIR_CORRUPTED,
+	C_MAX,
+};
+
+struct rate_state {
+	__u64 window_start_ns;
+	__u64 count;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_XSKMAP);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} xsks SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct urnic_cfg);
+} config SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, C_MAX);
+	__type(key, __u32);
+	__type(value, __u64);
+} counters SEC(".maps");
+
+/* Packets of ours seen in the current 1 ms window, per CPU (for ce_above_pps). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct rate_state);
+} rate SEC(".maps");
+
+static __always_inline void count(__u32 c)
+{
+	__u64 *v = bpf_map_lookup_elem(&counters, &c);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline int pass(__u32 c)
+{
+	count(c);
+	return XDP_PASS;
+}
+
+static __always_inline int ipv4_is_ours(const struct urnic_cfg *cfg, __u32 daddr)
+{
+	if (cfg->n_ipv4 == 0 && cfg->n_ipv6 == 0)
+		return 1;
+#pragma unroll
+	for (int i = 0; i < MAX_ADDRS; i++) {
+		if (i < cfg->n_ipv4 && cfg->ipv4[i] == daddr)
+			return 1;
+	}
+	return 0;
+}
+
+static __always_inline int ipv6_is_ours(const struct urnic_cfg *cfg, const struct in6_addr *daddr)
+{
+	if (cfg->n_ipv4 == 0 && cfg->n_ipv6 == 0)
+		return 1;
+#pragma unroll
+	for (int i = 0; i < MAX_ADDRS; i++) {
+		if (i >= cfg->n_ipv6)
+			break;
+		const __u32 *a = (const __u32 *)cfg->ipv6[i];
+		if (a[0] == daddr->in6_u.u6_addr32[0] && a[1] == daddr->in6_u.u6_addr32[1] &&
+		    a[2] == daddr->in6_u.u6_addr32[2] && a[3] == daddr->in6_u.u6_addr32[3])
+			return 1;
+	}
+	return 0;
+}
+
+/* RFC 1624 incremental update of the IPv4 header checksum for one 16-bit word. */
+static __always_inline void csum_replace2(__u16 *csum, __u16 old, __u16 new)
+{
+	__u32 sum = (__u16)~bpf_ntohs(*csum);
+	sum += (__u16)~old;
+	sum += new;
+	sum = (sum & 0xffff) + (sum >> 16);
+	sum = (sum & 0xffff) + (sum >> 16);
+	*csum = bpf_htons(~sum & 0xffff);
+}
+
+/* Whether this packet should be CE-marked by the rate rule. */
+static __always_inline int over_rate(const struct urnic_cfg *cfg)
+{
+	if (cfg->ce_above_pps == 0)
+		return 0;
+	__u32 k = 0;
+	struct rate_state *r = bpf_map_lookup_elem(&rate, &k);
+	if (!r)
+		return 0;
+	__u64 now = bpf_ktime_get_ns();
+	if (now - r->window_start_ns >= 1000000) {
+		r->window_start_ns = now;
+		r->count = 0;
+	}
+	r->count += 1;
+	/* count per 1 ms window × 1000 = packets per second (per CPU). */
+	return r->count * 1000 > cfg->ce_above_pps;
+}
+
+/* Drop and corruption impairments on a frame of ours. Returns XDP_DROP to
+ * drop it, else -1; sets *ce when the frame should be CE-marked. */
+static __always_inline int impair(const struct urnic_cfg *cfg, struct udphdr *udp, void *data_end, int *ce)
+{
+	if (cfg->drop_thresh && bpf_get_prandom_u32() < cfg->drop_thresh) {
+		count(C_IMPAIR_DROPPED);
+		return XDP_DROP;
+	}
+	if (cfg->corrupt_thresh && bpf_get_prandom_u32() < cfg->corrupt_thresh) {
+		__u8 *payload = (__u8 *)(udp + 1);
+		__u32 r = bpf_get_prandom_u32();
+		__u32 span = (__u32)(data_end - (void *)payload);
+		if (span > 0 && span <= 65535) {
+			__u32 off = (r >> 3) % span;
+			/* The verifier wants a small bound on a variable packet offset
+			 * (header offsets included, under 64 KiB): the first 8 KiB of
+			 * payload, the whole payload at any MTU up to 8 KiB. */
+			off &= 0x1fff;
+			__u8 *p = payload + off;
+			if ((void *)(p + 1) <= data_end) {
+				*p ^= (__u8)(1 << (r & 7));
+				count(C_IMPAIR_CORRUPTED);
+			}
+		}
+	}
+	*ce = (cfg->ce_thresh && bpf_get_prandom_u32() < cfg->ce_thresh) || over_rate(cfg);
+	return -1;
+}
+
+static __always_inline int redirect(struct xdp_md *ctx)
+{
+	__u32 q = ctx->rx_queue_index;
+	if (!bpf_map_lookup_elem(&xsks, &q))
+		return pass(C_PASS_NO_SOCKET);
+	count(C_REDIRECTED);
+	return bpf_redirect_map(&xsks, q, XDP_PASS);
+}
+
+static __noinline int handle_ipv4(struct xdp_md *ctx, const struct urnic_cfg *cfg, __u32 l3_off)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	if (l3_off > 64)
+		return pass(C_PASS_MALFORMED);
+	struct iphdr *ip4 = data + l3_off;
+	if ((void *)(ip4 + 1) > data_end)
+		return pass(C_PASS_MALFORMED);
+	if (ip4->ihl < 5)
+		return pass(C_PASS_MALFORMED);
+	if (ip4->protocol != IPPROTO_UDP)
+		return pass(C_PASS_NOT_UDP);
+	/* Later fragments carry no UDP header: the kernel reassembles. */
+	if (ip4->frag_off & bpf_htons(0x1fff))
+		return pass(C_PASS_OTHER_PORT);
+	struct udphdr *udp = (void *)ip4 + ip4->ihl * 4;
+	if ((void *)(udp + 1) > data_end)
+		return pass(C_PASS_MALFORMED);
+	if (udp->dest != bpf_htons(cfg->udp_port))
+		return pass(C_PASS_OTHER_PORT);
+	if (!ipv4_is_ours(cfg, ip4->daddr))
+		return pass(C_PASS_NOT_OURS);
+	int ce = 0;
+	int v = impair(cfg, udp, data_end, &ce);
+	if (v >= 0)
+		return v;
+	/* ECN-capable (ECT(0) or ECT(1)) only; RFC 1624 checksum update. */
+	if (ce && (ip4->tos & 3) != 0 && (ip4->tos & 3) != 3) {
+		__u16 old = bpf_ntohs(*(__u16 *)ip4);
+		ip4->tos |= 3;
+		csum_replace2(&ip4->check, old, bpf_ntohs(*(__u16 *)ip4));
+		count(C_IMPAIR_CE_MARKED);
+	}
+	return redirect(ctx);
+}
+
+static __noinline int handle_ipv6(struct xdp_md *ctx, const struct urnic_cfg *cfg, __u32 l3_off)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	if (l3_off > 64)
+		return pass(C_PASS_MALFORMED);
+	struct ipv6hdr *ip6 = data + l3_off;
+	if ((void *)(ip6 + 1) > data_end)
+		return pass(C_PASS_MALFORMED);
+	if (ip6->nexthdr != IPPROTO_UDP)
+		return pass(C_PASS_NOT_UDP);
+	struct udphdr *udp = (void *)(ip6 + 1);
+	if ((void *)(udp + 1) > data_end)
+		return pass(C_PASS_MALFORMED);
+	if (udp->dest != bpf_htons(cfg->udp_port))
+		return pass(C_PASS_OTHER_PORT);
+	if (!ipv6_is_ours(cfg, &ip6->daddr))
+		return pass(C_PASS_NOT_OURS);
+	int ce = 0;
+	int v = impair(cfg, udp, data_end, &ce);
+	if (v >= 0)
+		return v;
+	/* ECN: bits 4..5 of the second byte (the traffic class's low bits). */
+	__u8 *b = (__u8 *)ip6;
+	__u8 ecn = (b[1] >> 4) & 3;
+	if (ce && (ecn == 1 || ecn == 2)) {
+		b[1] |= 0x30;
+		count(C_IMPAIR_CE_MARKED);
+	}
+	return redirect(ctx);
+}
+
+SEC("xdp")
+int urnic_xdp(struct xdp_md *ctx)
+{
+	void *data = (void *)(long)ctx->data;
+	void *data_end = (void *)(long)ctx->data_end;
+	__u32 k = 0;
+	const struct urnic_cfg *cfg = bpf_map_lookup_elem(&config, &k);
+
+	count(C_SEEN);
+	if (!cfg)
+		return XDP_PASS;
+
+	struct ethhdr *eth = data;
+	if ((void *)(eth + 1) > data_end)
+		return pass(C_PASS_MALFORMED);
+	__u16 proto = eth->h_proto;
+	__u32 l3_off = sizeof(*eth);
+	/* One 802.1Q / 802.1ad tag. */
+	if (proto == bpf_htons(ETH_P_8021Q) || proto == bpf_htons(ETH_P_8021AD)) {
+		if (data + l3_off + 4 > data_end)
+			return pass(C_PASS_MALFORMED);
+		proto = *(__u16 *)(data + l3_off + 2);
+		l3_off += 4;
+	}
+	if (proto == bpf_htons(ETH_P_IP))
+		return handle_ipv4(ctx, cfg, l3_off);
+	if (proto == bpf_htons(ETH_P_IPV6))
+		return handle_ipv6(ctx, cfg, l3_off);
+	return pass(C_PASS_NOT_IP);
+}
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
