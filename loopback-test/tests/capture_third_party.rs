@@ -6,17 +6,32 @@ use std::time::{Duration, Instant};
 
 use urnic::*;
 
+mod veth;
+
 fn up(qp: &Qp, remote_qpn: u32, remote_gid: Gid, sq: u32, rq: u32) {
     qp.connect(&Connect { mtu: Some(Mtu::Mtu1024), rd_atomic: 4, min_rnr_timer: 1, ..Connect::new(remote_qpn, remote_gid, sq, rq) }).unwrap();
 }
 
 #[test]
 fn captured_traffic_passes_scapy_and_tshark() {
-    let dir = std::env::temp_dir().join(format!("urnic-capture-test-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
     let hub = MemHub::new(5);
     let ca = open_device(DeviceConfig::memory(&hub, "urnic0", [2, 0, 0, 0, 0, 1], [10, 0, 0, 1])).unwrap();
     let cb = open_device(DeviceConfig::memory(&hub, "urnic1", [2, 0, 0, 0, 0, 2], [10, 0, 0, 2])).unwrap();
+    check_capture(&ca, &cb, "memory");
+}
+
+/// The same over a real link: AF_XDP devices in two namespaces over veth,
+/// capturing what crosses the wire (`--pcap FILE`).
+#[test]
+fn captured_veth_traffic_passes_scapy_and_tshark() {
+    veth::require_root();
+    let (_pair, ca, cb) = veth::pair(Impairments::default(), 1500);
+    check_capture(&ca, &cb, "veth");
+}
+
+fn check_capture(ca: &Context, cb: &Context, tag: &str) {
+    let dir = std::env::temp_dir().join(format!("urnic-capture-test-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
     let pcap = dir.join("urnic0.pcap");
     ca.nic().set_capture(Some(&pcap)).unwrap();
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;

@@ -10,16 +10,19 @@
 //! above a packet rate), since these machines have no netem.
 //!
 //! [`XdpProgram::attach`] loads the object with libbpf-rs and attaches it to
-//! an interface of the calling thread's network namespace: native (driver)
-//! mode where the driver supports it, generic (skb) mode otherwise, or as
-//! asked. Dropping the [`XdpProgram`] detaches it.
+//! an interface of the calling thread's network namespace through a BPF link:
+//! native (driver) mode where the driver supports it, generic (skb) mode
+//! otherwise, or as asked. Dropping the [`XdpProgram`] closes the link, which
+//! detaches the program from whichever thread or namespace drops it — and
+//! the kernel does the same if the process dies, so no program is left
+//! behind on an interface.
 
 #![deny(missing_docs)]
 
 use std::fmt;
-use std::os::fd::{AsFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
-use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, Xdp, XdpFlags};
+use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, XdpFlags};
 
 /// The IANA RoCEv2 port.
 pub const DEFAULT_UDP_PORT: u16 = 4791;
@@ -266,7 +269,8 @@ pub struct XdpProgram {
     obj: Object,
     ifindex: u32,
     mode: AttachMode,
-    attached: bool,
+    /// The BPF link holding the attachment (closing it detaches).
+    link: Option<OwnedFd>,
     cfg: std::sync::Mutex<Config>,
 }
 
@@ -277,7 +281,7 @@ impl XdpProgram {
         let config = build_config(cfg.udp_port, &cfg.ipv4, &cfg.ipv6, &cfg.impairments)?;
         let open = ObjectBuilder::default().open_memory(OBJECT).map_err(|e| XdpError::Load(e.to_string()))?;
         let obj = open.load().map_err(|e| XdpError::Load(format!("{e} (root, or CAP_BPF + CAP_NET_ADMIN, needed)")))?;
-        let mut prog = XdpProgram { obj, ifindex, mode: AttachMode::Auto, attached: false, cfg: std::sync::Mutex::new(config) };
+        let mut prog = XdpProgram { obj, ifindex, mode: AttachMode::Auto, link: None, cfg: std::sync::Mutex::new(config) };
         prog.write_config(&config)?;
         let modes: &[AttachMode] = match cfg.mode {
             AttachMode::Auto => &[AttachMode::Native, AttachMode::Generic],
@@ -286,10 +290,10 @@ impl XdpProgram {
         };
         let mut errors = Vec::new();
         for &m in modes {
-            match prog.xdp_link(|x| x.attach(ifindex as i32, flags(m) | XdpFlags::UPDATE_IF_NOEXIST)) {
-                Ok(()) => {
+            match prog.link_create(m) {
+                Ok(link) => {
                     prog.mode = m;
-                    prog.attached = true;
+                    prog.link = Some(link);
                     return Ok(prog);
                 }
                 Err(e) => errors.push(format!("{m:?}: {e}")),
@@ -298,14 +302,27 @@ impl XdpProgram {
         Err(XdpError::Attach(format!("ifindex {ifindex}: {}", errors.join("; "))))
     }
 
-    fn xdp_link(&self, f: impl FnOnce(&Xdp<'_>) -> libbpf_rs::Result<()>) -> Result<(), XdpError> {
+    /// Attach through a BPF link (`BPF_LINK_CREATE`, `BPF_XDP`) in mode `m`.
+    fn link_create(&self, m: AttachMode) -> Result<OwnedFd, XdpError> {
         let prog = self
             .obj
             .progs()
             .find(|p| p.name() == "urnic_xdp")
             .ok_or_else(|| XdpError::Load("program urnic_xdp missing from the object".into()))?;
-        let x = Xdp::new(prog.as_fd());
-        f(&x).map_err(|e| XdpError::Attach(e.to_string()))
+        // SAFETY: the options struct is plain data; zeroed is its default.
+        let mut opts: libbpf_rs::libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
+        opts.sz = std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_link_create_opts>() as _;
+        opts.flags = flags(m).bits();
+        // SAFETY: a valid program fd, the interface index as target, and
+        // options of the size we declare.
+        let fd = unsafe {
+            libbpf_rs::libbpf_sys::bpf_link_create(prog.as_fd().as_raw_fd(), self.ifindex as i32, libbpf_rs::libbpf_sys::BPF_XDP, &opts)
+        };
+        if fd < 0 {
+            return Err(XdpError::Attach(std::io::Error::from_raw_os_error(-fd).to_string()));
+        }
+        // SAFETY: a fresh link fd that we own.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
     }
 
     fn map(&self, name: &str) -> Result<libbpf_rs::Map<'_>, XdpError> {
@@ -389,17 +406,6 @@ fn flags(m: AttachMode) -> XdpFlags {
         AttachMode::Native => XdpFlags::DRV_MODE,
         AttachMode::Generic => XdpFlags::SKB_MODE,
         AttachMode::Auto => XdpFlags::NONE,
-    }
-}
-
-impl Drop for XdpProgram {
-    fn drop(&mut self) {
-        if !self.attached {
-            return;
-        }
-        let (ifindex, mode) = (self.ifindex, self.mode);
-        // The interface may be gone already (its namespace deleted): ignore.
-        let _ = self.xdp_link(|x| x.detach(ifindex as i32, flags(mode)));
     }
 }
 
