@@ -84,6 +84,11 @@ impl VethPair {
     /// Create `urnic-<tag>-<pid>-<n>-{a,b}` with veth `u0`/`u1`,
     /// 10.99.0.1/24 and 10.99.0.2/24, MTU `mtu`, both up. Needs root.
     pub fn create(tag: &str, mtu: u32) -> io::Result<VethPair> {
+        VethPair::create_with_queues(tag, mtu, 1)
+    }
+
+    /// [`VethPair::create`] with `queues` RX and TX queues on each end.
+    pub fn create_with_queues(tag: &str, mtu: u32, queues: u32) -> io::Result<VethPair> {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         AT_EXIT.call_once(|| {
             // SAFETY: registers a plain extern "C" function with no arguments.
@@ -105,10 +110,12 @@ impl VethPair {
             }
         }
         let mtu_s = mtu.to_string();
+        let q = queues.max(1).to_string();
         let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
         ip(&[
-            "-n", &pair.ns[0], "link", "add", "u0", "address", &mac(pair.mac[0]), "mtu", &mtu_s, "type", "veth", "peer", "name",
-            "u1", "address", &mac(pair.mac[1]), "mtu", &mtu_s, "netns", &pair.ns[1],
+            "-n", &pair.ns[0], "link", "add", "u0", "address", &mac(pair.mac[0]), "mtu", &mtu_s, "numrxqueues", &q, "numtxqueues", &q,
+            "type", "veth", "peer", "name", "u1", "address", &mac(pair.mac[1]), "mtu", &mtu_s, "numrxqueues", &q, "numtxqueues", &q,
+            "netns", &pair.ns[1],
         ])?;
         for i in 0..2 {
             let a = pair.ipv4[i];

@@ -1,14 +1,22 @@
-//! The NIC: one engine, one port, the queues it shares with applications,
-//! and the poll loop that moves everything along.
+//! The NIC: its shards (an engine and a port each), the queues it shares
+//! with applications, and the poll loop that moves everything along.
+//!
+//! A NIC has one shard per polling core. A shard owns the QPs whose QPN is
+//! its index modulo the shard count (the engine hands out only those), its
+//! own port (for AF_XDP, a socket on its own RX/TX queue) and its own
+//! doorbell queue. A frame received by a shard that does not own its QP is
+//! handed over through the owner's lock-free inbox; completions go to CQ
+//! rings that every shard may fill. With one shard (the default, and the
+//! only choice for the in-memory port) all of this collapses to one loop.
 //!
 //! `Nic::poll` is one run-to-completion iteration: ring doorbells (WRs posted
 //! by applications go into the engine), receive frames, fire due timers,
 //! transmit, deliver completions. A datapath thread calls it in a loop
 //! ([`crate::runner`]); an embedding application may call it itself.
 //!
-//! Locks: the engine sits behind a mutex that only the poller and control
+//! Locks: each engine sits behind a mutex that only its poller and control
 //! operations (create/modify/destroy) take. Posting and polling from
-//! application threads never take it.
+//! application threads never take one.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -51,6 +59,10 @@ pub struct NicStats {
     /// WRs the engine refused after the application's post had returned
     /// (completed with an error status, never lost).
     pub posts_refused: AtomicU64,
+    /// Frames received by a shard that does not own their QP, handed over.
+    pub rx_handoffs: AtomicU64,
+    /// Handovers dropped because the owner's inbox was full.
+    pub rx_handoff_drops: AtomicU64,
 }
 
 impl NicStats {
@@ -67,6 +79,8 @@ impl NicStats {
             ("port_errors", g(&self.port_errors)),
             ("capture_errors", g(&self.capture_errors)),
             ("posts_refused", g(&self.posts_refused)),
+            ("rx_handoffs", g(&self.rx_handoffs)),
+            ("rx_handoff_drops", g(&self.rx_handoff_drops)),
         ]
         .into_iter()
     }
@@ -77,20 +91,30 @@ enum Doorbell {
     Srq(SrqId),
 }
 
-/// One urnic NIC instance.
-pub struct Nic {
+/// Frames a shard's inbox holds (handovers from other shards).
+const INBOX: usize = 4096;
+
+/// One polling core's share of the NIC.
+struct Shard {
     engine: Mutex<Engine>,
     port: Mutex<Box<dyn Port>>,
+    doorbells: ArrayQueue<Doorbell>,
+    sweep: AtomicBool,
+    inbox: ArrayQueue<Vec<u8>>,
+}
+
+/// One urnic NIC instance.
+pub struct Nic {
+    shards: Vec<Shard>,
     info: PortInfo,
     qps: RwLock<HashMap<u32, Arc<QpRings>>>,
     srqs: RwLock<HashMap<SrqId, Arc<SrqRing>>>,
-    sweep: AtomicBool,
     cqs: RwLock<HashMap<CqId, Arc<CqRing>>>,
-    doorbells: ArrayQueue<Doorbell>,
     events: ArrayQueue<AsyncEvent>,
     epoch: StdInstant,
     link_up: AtomicBool,
     capture: Mutex<Option<crate::capture::PcapWriter>>,
+    next_shard: std::sync::atomic::AtomicUsize,
     /// Counters.
     pub stats: NicStats,
 }
@@ -101,24 +125,54 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Nic {
-    /// A NIC running `engine` on `port`. `max_queues` bounds QPs + SRQs.
+    /// A one-shard NIC running `engine` on `port`. `max_queues` bounds QPs + SRQs.
     pub fn new(engine: Engine, port: Box<dyn Port>, max_queues: usize) -> Nic {
-        let info = port.info();
+        Nic::sharded(vec![(engine, port)], max_queues)
+    }
+
+    /// A NIC with one shard per (engine, port). Engine `i` of `n` must be
+    /// configured with `EngineConfig::shard == (i, n)`, and every engine
+    /// must share one memory table. The ports must be on the same link (one
+    /// queue each of the same interface).
+    ///
+    /// # Panics
+    /// If `shards` is empty (a programming error, not an input).
+    pub fn sharded(shards: Vec<(Engine, Box<dyn Port>)>, max_queues: usize) -> Nic {
+        assert!(!shards.is_empty(), "a NIC needs at least one shard");
+        let info = shards[0].1.info();
+        let shards = shards
+            .into_iter()
+            .map(|(engine, port)| Shard {
+                engine: Mutex::new(engine),
+                port: Mutex::new(port),
+                doorbells: ArrayQueue::new(max_queues.max(16) * 2),
+                sweep: AtomicBool::new(false),
+                inbox: ArrayQueue::new(INBOX),
+            })
+            .collect();
         Nic {
-            engine: Mutex::new(engine),
-            port: Mutex::new(port),
+            shards,
             info,
             qps: RwLock::new(HashMap::new()),
             srqs: RwLock::new(HashMap::new()),
-            sweep: AtomicBool::new(false),
             cqs: RwLock::new(HashMap::new()),
-            doorbells: ArrayQueue::new(max_queues.max(16) * 2),
             events: ArrayQueue::new(1024),
             epoch: StdInstant::now(),
             link_up: AtomicBool::new(true),
             capture: Mutex::new(None),
+            next_shard: std::sync::atomic::AtomicUsize::new(0),
             stats: NicStats::default(),
         }
+    }
+
+    /// How many shards (polling loops) this NIC has.
+    pub fn shard_count(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// The shard that owns QPN (or SRQ id) `x`.
+    pub fn shard_of(&self, x: u32) -> usize {
+        x as usize % self.shards.len()
     }
 
     /// The port's addresses.
@@ -142,20 +196,86 @@ impl Nic {
         self.link_up.load(Ordering::Acquire)
     }
 
-    /// Run `f` with the port locked (port counters and controls).
-    pub fn with_port<R>(&self, f: impl FnOnce(&mut dyn Port) -> R) -> R {
-        let mut p = lock(&self.port);
-        f(&mut **p)
-    }
-
     /// The engine's notion of now.
     pub fn now(&self) -> Instant {
         Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
     }
 
-    /// Run `f` with the engine locked (control operations).
-    pub fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
-        f(&mut lock(&self.engine))
+    /// Run `f` with the engine owning QPN (or SRQ id) `x` locked.
+    pub fn with_engine_of<R>(&self, x: u32, f: impl FnOnce(&mut Engine) -> R) -> R {
+        f(&mut lock(&self.shards[self.shard_of(x)].engine))
+    }
+
+    /// Run `f` with the engine of the next shard in turn locked (creating a
+    /// QP or SRQ: spreads them over the shards).
+    pub fn with_next_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        let i = self.next_shard.fetch_add(1, Ordering::Relaxed) % self.shards.len();
+        f(&mut lock(&self.shards[i].engine))
+    }
+
+    /// Run `f` with the engine that should own a new QP locked: the SRQ's
+    /// shard if the QP uses one (its receives must come from that engine),
+    /// else the next shard in turn.
+    pub fn create_qp_engine<R>(&self, srq: Option<SrqId>, f: impl FnOnce(&mut Engine) -> R) -> R {
+        match srq {
+            Some(id) => self.with_engine_of(id.0, f),
+            None => self.with_next_engine(f),
+        }
+    }
+
+    /// Run `f` on every engine in turn (counters).
+    pub fn for_each_engine(&self, mut f: impl FnMut(&mut Engine)) {
+        for s in &self.shards {
+            f(&mut lock(&s.engine));
+        }
+    }
+
+    /// Run `f` with every engine locked: no poller delivers completions
+    /// meanwhile (resizing a CQ).
+    pub fn with_all_engines_locked<R>(&self, f: impl FnOnce() -> R) -> R {
+        let guards: Vec<_> = self.shards.iter().map(|s| lock(&s.engine)).collect();
+        let r = f();
+        drop(guards);
+        r
+    }
+
+    /// Engine-wide counters summed over the shards.
+    pub fn engine_stats(&self) -> rocev2::transport::engine::EngineStats {
+        let mut total = rocev2::transport::engine::EngineStats::default();
+        self.for_each_engine(|e| {
+            let s = e.stats();
+            total.rx_frames += s.rx_frames;
+            total.rx_unknown_qpn += s.rx_unknown_qpn;
+            total.rx_wrong_service += s.rx_wrong_service;
+            total.rx_bad_pkey += s.rx_bad_pkey;
+            total.rx_wrong_state += s.rx_wrong_state;
+            total.rx_cnps += s.rx_cnps;
+            total.tx_frames += s.tx_frames;
+            for (k, v) in &s.rx_bad_frame {
+                *total.rx_bad_frame.entry(*k).or_insert(0) += v;
+            }
+        });
+        total
+    }
+
+    /// Run `f` with the port of shard 0 locked (port counters and controls).
+    pub fn with_port<R>(&self, f: impl FnOnce(&mut dyn Port) -> R) -> R {
+        let mut p = lock(&self.shards[0].port);
+        f(&mut **p)
+    }
+
+    /// Port counters of every shard, summed by name.
+    pub fn port_counters(&self) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        for s in &self.shards {
+            for (k, v) in lock(&s.port).counters() {
+                match out.iter_mut().find(|(n, _)| *n == k) {
+                    Some((_, t)) => *t += v,
+                    None => out.push((k, v)),
+                }
+            }
+        }
+        out
     }
 
     /// Make a QP's rings visible to the poller.
@@ -190,17 +310,19 @@ impl Nic {
 
     /// Tell the poller that `rings` has new WRs (the doorbell). Lock-free.
     pub fn ring_qp(&self, rings: &QpRings) {
-        if !rings.rung.swap(true, Ordering::AcqRel) && self.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
+        let shard = &self.shards[self.shard_of(rings.qpn)];
+        if !rings.rung.swap(true, Ordering::AcqRel) && shard.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
             // More queues than the doorbell queue holds: the poller sweeps
             // every queue once instead.
-            self.sweep.store(true, Ordering::Release);
+            shard.sweep.store(true, Ordering::Release);
         }
     }
 
     /// Tell the poller that an SRQ has new receive WRs. Lock-free.
     pub fn ring_srq(&self, ring: &SrqRing) {
-        if !ring.rung.swap(true, Ordering::AcqRel) && self.doorbells.push(Doorbell::Srq(ring.id)).is_err() {
-            self.sweep.store(true, Ordering::Release);
+        let shard = &self.shards[self.shard_of(ring.id.0)];
+        if !ring.rung.swap(true, Ordering::AcqRel) && shard.doorbells.push(Doorbell::Srq(ring.id)).is_err() {
+            shard.sweep.store(true, Ordering::Release);
         }
     }
 
@@ -209,34 +331,44 @@ impl Nic {
         self.events.pop()
     }
 
-    /// One poll iteration. Returns how much work it did (0 = idle).
+    /// One poll iteration of every shard, in turn (run-to-completion mode).
+    /// Returns how much work it did (0 = idle).
     pub fn poll(&self) -> usize {
+        (0..self.shards.len()).map(|i| self.poll_shard(i)).sum()
+    }
+
+    /// One poll iteration of shard `i` (its datapath thread calls this).
+    pub fn poll_shard(&self, i: usize) -> usize {
+        let Some(shard) = self.shards.get(i) else { return 0 };
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
-        let mut engine = lock(&self.engine);
-        let mut port = lock(&self.port);
-        let mut work = self.ring_doorbells(&mut engine);
+        let mut engine = lock(&shard.engine);
+        let mut port = lock(&shard.port);
+        let mut work = self.ring_doorbells(shard, &mut engine);
         let now = self.now();
 
         // Link state changes become async events (IBV_EVENT_PORT_ACTIVE/ERR).
-        let up = port.link_up();
-        if self.link_up.swap(up, Ordering::AcqRel) != up {
-            let _ = self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
-            work += 1;
+        if i == 0 {
+            let up = port.link_up();
+            if self.link_up.swap(up, Ordering::AcqRel) != up {
+                let _ = self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+                work += 1;
+            }
         }
 
-        let mut capture = lock(&self.capture);
-        // Receive.
+        // Receive: ours into the engine, others' into their owner's inbox.
+        let n = self.shards.len();
         let rx = {
             let engine = &mut *engine;
-            let capture = &mut *capture;
             port.receive(RX_BUDGET, &mut |frame| {
-                if let Some(c) = capture.as_mut() {
-                    if c.write(frame).is_err() {
-                        self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                        *capture = None;
-                    }
+                self.capture(frame);
+                let owner = if n == 1 { i } else { rocev2::wire::peek_dest_qpn(frame).map_or(i, |q| q as usize % n) };
+                if owner == i {
+                    engine.handle_frame(now, frame);
+                } else if self.shards[owner].inbox.push(frame.to_vec()).is_ok() {
+                    self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.stats.rx_handoff_drops.fetch_add(1, Ordering::Relaxed);
                 }
-                engine.handle_frame(now, frame)
             })
         };
         match rx {
@@ -247,6 +379,12 @@ impl Nic {
             Err(_) => {
                 self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
             }
+        }
+        // Frames other shards received for our QPs.
+        for _ in 0..INBOX {
+            let Some(frame) = shard.inbox.pop() else { break };
+            engine.handle_frame(now, &frame);
+            work += 1;
         }
 
         // Timers.
@@ -259,15 +397,9 @@ impl Nic {
         let mut sent = 0;
         while sent < TX_BUDGET {
             let engine = &mut *engine;
-            let capture = &mut *capture;
             let mut fill = |buf: &mut [u8]| {
                 let n = engine.poll_transmit(now, buf)?;
-                if let Some(c) = capture.as_mut() {
-                    if c.write(&buf[..n]).is_err() {
-                        self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
-                        *capture = None;
-                    }
-                }
+                self.capture(&buf[..n]);
                 Some(n)
             };
             match port.transmit_with(&mut fill) {
@@ -285,7 +417,6 @@ impl Nic {
         self.stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
         work += sent;
         drop(port);
-        drop(capture);
 
         // Completions and events.
         while let Some(c) = engine.poll_completion() {
@@ -299,22 +430,48 @@ impl Nic {
         work
     }
 
-    /// Take posted WRs from rung QPs and SRQs into the engine.
-    fn ring_doorbells(&self, engine: &mut Engine) -> usize {
+    /// Write `frame` to the capture file, if capturing.
+    fn capture(&self, frame: &[u8]) {
+        let mut c = lock(&self.capture);
+        if let Some(w) = c.as_mut() {
+            if w.write(frame).is_err() {
+                self.stats.capture_errors.fetch_add(1, Ordering::Relaxed);
+                *c = None;
+            }
+        }
+    }
+
+    /// Take posted WRs from rung QPs and SRQs of `shard` into its engine.
+    fn ring_doorbells(&self, shard: &Shard, engine: &mut Engine) -> usize {
         let mut work = 0;
-        if self.sweep.swap(false, Ordering::AcqRel) {
-            let qps: Vec<_> = self.qps.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+        let me = self.shard_of_ptr(shard);
+        if shard.sweep.swap(false, Ordering::AcqRel) {
+            let qps: Vec<_> = self
+                .qps
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter(|q| self.shard_of(q.qpn) == me)
+                .cloned()
+                .collect();
             for q in qps {
                 work += self.drain_qp(engine, &q);
             }
-            let srqs: Vec<_> = self.srqs.read().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
+            let srqs: Vec<_> = self
+                .srqs
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .values()
+                .filter(|r| self.shard_of(r.id.0) == me)
+                .cloned()
+                .collect();
             for r in srqs {
                 work += self.drain_srq(engine, &r);
             }
         }
-        let n = self.doorbells.len();
+        let n = shard.doorbells.len();
         for _ in 0..n {
-            let Some(db) = self.doorbells.pop() else { break };
+            let Some(db) = shard.doorbells.pop() else { break };
             match db {
                 Doorbell::Qp(qpn) => {
                     let rings = self.qps.read().unwrap_or_else(|e| e.into_inner()).get(&qpn).cloned();
@@ -331,6 +488,10 @@ impl Nic {
             }
         }
         work
+    }
+
+    fn shard_of_ptr(&self, shard: &Shard) -> usize {
+        self.shards.iter().position(|s| std::ptr::eq(s, shard)).unwrap_or(0)
     }
 
     fn drain_qp(&self, engine: &mut Engine, rings: &QpRings) -> usize {

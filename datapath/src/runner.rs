@@ -53,18 +53,37 @@ pub fn pin_current_thread(core: usize) -> std::io::Result<()> {
 }
 
 impl Runner {
-    /// Start polling `nic` on a new thread, pinned to `core` if given.
+    /// Start polling every shard of `nic` on one new thread, pinned to
+    /// `core` if given.
     pub fn spawn(nic: Arc<Nic>, core: Option<usize>, idle: IdlePolicy) -> std::io::Result<Runner> {
+        Runner::spawn_with(nic, None, core, idle)
+    }
+
+    /// Start polling shard `shard` of `nic` on a new thread, pinned to
+    /// `core` if given: one per shard makes one polling core per shard.
+    pub fn spawn_shard(nic: Arc<Nic>, shard: usize, core: Option<usize>, idle: IdlePolicy) -> std::io::Result<Runner> {
+        Runner::spawn_with(nic, Some(shard), core, idle)
+    }
+
+    fn spawn_with(nic: Arc<Nic>, shard: Option<usize>, core: Option<usize>, idle: IdlePolicy) -> std::io::Result<Runner> {
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
-        let thread = std::thread::Builder::new().name("urnic-datapath".into()).spawn(move || {
+        let name = match shard {
+            Some(i) => format!("urnic-dp{i}"),
+            None => "urnic-datapath".into(),
+        };
+        let thread = std::thread::Builder::new().name(name).spawn(move || {
             if let Some(c) = core {
                 // Not fatal: the loop works unpinned, only slower.
                 let _ = pin_current_thread(c);
             }
             let mut idle_polls: u32 = 0;
             while !flag.load(Ordering::Relaxed) {
-                if nic.poll() > 0 {
+                let work = match shard {
+                    Some(i) => nic.poll_shard(i),
+                    None => nic.poll(),
+                };
+                if work > 0 {
                     idle_polls = 0;
                     continue;
                 }

@@ -134,8 +134,11 @@ pub struct XskPort {
     zero_copy: bool,
     link: Cell<(bool, Option<Instant>)>,
     stats: XskStats,
-    // Dropped after the socket queues (field order): detaches the program.
-    prog: XdpProgram,
+    // Dropped after the socket queues (field order): the last port of an
+    // interface to go detaches the program.
+    prog: std::sync::Arc<XdpProgram>,
+    queue: u32,
+    reports_program: bool,
 }
 
 fn err(what: &str, e: impl std::fmt::Display) -> XskError {
@@ -146,6 +149,13 @@ impl XskPort {
     /// Attach the XDP program to `cfg.ifname` and open an AF_XDP socket on
     /// `cfg.queue`, in the calling thread's network namespace.
     pub fn open(cfg: &XskConfig) -> Result<XskPort, XskError> {
+        let mut v = XskPort::open_queues(cfg, &[cfg.queue])?;
+        v.pop().ok_or_else(|| XskError("no queue opened".into()))
+    }
+
+    /// Attach the XDP program to `cfg.ifname` once and open one AF_XDP
+    /// socket (with its own UMEM) per queue in `queues`: one port per shard.
+    pub fn open_queues(cfg: &XskConfig, queues: &[u32]) -> Result<Vec<XskPort>, XskError> {
         let iface = Interface::query(&cfg.ifname).map_err(|e| err("interface", e))?;
         if !cfg.frame_size.is_power_of_two() || !(2048..=4096).contains(&cfg.frame_size) {
             return Err(XskError(format!("frame_size {} must be 2048 or 4096", cfg.frame_size)));
@@ -162,7 +172,19 @@ impl XskPort {
         if xdp.ipv4.is_empty() && xdp.ipv6.is_empty() {
             return Err(XskError(format!("interface {} has no IP address: RoCEv2 needs one (it is the GID)", iface.name)));
         }
-        let prog = XdpProgram::attach(iface.index, &xdp).map_err(|e| err(&format!("XDP program on {}", iface.name), e))?;
+        let prog = std::sync::Arc::new(
+            XdpProgram::attach(iface.index, &xdp).map_err(|e| err(&format!("XDP program on {}", iface.name), e))?,
+        );
+        let mut ports = queues.iter().map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone())).collect::<Result<Vec<_>, _>>()?;
+        // The program's counters are per interface: one port reports them.
+        for p in ports.iter_mut().skip(1) {
+            p.reports_program = false;
+        }
+        Ok(ports)
+    }
+
+    fn open_socket(cfg: &XskConfig, queue: u32, iface: &Interface, prog: std::sync::Arc<XdpProgram>) -> Result<XskPort, XskError> {
+        let iface = iface.clone();
 
         let ring = QueueSize::new(cfg.ring_size).map_err(|e| err("ring size", e))?;
         let umem_cfg = UmemConfig::builder()
@@ -196,7 +218,7 @@ impl XskPort {
                 .build();
             // SAFETY: the UMEM is not shared with another socket on this
             // (interface, queue); INHIBIT_PROG_LOAD is set.
-            match unsafe { Socket::new(sock_cfg, &umem, &ifname, cfg.queue) } {
+            match unsafe { Socket::new(sock_cfg, &umem, &ifname, queue) } {
                 Ok(q) => {
                     opened = Some((q, zc));
                     break;
@@ -205,9 +227,9 @@ impl XskPort {
             }
         }
         let ((tx, rx, fq_cq), zero_copy) =
-            opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {}: {last_err}", cfg.ifname, cfg.queue)))?;
+            opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {queue}: {last_err}", cfg.ifname)))?;
         let (mut fill, comp) = fq_cq.ok_or_else(|| XskError("AF_XDP socket came without fill/completion rings".into()))?;
-        prog.register_socket(cfg.queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
+        prog.register_socket(queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
 
         // Half the frames (at most the ring) for receive, the rest for transmit.
         let n_rx = (frames.len() / 2).min(cfg.ring_size as usize);
@@ -234,12 +256,19 @@ impl XskPort {
             link: Cell::new((true, None)),
             stats: XskStats::default(),
             prog,
+            queue,
+            reports_program: true,
         })
     }
 
     /// The interface this port is on (addresses as found at open).
     pub fn interface(&self) -> &Interface {
         &self.iface
+    }
+
+    /// The interface queue this port's socket is bound to.
+    pub fn queue(&self) -> u32 {
+        self.queue
     }
 
     /// Whether the socket is bound zero-copy.
@@ -399,7 +428,7 @@ impl Port for XskPort {
             v.push(("xsk_tx_invalid_descs".to_string(), st.tx_invalid_descs()));
             v.push(("xsk_rx_fill_ring_empty".to_string(), st.rx_fill_ring_empty_descs()));
         }
-        if let Some(c) = self.xdp_counters() {
+        if let Some(c) = self.xdp_counters().filter(|_| self.reports_program) {
             v.extend(c.iter().map(|(k, n)| (format!("xdp_{k}"), n)));
         }
         v

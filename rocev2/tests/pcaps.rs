@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use rocev2::wire::{icrc, parse_frame, parse_l3, sport, IpRepr, Opcode, ParsedFrame, Service, WireError};
+use rocev2::wire::{icrc, parse_frame, parse_l3, peek_dest_qpn, sport, IpRepr, Opcode, ParsedFrame, Service, WireError};
 
 fn captures() -> Vec<PathBuf> {
     let dir = common::shared_dir().join("pcaps");
@@ -49,6 +49,8 @@ fn every_captured_frame_roundtrips() {
                     assert_eq!(icrc::of_frame(f), Ok(stored), "{at}");
                     assert_eq!(p.icrc, stored, "{at}");
                     opcodes.insert(p.repr.transport.bth.opcode.0);
+                    // the shard steering peek agrees with the full parse
+                    assert_eq!(peek_dest_qpn(f), Some(p.repr.transport.bth.dest_qp), "{at}");
                     // re-emit, copying the payload in ...
                     let mut out = vec![0u8; f.len()];
                     let n = p.repr.emit(p.payload, &mut out).unwrap();
@@ -240,4 +242,24 @@ fn pcap_reader_reads_both_byte_orders() {
     }
     assert!(common::pcap::parse(&le[..le.len() - 1]).is_err(), "a truncated record is an error");
     assert!(common::pcap::parse(&[0u8; 24]).is_err(), "bad magic");
+}
+
+#[test]
+fn qpn_peek_never_panics_on_cut_or_foreign_frames() {
+    for path in captures() {
+        for rec in common::pcap::read(&path).unwrap() {
+            for cut in 0..rec.data.len().min(80) {
+                let _ = peek_dest_qpn(&rec.data[..cut]);
+            }
+        }
+    }
+    // ARP and IPv4 ICMP: no QPN.
+    let mut arp = vec![0u8; 42];
+    arp[12..14].copy_from_slice(&[0x08, 0x06]);
+    assert_eq!(peek_dest_qpn(&arp), None);
+    let mut icmp = vec![0u8; 60];
+    icmp[12..14].copy_from_slice(&[0x08, 0x00]);
+    icmp[14] = 0x45;
+    icmp[23] = 1;
+    assert_eq!(peek_dest_qpn(&icmp), None);
 }

@@ -469,3 +469,19 @@ fn hostile_frames_are_counted_not_fatal() {
     p.run(|_, _, _| false);
     assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::Success);
 }
+
+#[test]
+fn sharded_engines_hand_out_only_their_qpns_and_srq_ids() {
+    let mem = Arc::new(MemoryTable::new());
+    for (i, n) in [(0u32, 3u32), (1, 3), (2, 3)] {
+        let mut e = Engine::new(EngineConfig { shard: (i, n), ..EngineConfig::default() }, mem.clone());
+        let init = QpInitAttr { qp_type: QpType::Rc, pd: PdId(1), send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: false };
+        for _ in 0..10 {
+            let q = e.create_qp(&init).unwrap();
+            assert_eq!(q % n, i, "QPN {q:#x} outside shard {i}/{n}");
+            assert!(q >= 0x11);
+            let s = e.create_srq(PdId(1), 4, 1).unwrap();
+            assert_eq!(s.0 % n, i, "SRQ {} outside shard {i}/{n}", s.0);
+        }
+    }
+}

@@ -33,6 +33,11 @@ enum Cmd {
         /// (run-to-completion) or one polling thread per device.
         #[arg(long, default_value = "manual")]
         datapath: Datapath,
+        /// veth only: queues per veth end and shards per device, each with its
+        /// own AF_XDP socket and a polling thread pinned to core i (implies
+        /// `--datapath thread`).
+        #[arg(long, default_value_t = 1)]
+        shards: usize,
         /// XDP attach mode on veth.
         #[arg(long, default_value = "auto")]
         xdp_mode: XdpMode,
@@ -108,14 +113,20 @@ struct DemoOpts<'a> {
     xdp_mode: XdpMode,
     pcap: Option<&'a std::path::Path>,
     stats: bool,
+    shards: usize,
 }
 
 /// Open the two demo devices. The veth pair (if any) must outlive them.
 fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, String), String> {
-    let mode = match o.datapath {
-        Datapath::Manual => DatapathMode::Manual,
-        Datapath::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
+    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mode = match (o.datapath, o.shards) {
+        (_, n) if n > 1 => DatapathMode::Threads { cores: (0..n).map(|c| c % ncpu).collect(), idle: IdlePolicy::default() },
+        (Datapath::Manual, _) => DatapathMode::Manual,
+        (Datapath::Thread, _) => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
     };
+    if o.shards == 0 || (o.shards > 1 && o.link == Link::Memory) {
+        return Err("--shards must be at least 1, and above 1 only with --link veth (one AF_XDP queue per shard)".into());
+    }
     match o.link {
         Link::Memory => {
             let hub = MemHub::new(1);
@@ -123,7 +134,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
             let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
             ca.link_mtu = o.link_mtu;
             cb.link_mtu = o.link_mtu;
-            ca.datapath = mode;
+            ca.datapath = mode.clone();
             cb.datapath = mode;
             let a = open_device(ca).map_err(|e| e.to_string())?;
             let b = open_device(cb).map_err(|e| e.to_string())?;
@@ -131,7 +142,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
         }
         Link::Veth => {
             let _ = VethPair::sweep_stale();
-            let pair = VethPair::create("demo", o.link_mtu)
+            let pair = VethPair::create_with_queues("demo", o.link_mtu, o.shards as u32)
                 .map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?;
             let mut xsk = XskConfig::new(&pair.ifname[0]);
             xsk.bind = BindMode::Auto;
@@ -140,7 +151,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
                 XdpMode::Native => xdp::AttachMode::Native,
                 XdpMode::Generic => xdp::AttachMode::Generic,
             };
-            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode).map_err(|e| format!("urnic0 in {}: {e}", pair.ns[0]))?;
+            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode.clone()).map_err(|e| format!("urnic0 in {}: {e}", pair.ns[0]))?;
             xsk.ifname = pair.ifname[1].clone();
             let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).map_err(|e| format!("urnic1 in {}: {e}", pair.ns[1]))?;
             let how = a
@@ -181,14 +192,18 @@ fn demo(o: &DemoOpts) -> Result<(), String> {
     let buf = (2 * max).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
     let mut eb = Endpoint::new(&b, buf, depth as u32)?;
-    if o.datapath == Datapath::Manual {
+    if o.datapath == Datapath::Manual && o.shards == 1 {
         ea.drive = vec![a.clone(), b.clone()];
         eb.drive = vec![a.clone(), b.clone()];
     }
     connect_pair(&ea, &eb)?;
     let mtu = a.query_port(1).map_err(|e| e.to_string())?.active_mtu.bytes();
 
-    let how = if o.datapath == Datapath::Manual { "run-to-completion" } else { "datapath threads" };
+    let how = match (o.datapath, o.shards) {
+        (_, n) if n > 1 => format!("{n} shards per device, one pinned polling thread each"),
+        (Datapath::Manual, _) => "run-to-completion".to_string(),
+        (Datapath::Thread, _) => "a datapath thread per device".to_string(),
+    };
     println!(" Link: {link_desc}; {how}");
     banner("RDMA_Write BW Test (urnic)", "urnic0 -> urnic1", mtu, depth);
     println!("{}", bw_header());
@@ -239,7 +254,7 @@ fn stat(dir: &std::path::Path, all: bool) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match cli.cmd {
-        Cmd::Demo { link, datapath, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => demo(&DemoOpts {
+        Cmd::Demo { link, datapath, shards, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => demo(&DemoOpts {
             sizes: &sizes,
             iters,
             depth: tx_depth,
@@ -251,6 +266,7 @@ fn main() -> ExitCode {
             xdp_mode,
             pcap: pcap.as_deref(),
             stats,
+            shards,
         }),
         Cmd::Stat { dir, all } => stat(&dir, all),
     };

@@ -105,7 +105,7 @@ impl Cq {
         }
         let nic = &self.ctx.inner.nic;
         // The engine lock keeps the datapath from delivering while entries move.
-        nic.with_engine(|_| {
+        nic.with_all_engines_locked(|| {
             let old = self.ring.load_full();
             let new = Arc::new(
                 old.resized(cqe as usize)

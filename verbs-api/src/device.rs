@@ -27,24 +27,34 @@ pub enum PortConfig {
         /// Impairments on frames this device sends.
         impairments: Impairments,
     },
-    /// Any other port (the AF_XDP port of `urnic-datapath`, or your own),
-    /// with a function resolving a peer GID to its MAC.
+    /// Any other ports (the AF_XDP ports of `urnic-datapath`, or your own),
+    /// with a function resolving a peer GID to its MAC. One port per shard:
+    /// all on the same link (queues of one interface); with
+    /// [`DatapathMode::Threads`] there must be one per core.
     Custom {
-        /// The port.
-        port: Box<dyn Port>,
+        /// The ports, one per shard (at least one).
+        ports: Vec<Box<dyn Port>>,
         /// Neighbour resolution (ARP/ND).
         resolve: Resolver,
     },
 }
 
 /// Who runs the datapath.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DatapathMode {
-    /// A datapath thread, pinned to `core` if given.
+    /// A datapath thread, pinned to `core` if given (polls every shard).
     Thread {
         /// Core to pin to.
         core: Option<usize>,
         /// What the thread does when idle.
+        idle: IdlePolicy,
+    },
+    /// One datapath thread per core, pinned, each owning one shard of the
+    /// QPs (and one port: for AF_XDP, one queue of the interface).
+    Threads {
+        /// Cores to pin to, one per shard.
+        cores: Vec<usize>,
+        /// What the threads do when idle.
         idle: IdlePolicy,
     },
     /// The application calls [`Context::poll`] from its own loop
@@ -100,9 +110,20 @@ impl DeviceConfig {
     /// triggered when missing). See [`open_af_xdp`] to open one inside a
     /// named namespace.
     pub fn af_xdp(name: &str, xsk: &XskConfig) -> Result<DeviceConfig> {
-        let port = XskPort::open(xsk).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
-        let iface = port.interface().clone();
-        let link_mtu = urnic_datapath::Port::info(&port).mtu;
+        DeviceConfig::af_xdp_queues(name, xsk, &[xsk.queue])
+    }
+
+    /// [`DeviceConfig::af_xdp`] with one AF_XDP socket (and shard) per
+    /// interface queue in `queues`, for [`DatapathMode::Threads`] with as
+    /// many cores (`ethtool -L` / veth `numrxqueues` give the interface its
+    /// queues).
+    pub fn af_xdp_queues(name: &str, xsk: &XskConfig, queues: &[u32]) -> Result<DeviceConfig> {
+        if queues.is_empty() {
+            return Err(Error::invalid("at least one queue"));
+        }
+        let ports = XskPort::open_queues(xsk, queues).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
+        let iface = ports[0].interface().clone();
+        let link_mtu = urnic_datapath::Port::info(&ports[0]).mtu;
         let neigh = Neighbours::new(iface.index, std::time::Duration::from_secs(3))?;
         let resolve: Resolver = Box::new(move |gid: &Gid| {
             let ip = match AddressVector::is_ipv4_mapped(gid) {
@@ -114,7 +135,7 @@ impl DeviceConfig {
         let ll = link_local_gid(iface.mac);
         Ok(DeviceConfig {
             name: name.to_string(),
-            port: PortConfig::Custom { port: Box::new(port), resolve },
+            port: PortConfig::Custom { ports: ports.into_iter().map(|p| Box::new(p) as Box<dyn Port>).collect(), resolve },
             mac: iface.mac,
             ipv4: iface.ipv4.first().map(|a| a.octets()),
             ipv6: iface.ipv6.iter().map(|a| a.octets()).filter(|g| *g != ll).collect(),
@@ -129,11 +150,18 @@ impl DeviceConfig {
 /// Open an AF_XDP device on `xsk.ifname` inside network namespace `netns`
 /// (as made by `ip netns add`; `None`: the caller's), with `datapath`.
 /// The device works from any thread afterwards.
+///
+/// With [`DatapathMode::Threads`] the device gets one shard per core, on
+/// queues `0..cores.len()` of the interface.
 pub fn open_af_xdp(netns: Option<&str>, name: &str, xsk: &XskConfig, datapath: DatapathMode) -> Result<Context> {
     let name = name.to_string();
     let xsk = xsk.clone();
+    let queues: Vec<u32> = match &datapath {
+        DatapathMode::Threads { cores, .. } => (0..cores.len() as u32).collect(),
+        _ => vec![xsk.queue],
+    };
     urnic_datapath::netns::in_netns(netns, move || {
-        let mut cfg = DeviceConfig::af_xdp(&name, &xsk)?;
+        let mut cfg = DeviceConfig::af_xdp_queues(&name, &xsk, &queues)?;
         cfg.datapath = datapath;
         open_device(cfg)
     })?
@@ -248,7 +276,7 @@ pub(crate) struct DeviceInner {
     pub(crate) srq_count: AtomicU32,
     // Declared last: dropped last would be wrong — the runner must stop before
     // the NIC goes away, and `Drop for Context` stops it explicitly.
-    pub(crate) runner: std::sync::Mutex<Option<Runner>>,
+    pub(crate) runner: std::sync::Mutex<Vec<Runner>>,
 }
 
 impl DeviceInner {
@@ -317,23 +345,44 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
     }
     gids.extend(ipv6.iter().copied());
 
-    let (port, resolve): (Box<dyn Port>, Resolver) = match port {
+    let (ports, resolve): (Vec<Box<dyn Port>>, Resolver) = match port {
         PortConfig::Memory { hub, impairments } => {
             for g in &gids[1..] {
                 hub.publish_address(*g, mac);
             }
             let p = hub.attach(mac, link_mtu, impairments);
             let h = hub.clone();
-            (Box::new(p), Box::new(move |g: &Gid| h.resolve(g)))
+            (vec![Box::new(p)], Box::new(move |g: &Gid| h.resolve(g)))
         }
-        PortConfig::Custom { port, resolve } => (port, resolve),
+        PortConfig::Custom { ports, resolve } => (ports, resolve),
     };
+    if ports.is_empty() {
+        return Err(Error::invalid("a device needs at least one port"));
+    }
+    if let DatapathMode::Threads { cores, .. } = &datapath {
+        if cores.len() != ports.len() {
+            return Err(Error::invalid(format!("{} datapath cores for {} ports: one port (queue) per core", cores.len(), ports.len())));
+        }
+    }
     let memory = Arc::new(MemoryTable::new());
-    let engine = Engine::new(EngineConfig { first_qpn, max_qps: limits.max_qp, ..EngineConfig::default() }, memory.clone());
-    let nic = Arc::new(Nic::new(engine, port, (limits.max_qp + limits.max_srq) as usize));
-    let runner = match datapath {
-        DatapathMode::Thread { core, idle } => Some(Runner::spawn(nic.clone(), core, idle)?),
-        DatapathMode::Manual => None,
+    let n = ports.len() as u32;
+    let shards = ports
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let cfg = EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), ..EngineConfig::default() };
+            (Engine::new(cfg, memory.clone()), p)
+        })
+        .collect();
+    let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize));
+    let runners = match datapath {
+        DatapathMode::Thread { core, idle } => vec![Runner::spawn(nic.clone(), core, idle)?],
+        DatapathMode::Threads { cores, idle } => cores
+            .iter()
+            .enumerate()
+            .map(|(i, &c)| Runner::spawn_shard(nic.clone(), i, Some(c), idle))
+            .collect::<std::io::Result<Vec<_>>>()?,
+        DatapathMode::Manual => Vec::new(),
     };
     Ok(Context {
         inner: Arc::new(DeviceInner {
@@ -351,7 +400,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             qp_count: AtomicU32::new(0),
             cq_count: AtomicU32::new(0),
             srq_count: AtomicU32::new(0),
-            runner: std::sync::Mutex::new(runner),
+            runner: std::sync::Mutex::new(runners),
         }),
     })
 }
@@ -422,7 +471,7 @@ impl Context {
     /// Device-wide transport counters: frames received, and frames dropped
     /// before reaching a QP, by reason (bad ICRC, unknown QPN, ...).
     pub fn engine_stats(&self) -> rocev2::transport::engine::EngineStats {
-        self.inner.nic.with_engine(|e| e.stats().clone())
+        self.inner.nic.engine_stats()
     }
 
     /// The underlying NIC (datapath counters in `nic().stats`, engine access for tools).
@@ -440,7 +489,7 @@ impl Drop for DeviceInner {
     fn drop(&mut self) {
         // Stop the datapath thread before the NIC and memory go away.
         if let Ok(mut r) = self.runner.lock() {
-            r.take();
+            r.clear();
         }
     }
 }

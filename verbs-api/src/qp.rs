@@ -173,7 +173,7 @@ impl Pd {
             cap: c,
             sq_sig_all: init.sq_sig_all,
         };
-        let qpn = match inner.nic.with_engine(|e| e.create_qp(&attr)) {
+        let qpn = match inner.nic.create_qp_engine(attr.srq, |e| e.create_qp(&attr)) {
             Ok(q) => q,
             Err(e) => {
                 inner.qp_count.fetch_sub(1, Ordering::AcqRel);
@@ -215,7 +215,7 @@ impl Pd {
             inner.srq_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::new(ErrorKind::NoResources, format!("device has its maximum of {} SRQs", lim.max_srq)));
         }
-        let id = match inner.nic.with_engine(|e| e.create_srq(self.id, max_wr, max_sge)) {
+        let id = match inner.nic.with_next_engine(|e| e.create_srq(self.id, max_wr, max_sge)) {
             Ok(id) => id,
             Err(e) => {
                 inner.srq_count.fetch_sub(1, Ordering::AcqRel);
@@ -272,7 +272,7 @@ impl Qp {
         }
         inner
             .nic
-            .with_engine(|e| e.modify_qp(self.qpn, &resolved, mask))
+            .with_engine_of(self.qpn, |e| e.modify_qp(self.qpn, &resolved, mask))
             .map_err(|e| Error::invalid(format!("modify_qp: {e}")))?;
         if mask.contains(QpAttrMask::STATE) {
             self.state.store(state_code(attr.qp_state), Ordering::Release);
@@ -286,7 +286,7 @@ impl Qp {
         self.ctx()
             .inner
             .nic
-            .with_engine(|e| e.qp_stats(self.qpn).copied())
+            .with_engine_of(self.qpn, |e| e.qp_stats(self.qpn).copied())
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("QP {:#x} is gone", self.qpn)))
     }
 
@@ -330,7 +330,7 @@ impl Qp {
 
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<rocev2::transport::attr::QpAttr> {
-        self.ctx().inner.nic.with_engine(|e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))
+        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))
     }
 
     fn state(&self) -> QpState {
@@ -449,7 +449,7 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         let inner = &self.pd.ctx.inner;
-        let _ = inner.nic.with_engine(|e| e.destroy_qp(self.qpn));
+        let _ = inner.nic.with_engine_of(self.qpn, |e| e.destroy_qp(self.qpn));
         inner.nic.detach_qp(self.qpn);
         inner.qp_count.fetch_sub(1, Ordering::AcqRel);
     }
@@ -478,7 +478,7 @@ impl Srq {
     /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arm the limit event, raised once
     /// when fewer than `limit` WRs remain.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
-        self.pd.ctx.inner.nic.with_engine(|e| e.modify_srq(self.id, limit)).map_err(|e| Error::invalid(format!("modify_srq: {e}")))
+        self.pd.ctx.inner.nic.with_engine_of(self.id.0, |e| e.modify_srq(self.id, limit)).map_err(|e| Error::invalid(format!("modify_srq: {e}")))
     }
 
     /// The SRQ's number.
@@ -490,7 +490,7 @@ impl Srq {
 impl Drop for Srq {
     fn drop(&mut self) {
         let inner = &self.pd.ctx.inner;
-        let _ = inner.nic.with_engine(|e| e.destroy_srq(self.id));
+        let _ = inner.nic.with_engine_of(self.id.0, |e| e.destroy_srq(self.id));
         inner.nic.detach_srq(self.id);
         inner.srq_count.fetch_sub(1, Ordering::AcqRel);
     }

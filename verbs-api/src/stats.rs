@@ -67,15 +67,14 @@ fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
 
 fn counters_of(inner: &DeviceInner) -> DeviceCounters {
     let nic = &inner.nic;
-    let (transport, qps) = nic.with_engine(|e| {
-        let t: Vec<(String, u64)> = e.stats().iter().collect();
-        let q: Vec<(u32, QpStats)> = e.qpns().filter_map(|n| e.qp_stats(n).map(|s| (n, *s))).collect();
-        (t, q)
-    });
+    let transport: Vec<(String, u64)> = nic.engine_stats().iter().collect();
+    let mut qps: Vec<(u32, QpStats)> = Vec::new();
+    nic.for_each_engine(|e| qps.extend(e.qpns().filter_map(|n| e.qp_stats(n).map(|s| (n, *s)))));
+    qps.sort_by_key(|(n, _)| *n);
     DeviceCounters {
         name: inner.name.clone(),
         datapath: nic.stats.iter().map(|(k, v)| (k.to_string(), v)).collect(),
-        port: nic.with_port(|p| p.counters()),
+        port: nic.port_counters(),
         transport,
         qps,
     }

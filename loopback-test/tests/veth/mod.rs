@@ -24,12 +24,22 @@ pub fn xdp_impairments(imp: Impairments) -> xdp::Impairments {
 /// A veth pair in two fresh namespaces with a urnic device on each end.
 /// The namespaces live until the process exits.
 pub fn pair(imp: Impairments, mtu: u32) -> (VethPair, Context, Context) {
+    pair_sharded(imp, mtu, 1)
+}
+
+/// [`pair`] with `shards` queues on each veth end and one pinned datapath
+/// thread (and AF_XDP socket) per queue on each device.
+pub fn pair_sharded(imp: Impairments, mtu: u32, shards: u32) -> (VethPair, Context, Context) {
     let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("t", mtu).expect("create namespaces and veth (needs root and iproute2)");
+    let pair = VethPair::create_with_queues("t", mtu, shards).expect("create namespaces and veth (needs root and iproute2)");
     let mut xsk = XskConfig::new(&pair.ifname[0]);
     xsk.xdp.impairments = xdp_impairments(imp);
-    let mode = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
-    let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode).expect("AF_XDP device in namespace a");
+    let idle = IdlePolicy::default();
+    let mode = match shards {
+        1 => DatapathMode::Thread { core: None, idle },
+        n => DatapathMode::Threads { cores: (0..n as usize).map(|c| c % num_cpus()).collect(), idle },
+    };
+    let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode.clone()).expect("AF_XDP device in namespace a");
     xsk.ifname = pair.ifname[1].clone();
     let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).expect("AF_XDP device in namespace b");
     (pair, a, b)
@@ -39,6 +49,18 @@ pub fn pair(imp: Impairments, mtu: u32) -> (VethPair, Context, Context) {
 pub fn devices(imp: Impairments) -> (Context, Context) {
     let (pair, a, b) = pair(imp, 1500);
     // Outlive the contexts the case holds: deleted at process exit.
+    std::mem::forget(pair);
+    (a, b)
+}
+
+/// Online CPUs.
+pub fn num_cpus() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+}
+
+/// The sharded fabric: two shards (pinned threads, queues) per device.
+pub fn devices_sharded(imp: Impairments) -> (Context, Context) {
+    let (pair, a, b) = pair_sharded(imp, 1500, 2);
     std::mem::forget(pair);
     (a, b)
 }

@@ -32,11 +32,22 @@ pub struct EngineConfig {
     pub max_qps: u32,
     /// Most SRQs at once.
     pub max_srqs: u32,
+    /// This engine is shard `.0` of `.1`: it hands out only QPNs and SRQ ids
+    /// `x` with `x % .1 == .0`, so a frame's QPN names its shard. (0, 1):
+    /// unsharded.
+    pub shard: (u32, u32),
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024 }
+        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1) }
+    }
+}
+
+impl EngineConfig {
+    fn in_shard(&self, x: u32) -> bool {
+        let (i, n) = self.shard;
+        n <= 1 || x % n == i
     }
 }
 
@@ -352,7 +363,7 @@ impl Engine {
             return Err(EngineError::TooMany);
         }
         let mut qpn = self.next_qpn;
-        while self.qps.contains_key(&qpn) || qpn < 2 {
+        while self.qps.contains_key(&qpn) || qpn < 2 || !self.config.in_shard(qpn) {
             qpn = (qpn + 1) & 0x00ff_ffff;
         }
         self.create_qp_with_qpn(init, qpn)?;
@@ -579,8 +590,12 @@ impl Engine {
         if max_wr == 0 {
             return Err(EngineError::BadValue("max_wr must be at least 1"));
         }
-        let id = SrqId(self.next_srq);
-        self.next_srq += 1;
+        let mut n = self.next_srq;
+        while n == 0 || self.srqs.contains_key(&SrqId(n)) || !self.config.in_shard(n) {
+            n = n.wrapping_add(1);
+        }
+        let id = SrqId(n);
+        self.next_srq = n.wrapping_add(1);
         self.srqs.insert(id, RecvQueue::new_srq(id, pd, max_wr, max_sge));
         Ok(id)
     }

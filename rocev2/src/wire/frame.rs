@@ -245,6 +245,39 @@ impl FrameRepr {
     }
 }
 
+/// The destination QPN of a RoCEv2 frame, read straight from the BTH without
+/// validating anything else (no ICRC): for steering a frame to the shard
+/// that owns its QP before the full parse. `None` if the frame is too short
+/// or not IPv4/IPv6 + UDP.
+pub fn peek_dest_qpn(frame: &[u8]) -> Option<u32> {
+    let mut off = 12;
+    let mut ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
+    if ethertype == 0x8100 || ethertype == 0x88a8 {
+        off += 4;
+        ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
+    }
+    off += 2;
+    let udp = match ethertype {
+        0x0800 => {
+            let ihl = usize::from(frame.get(off)? & 0x0f) * 4;
+            if ihl < 20 || *frame.get(off + 9)? != 17 {
+                return None;
+            }
+            off + ihl
+        }
+        0x86dd => {
+            if *frame.get(off + 6)? != 17 {
+                return None;
+            }
+            off + 40
+        }
+        _ => return None,
+    };
+    let bth = udp + 8;
+    let q = frame.get(bth + 5..bth + 8)?;
+    Some(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -392,3 +425,4 @@ mod tests {
         assert!(parse_frame(&v).is_ok());
     }
 }
+
