@@ -74,6 +74,9 @@ pub struct VethPair {
     pub ifname: [String; 2],
     /// IPv4 addresses (/24).
     pub ipv4: [[u8; 4]; 2],
+    /// IPv6 addresses (fd75::1/64 and fd75::2/64, no duplicate address
+    /// detection so they are usable at once).
+    pub ipv6: [[u8; 16]; 2],
     /// MAC addresses.
     pub mac: [[u8; 6]; 2],
 }
@@ -82,7 +85,8 @@ const PREFIX: &str = "urnic-";
 
 impl VethPair {
     /// Create `urnic-<tag>-<pid>-<n>-{a,b}` with veth `u0`/`u1`,
-    /// 10.99.0.1/24 and 10.99.0.2/24, MTU `mtu`, both up. Needs root.
+    /// 10.99.0.1/24 + fd75::1/64 and 10.99.0.2/24 + fd75::2/64, MTU `mtu`,
+    /// both up. Needs root.
     pub fn create(tag: &str, mtu: u32) -> io::Result<VethPair> {
         VethPair::create_with_queues(tag, mtu, 1)
     }
@@ -101,6 +105,7 @@ impl VethPair {
             ns: [format!("{base}-a"), format!("{base}-b")],
             ifname: ["u0".into(), "u1".into()],
             ipv4: [[10, 99, 0, 1], [10, 99, 0, 2]],
+            ipv6: [std::net::Ipv6Addr::new(0xfd75, 0, 0, 0, 0, 0, 0, 1).octets(), std::net::Ipv6Addr::new(0xfd75, 0, 0, 0, 0, 0, 0, 2).octets()],
             mac: [[0x02, 0x75, 0x72, 0, 0, 1], [0x02, 0x75, 0x72, 0, 0, 2]],
         };
         for ns in &pair.ns {
@@ -121,6 +126,8 @@ impl VethPair {
             let a = pair.ipv4[i];
             let cidr = format!("{}.{}.{}.{}/24", a[0], a[1], a[2], a[3]);
             ip(&["-n", &pair.ns[i], "addr", "add", &cidr, "dev", &pair.ifname[i]])?;
+            let v6 = format!("{}/64", std::net::Ipv6Addr::from(pair.ipv6[i]));
+            ip(&["-n", &pair.ns[i], "addr", "add", &v6, "dev", &pair.ifname[i], "nodad"])?;
             ip(&["-n", &pair.ns[i], "link", "set", &pair.ifname[i], "up"])?;
             ip(&["-n", &pair.ns[i], "link", "set", "lo", "up"])?;
         }

@@ -1,0 +1,100 @@
+//! What a device learns from and does on a real interface: neighbour
+//! resolution through the kernel (ARP and ND triggered on demand), the GID
+//! table and MTU from the interface and RC over IPv6 GIDs.
+
+#[path = "../../verbs-api/tests/common.rs"]
+mod common;
+mod veth;
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use common::*;
+use urnic::*;
+use urnic_datapath::neigh::Neighbours;
+use urnic_datapath::netdev::Interface;
+use urnic_datapath::netns::{in_netns, VethPair};
+
+#[test]
+fn neighbours_are_resolved_through_arp_and_nd() {
+    veth::require_root();
+    let pair = VethPair::create("nb", 1500).unwrap();
+    let (v4, v6, peer_mac) = (IpAddr::from(pair.ipv4[1]), IpAddr::from(pair.ipv6[1]), pair.mac[1]);
+    let r = in_netns(Some(&pair.ns[0]), move || {
+        let iface = Interface::query("u0").unwrap();
+        let n = Neighbours::new(iface.index, Duration::from_secs(3)).unwrap();
+        let before = n.lookup(v4).unwrap();
+        let got4 = n.resolve(v4);
+        let got6 = n.resolve(v6);
+        let table = n.dump().unwrap();
+        // Nobody has this address: resolution gives up after the timeout.
+        let short = Neighbours::new(iface.index, Duration::from_millis(300)).unwrap();
+        let none = short.resolve(IpAddr::from([10, 99, 0, 99]));
+        (iface, before, got4, got6, table, none)
+    })
+    .unwrap();
+    let (iface, before, got4, got6, table, none) = r;
+    assert_eq!(iface.mac, pair.mac[0]);
+    assert_eq!(iface.mtu, 1500);
+    assert!(iface.ipv4.contains(&pair.ipv4[0].into()));
+    assert!(iface.ipv6.contains(&pair.ipv6[0].into()));
+    assert_eq!(before, None, "a fresh namespace has no neighbour entry");
+    assert_eq!(got4, Some(peer_mac), "ARP");
+    assert_eq!(got6, Some(peer_mac), "neighbour discovery");
+    assert!(table.iter().any(|e| e.ip == v4 && e.usable_mac() == Some(peer_mac)), "{table:?}");
+    assert_eq!(none, None);
+}
+
+#[test]
+fn gid_table_mtu_and_rc_over_ipv6() {
+    veth::require_root();
+    let (pair, ca, cb) = veth::pair(Impairments::default(), 4200);
+    // GID 0: link-local from the MAC; 1: IPv4-mapped; then the IPv6 addresses.
+    assert_eq!(ca.query_gid(1, 0).unwrap(), link_local_gid(pair.mac[0]));
+    let v4 = ca.query_gid(1, 1).unwrap();
+    assert_eq!(&v4[12..], &pair.ipv4[0]);
+    let idx6 = ca.gids().iter().position(|g| *g == pair.ipv6[0]).expect("fd75::1 in the GID table") as u8;
+    let port = ca.query_port(1).unwrap();
+    // The interface says 4200, but a frame must fit one 4 KiB UMEM chunk
+    // less the kernel's 256-byte XDP headroom and an Ethernet+VLAN header:
+    // the port reports what it can carry, and the IB MTU follows (rxe's rule).
+    assert_eq!(port.link_mtu, 4096 - 256 - 18);
+    assert_eq!(port.active_mtu, Mtu::Mtu2048);
+    assert_eq!(port.state, PortState::Active);
+
+    let pcap = std::env::temp_dir().join(format!("urnic-ipv6-{}.pcap", std::process::id()));
+    cb.nic().set_capture(Some(&pcap)).unwrap();
+    let mut a = side(&ca, 1 << 20);
+    let b = side(&cb, 1 << 20);
+    let qa = rc_qp(&a, None);
+    let qb = rc_qp(&b, None);
+    let c = |remote: &Qp, gid: [u8; 16], l, r| Connect { sgid_index: idx6, ..Connect::new(remote.qp_num(), gid, l, r) };
+    qa.connect(&c(&qb, pair.ipv6[1], 5, 9)).unwrap();
+    qb.connect(&c(&qa, pair.ipv6[0], 9, 5)).unwrap();
+    fill(&mut a.mr, 0, 300_000, 3);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 300_000)])).unwrap();
+    qa.post_send(&send_wr(2, SendOp::Read { remote }, vec![a.mr.sge(400_000, 300_000)])).unwrap();
+    let done = wait(&a.cq, 2);
+    assert!(done.iter().all(|c| c.status == WcStatus::Success), "{done:?}");
+    assert_eq!(&b.mr.as_slice()[..300_000], &expected(300_000, 3)[..]);
+    assert_eq!(&a.mr.as_slice()[400_000..700_000], &expected(300_000, 3)[..]);
+    // It went over IPv6: every RoCE frame b saw (captured) is IPv6, and the
+    // XDP program redirected them.
+    cb.nic().set_capture(None).unwrap();
+    let bytes = std::fs::read(&pcap).unwrap();
+    let _ = std::fs::remove_file(&pcap);
+    let mut off = 24;
+    let mut v6 = 0;
+    while off + 16 <= bytes.len() {
+        let len = u32::from_le_bytes(bytes[off + 8..off + 12].try_into().unwrap()) as usize;
+        let frame = &bytes[off + 16..off + 16 + len];
+        assert_eq!(&frame[12..14], &[0x86, 0xdd], "an IPv4 frame in an IPv6 connection");
+        assert!(rocev2::wire::parse_frame(frame).is_ok());
+        v6 += 1;
+        off += 16 + len;
+    }
+    assert!(v6 > 150, "{v6} frames captured");
+    let k = cb.counters();
+    assert!(k.get("xdp_redirected").unwrap_or(0) >= 140, "{k}");
+}
