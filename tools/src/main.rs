@@ -1,6 +1,9 @@
 //! `urnic`: the command-line tool.
 
+mod dev;
+mod devinfo;
 mod perf;
+mod pingpong;
 mod report;
 
 use std::process::ExitCode;
@@ -66,6 +69,20 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         pcap_dir: Option<std::path::PathBuf>,
     },
+    /// Like ibv_devinfo: the interfaces a urnic device can be opened on, with
+    /// port attributes and GID table.
+    Devinfo {
+        /// Only this interface.
+        #[arg(short = 'd', long = "ib-dev")]
+        dev: Option<String>,
+        /// Also the GID table and limits.
+        #[arg(short = 'v', long)]
+        verbose: bool,
+    },
+    /// Wire-compatible with rdma-core's ibv_rc_pingpong (either side may be rdma-core).
+    RcPingpong(PingpongArgs),
+    /// Wire-compatible with rdma-core's ibv_ud_pingpong.
+    UdPingpong(PingpongArgs),
     /// Counters of the urnic devices running on this machine (published by
     /// each device into DIR while it runs).
     Stat {
@@ -76,6 +93,46 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+}
+
+/// Options of `urnic rc-pingpong` / `ud-pingpong` (as rdma-core's tools).
+#[derive(clap::Args, Debug)]
+struct PingpongArgs {
+    /// Server to connect to (none: be the server and wait).
+    server: Option<String>,
+    /// Listen on / connect to this TCP port.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Interface to use (the urnic device is opened on it).
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// Port of the device (only 1).
+    #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
+    ib_port: u8,
+    /// Message size (default 4096 for RC, 2048 for UD).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Path MTU (RC).
+    #[arg(short = 'm', long, default_value_t = 1024)]
+    mtu: u32,
+    /// Receives posted at a time.
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    rx_depth: u32,
+    /// Exchanges.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u32,
+    /// Service level (accepted; RoCE carries none without VLAN priority).
+    #[arg(short = 'l', long, default_value_t = 0)]
+    sl: u8,
+    /// Sleep on CQ events (accepted; urnic polls).
+    #[arg(short = 'e', long)]
+    events: bool,
+    /// Local GID index.
+    #[arg(short = 'g', long = "gid-idx")]
+    gid_idx: Option<u8>,
+    /// Validate the received buffer.
+    #[arg(short = 'c', long = "chk")]
+    chk: bool,
 }
 
 /// Where `urnic` devices publish counters for `urnic stat`.
@@ -228,6 +285,30 @@ fn demo(o: &DemoOpts) -> Result<(), String> {
     Ok(())
 }
 
+fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
+    if a.ib_port != 1 {
+        return Err(format!("port {} does not exist (urnic devices have port 1)", a.ib_port));
+    }
+    let _ = (a.sl, a.events);
+    let ifname = dev::pick_interface(a.dev.as_deref())?;
+    let ctx = dev::open(&ifname, true)?;
+    let opts = pingpong::Opts {
+        server: a.server,
+        port: a.port,
+        size: a.size.unwrap_or(if rc { 4096 } else { 2048 }),
+        mtu: a.mtu,
+        rx_depth: a.rx_depth,
+        iters: a.iters,
+        gid_idx: a.gid_idx,
+        validate: a.chk,
+    };
+    if rc {
+        pingpong::rc(&ctx, &opts)
+    } else {
+        pingpong::ud(&ctx, &opts)
+    }
+}
+
 fn stat(dir: &std::path::Path, all: bool) -> Result<(), String> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
         .map_err(|e| format!("{}: {e} (no urnic device has published counters here)", dir.display()))?
@@ -269,6 +350,9 @@ fn main() -> ExitCode {
             shards,
         }),
         Cmd::Stat { dir, all } => stat(&dir, all),
+        Cmd::Devinfo { dev, verbose } => devinfo::run(dev.as_deref(), verbose),
+        Cmd::RcPingpong(a) => run_pingpong(a, true),
+        Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

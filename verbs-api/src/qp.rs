@@ -291,7 +291,9 @@ impl Qp {
     }
 
     /// Take an RC or UC QP from RESET through INIT and RTR to RTS with the
-    /// three `ibv_modify_qp` calls every ibverbs program makes.
+    /// three `ibv_modify_qp` calls every ibverbs program makes. A QP already
+    /// in INIT (moved there to post receives before the peer is known, as
+    /// `ibv_rc_pingpong` does) keeps its INIT attributes and goes on from there.
     pub fn connect(&self, c: &Connect) -> Result<()> {
         if self.qp_type == QpType::Ud {
             return Err(Error::invalid("connect is for RC and UC QPs"));
@@ -302,7 +304,9 @@ impl Qp {
             None => self.ctx().query_port(1)?.active_mtu,
         };
         let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: c.access, ..QpAttr::default() };
-        self.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        if self.query()?.qp_state != QpState::Init {
+            self.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
+        }
         a.qp_state = QpState::Rtr;
         a.path_mtu = mtu;
         a.dest_qp_num = c.remote_qpn;

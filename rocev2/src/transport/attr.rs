@@ -58,6 +58,18 @@ impl Mtu {
         128 << (self as u32)
     }
 
+    /// The MTU of `bytes` payload bytes (256, 512, 1024, 2048 or 4096).
+    pub const fn from_bytes(bytes: u32) -> Option<Mtu> {
+        Some(match bytes {
+            256 => Mtu::Mtu256,
+            512 => Mtu::Mtu512,
+            1024 => Mtu::Mtu1024,
+            2048 => Mtu::Mtu2048,
+            4096 => Mtu::Mtu4096,
+            _ => return None,
+        })
+    }
+
     /// The `ibv_mtu` enum value (1..=5) as an `Mtu`.
     pub const fn from_ibv(v: u8) -> Option<Mtu> {
         Some(match v {

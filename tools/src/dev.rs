@@ -1,0 +1,40 @@
+//! Opening a urnic device for the command-line tools: on an interface of the
+//! current network namespace, through AF_XDP.
+
+use urnic::{device_list, open_af_xdp, Context, DatapathMode, IdlePolicy, XskConfig};
+
+/// The interface to use: `name`, or the first Ethernet interface that is up
+/// and has an IPv4 address.
+pub fn pick_interface(name: Option<&str>) -> Result<String, String> {
+    if let Some(n) = name {
+        return Ok(n.to_string());
+    }
+    let list = device_list().map_err(|e| format!("listing interfaces: {e}"))?;
+    list.iter()
+        .find(|d| d.link_up && !d.ipv4.is_empty())
+        .map(|d| d.ifname.clone())
+        .ok_or_else(|| "no Ethernet interface with an IPv4 address is up here; name one with -d IFNAME".to_string())
+}
+
+/// Open the urnic device on `ifname` (AF_XDP, XDP program attached), its
+/// datapath on a polling thread.
+pub fn open(ifname: &str, busy_poll: bool) -> Result<Context, String> {
+    let idle = if busy_poll { IdlePolicy::BusyPoll } else { IdlePolicy::default() };
+    open_af_xdp(None, &format!("urnic-{ifname}"), &XskConfig::new(ifname), DatapathMode::Thread { core: None, idle })
+        .map_err(|e| format!("opening a urnic device on {ifname} (needs root): {e}"))
+}
+
+/// A random 24-bit PSN (like `lrand48() & 0xffffff`).
+pub fn random_psn() -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom(&mut b).is_err() {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(1);
+        b = t.to_le_bytes();
+    }
+    u32::from_le_bytes(b) & 0x00ff_ffff
+}
+
+fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
+    use std::io::Read;
+    std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
