@@ -57,7 +57,7 @@ pub struct Dest {
 
 impl Dest {
     /// The 52-byte message.
-    pub fn to_msg(&self) -> [u8; MSG_LEN] {
+    pub fn to_msg(self) -> [u8; MSG_LEN] {
         let hex: String = self.gid.iter().map(|b| format!("{b:02x}")).collect();
         let s = format!("{:04x}:{:06x}:{:06x}:{hex}", self.lid, self.qpn & 0xff_ffff, self.psn & 0xff_ffff);
         let mut m = [0u8; MSG_LEN];

