@@ -16,11 +16,13 @@ pub fn pick_interface(name: Option<&str>) -> Result<String, String> {
         .ok_or_else(|| "no Ethernet interface with an IPv4 address is up here; name one with -d IFNAME".to_string())
 }
 
-/// Open the urnic device on `ifname` (AF_XDP, XDP program attached), its
-/// datapath on a polling thread.
-pub fn open(ifname: &str, busy_poll: bool) -> Result<Context, String> {
-    let idle = if busy_poll { IdlePolicy::BusyPoll } else { IdlePolicy::default() };
-    open_af_xdp(None, &format!("urnic-{ifname}"), &XskConfig::new(ifname), DatapathMode::Thread { core: None, idle })
+/// Open the urnic device on `ifname` (AF_XDP, XDP program attached) in
+/// run-to-completion mode: the tool's own thread drives the datapath from
+/// its polling loops (`Context::poll`), as perftest's thread drives a
+/// hardware NIC — no second spinning thread competing for the cores.
+pub fn open(ifname: &str) -> Result<Context, String> {
+    let _ = IdlePolicy::default();
+    open_af_xdp(None, &format!("urnic-{ifname}"), &XskConfig::new(ifname), DatapathMode::Manual)
         .map_err(|e| format!("opening a urnic device on {ifname} (needs root): {e}"))
 }
 
@@ -37,4 +39,9 @@ pub fn random_psn() -> u32 {
 fn getrandom(buf: &mut [u8]) -> std::io::Result<()> {
     use std::io::Read;
     std::fs::File::open("/dev/urandom")?.read_exact(buf)
+}
+
+/// Whether a GID is an IPv4-mapped address (`::ffff:a.b.c.d`).
+pub fn is_ipv4_mapped(g: &[u8; 16]) -> bool {
+    g[..10].iter().all(|&b| b == 0) && g[10] == 0xff && g[11] == 0xff
 }

@@ -3,6 +3,7 @@
 mod dev;
 mod devinfo;
 mod perf;
+mod perftest;
 mod pingpong;
 mod report;
 
@@ -83,6 +84,10 @@ enum Cmd {
     RcPingpong(PingpongArgs),
     /// Wire-compatible with rdma-core's ibv_ud_pingpong.
     UdPingpong(PingpongArgs),
+    /// perftest-compatible tests (ib_send_bw, ib_write_bw, ...): the same
+    /// TCP exchange and options, so the peer may be perftest on rxe or a
+    /// ConnectX, or urnic.
+    Perf(PerfArgs),
     /// Counters of the urnic devices running on this machine (published by
     /// each device into DIR while it runs).
     Stat {
@@ -133,6 +138,49 @@ struct PingpongArgs {
     /// Validate the received buffer.
     #[arg(short = 'c', long = "chk")]
     chk: bool,
+}
+
+/// Options of `urnic perf` (perftest's letters).
+#[derive(clap::Args, Debug)]
+struct PerfArgs {
+    /// The test.
+    #[arg(value_enum)]
+    test: perftest::Test,
+    /// Server to connect to (none: be the server and wait).
+    server: Option<String>,
+    /// TCP port of the exchange.
+    #[arg(short = 'p', long, default_value_t = 18515)]
+    port: u16,
+    /// Interface to use.
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// Message size (perftest's default per test).
+    #[arg(short = 's', long)]
+    size: Option<usize>,
+    /// Iterations (perftest's default per test).
+    #[arg(short = 'n', long)]
+    iters: Option<u64>,
+    /// Outstanding WRs (bandwidth tests).
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    tx_depth: u32,
+    /// Receive queue depth (send tests).
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    rx_depth: u32,
+    /// GID index.
+    #[arg(short = 'x', long = "gid-index", default_value_t = 1)]
+    gid_idx: u8,
+    /// MTU (default: the port's active MTU).
+    #[arg(short = 'm', long)]
+    mtu: Option<u32>,
+    /// Atomic operation (ib_atomic_bw).
+    #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FETCH_AND_ADD")]
+    atomic: perftest::AtomicOp,
+    /// Accepted for perftest compatibility (urnic reports no CPU frequency warning).
+    #[arg(short = 'F', long = "CPU-freq")]
+    cpu_freq: bool,
+    /// Also print the results as one JSON line.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Where `urnic` devices publish counters for `urnic stat`.
@@ -291,7 +339,7 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
     }
     let _ = (a.sl, a.events);
     let ifname = dev::pick_interface(a.dev.as_deref())?;
-    let ctx = dev::open(&ifname, true)?;
+    let ctx = dev::open(&ifname)?;
     let opts = pingpong::Opts {
         server: a.server,
         port: a.port,
@@ -307,6 +355,26 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
     } else {
         pingpong::ud(&ctx, &opts)
     }
+}
+
+fn run_perf(a: PerfArgs) -> Result<(), String> {
+    let _ = a.cpu_freq;
+    let ifname = dev::pick_interface(a.dev.as_deref())?;
+    let ctx = dev::open(&ifname)?;
+    let opts = perftest::Opts {
+        test: a.test,
+        server: a.server,
+        port: a.port,
+        size: a.size.unwrap_or(a.test.default_size()),
+        iters: a.iters.unwrap_or(a.test.default_iters()),
+        tx_depth: a.tx_depth,
+        rx_depth: a.rx_depth,
+        gid_idx: a.gid_idx,
+        mtu: a.mtu,
+        atomic: a.atomic,
+        json: a.json,
+    };
+    perftest::run(&ctx, &opts)
 }
 
 fn stat(dir: &std::path::Path, all: bool) -> Result<(), String> {
@@ -352,6 +420,7 @@ fn main() -> ExitCode {
         Cmd::Stat { dir, all } => stat(&dir, all),
         Cmd::Devinfo { dev, verbose } => devinfo::run(dev.as_deref(), verbose),
         Cmd::RcPingpong(a) => run_pingpong(a, true),
+        Cmd::Perf(a) => run_perf(a),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {

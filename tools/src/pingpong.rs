@@ -125,6 +125,7 @@ fn gid_str(g: &Gid) -> String {
 }
 
 struct Ctx {
+    ctx: Context,
     qp: Qp,
     cq: Cq,
     mr: Mr,
@@ -147,7 +148,7 @@ impl Ctx {
                 sq_sig_all: false,
             })
             .map_err(verr("Couldn't create QP"))?;
-        Ok(Ctx { qp, cq, mr, pd })
+        Ok(Ctx { ctx: ctx.clone(), qp, cq, mr, pd })
     }
 
     fn post_recvs(&self, n: u32, sge: Sge) -> u32 {
@@ -166,6 +167,7 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
     let start = Instant::now();
     let mut wc = [WorkCompletion::default(); 2];
     while rcnt < opts.iters || scnt < opts.iters {
+        c.ctx.poll();
         let n = c.cq.poll(&mut wc).map_err(verr("poll CQ failed"))?;
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
