@@ -2,10 +2,10 @@
 # The whole test suite: `bash deploy/test.sh`
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash deploy/deps.sh build test
+bash deploy/deps.sh build test peer
 [ -d ../shared/pcaps ] || { echo "test.sh: ../shared (reference captures and vectors) must sit next to this repository" >&2; exit 1; }
 # Namespaces left by a killed earlier run (urnic-* whose process is gone).
-for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep '^urnic-' || true); do
+for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^urnic-.*-[0-9]+-[0-9]+-[ab]$' || true); do
   pid=$(echo "$ns" | awk -F- '{print $(NF-2)}')
   [ -d "/proc/$pid" ] || ip netns del "$ns" 2>/dev/null || true
 done

@@ -176,11 +176,12 @@ run() {
     local console; console=$(mktemp)
     local dump=
     if [ -n "$pcap" ]; then
-        nsenter --net="/run/netns/$NS" tcpdump -i "$tap" -s 0 -U -w "$pcap" 2>/dev/null &
+        # Immediate mode: every frame reaches the file before qemu exits.
+        nsenter --net="/run/netns/$NS" tcpdump -i "$tap" -s 0 -U --immediate-mode -w "$pcap" 2>/dev/null &
         dump=$!
     fi
     cleanup_run() {
-        [ -z "$dump" ] || { kill -INT "$dump" 2>/dev/null; wait "$dump" 2>/dev/null || true; }
+        [ -z "$dump" ] || { sleep 0.3; kill -INT "$dump" 2>/dev/null; wait "$dump" 2>/dev/null || true; dump=; }
         ip -n "$NS" link del "$tap" 2>/dev/null || true
     }
     trap cleanup_run EXIT

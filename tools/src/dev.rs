@@ -20,9 +20,13 @@ pub fn pick_interface(name: Option<&str>) -> Result<String, String> {
 /// run-to-completion mode: the tool's own thread drives the datapath from
 /// its polling loops (`Context::poll`), as perftest's thread drives a
 /// hardware NIC — no second spinning thread competing for the cores.
-pub fn open(ifname: &str) -> Result<Context, String> {
+/// `drop` > 0 makes the XDP program drop that share of the RoCE frames we
+/// receive (a test impairment, to watch retransmission against a peer).
+pub fn open(ifname: &str, drop: f64) -> Result<Context, String> {
     let _ = IdlePolicy::default();
-    open_af_xdp(None, &format!("urnic-{ifname}"), &XskConfig::new(ifname), DatapathMode::Manual)
+    let mut xsk = XskConfig::new(ifname);
+    xsk.xdp.impairments.drop_prob = drop;
+    open_af_xdp(None, &format!("urnic-{ifname}"), &xsk, DatapathMode::Manual)
         .map_err(|e| format!("opening a urnic device on {ifname} (needs root): {e}"))
 }
 

@@ -138,6 +138,9 @@ struct PingpongArgs {
     /// Validate the received buffer.
     #[arg(short = 'c', long = "chk")]
     chk: bool,
+    /// Test impairment: drop this share (0..1) of the RoCE frames we receive.
+    #[arg(long, default_value_t = 0.0)]
+    drop: f64,
 }
 
 /// Options of `urnic perf` (perftest's letters).
@@ -181,6 +184,12 @@ struct PerfArgs {
     /// Also print the results as one JSON line.
     #[arg(long)]
     json: bool,
+    /// Test impairment: drop this share (0..1) of the RoCE frames we receive.
+    #[arg(long, default_value_t = 0.0)]
+    drop: f64,
+    /// Print the device's counters at the end (retransmissions, NAKs, drops).
+    #[arg(long)]
+    stats: bool,
 }
 
 /// Where `urnic` devices publish counters for `urnic stat`.
@@ -339,7 +348,7 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
     }
     let _ = (a.sl, a.events);
     let ifname = dev::pick_interface(a.dev.as_deref())?;
-    let ctx = dev::open(&ifname)?;
+    let ctx = dev::open(&ifname, a.drop)?;
     let opts = pingpong::Opts {
         server: a.server,
         port: a.port,
@@ -360,7 +369,7 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
 fn run_perf(a: PerfArgs) -> Result<(), String> {
     let _ = a.cpu_freq;
     let ifname = dev::pick_interface(a.dev.as_deref())?;
-    let ctx = dev::open(&ifname)?;
+    let ctx = dev::open(&ifname, a.drop)?;
     let opts = perftest::Opts {
         test: a.test,
         server: a.server,
@@ -373,6 +382,7 @@ fn run_perf(a: PerfArgs) -> Result<(), String> {
         mtu: a.mtu,
         atomic: a.atomic,
         json: a.json,
+        stats: a.stats,
     };
     perftest::run(&ctx, &opts)
 }

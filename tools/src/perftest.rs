@@ -127,6 +127,8 @@ pub struct Opts {
     pub atomic: AtomicOp,
     /// Print JSON too.
     pub json: bool,
+    /// Print the device's counters at the end (QP included).
+    pub stats: bool,
 }
 
 /// One side's keys.
@@ -208,10 +210,10 @@ impl Channel {
     fn open(ctx: &Context, server: Option<&str>, port: u16) -> Result<Channel, String> {
         let (s, client) = match server {
             Some(host) => {
-                // perftest retries briefly while the server starts.
+                // Retry for up to 30 s while the server starts.
                 let mut last = String::new();
                 let mut conn = None;
-                for _ in 0..50 {
+                for _ in 0..300 {
                     match TcpStream::connect((host, port)) {
                         Ok(s) => {
                             conn = Some(s);
@@ -414,7 +416,13 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
         ch.hand_shake(&my)?;
         lat_test(o, &r, &rem, is_client, recv_sge, half)?
     };
-    ch.close(&my)?;
+    // ib_write_lat ends after the test, without the closing handshake.
+    if o.test != Test::WriteLat {
+        ch.close(&my)?;
+    }
+    if o.stats {
+        print!("{}", ctx.counters());
+    }
     if o.json {
         println!("{result}");
     }
@@ -540,7 +548,7 @@ fn bw_test(
         }
     } else {
         let depth = u64::from(o.tx_depth.max(1));
-        let cq_mod = depth.min(100).max(1);
+        let cq_mod = depth.clamp(1, 100);
         let (mut posted, mut done) = (0u64, 0u64);
         let mut window = (Instant::now(), 0u64);
         let mut off = 0usize;
@@ -643,6 +651,10 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
                     r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).map_err(e("Couldn't post receive"))?;
                     r.qp.post_send(&send(SendFlags::SIGNALED)).map_err(e("Couldn't post send"))?;
+                    // The server measures too, from one ping to the next.
+                    let now = Instant::now();
+                    samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
+                    t = now;
                 }
             }
         }
@@ -655,7 +667,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
             let mut t = Instant::now();
             let (mut scnt, mut rcnt) = (0u64, 0u64);
             while scnt < iters as u64 || rcnt < iters as u64 {
-                if rcnt < iters as u64 && !(scnt < 1 && !is_client) {
+                if rcnt < iters as u64 && (is_client || scnt >= 1) {
                     rcnt += 1;
                     let deadline = Instant::now() + deadline_step;
                     // SAFETY: `poll_at` is inside the registered buffer; the

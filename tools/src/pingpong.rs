@@ -98,7 +98,21 @@ fn verr(what: &'static str) -> impl Fn(urnic::Error) -> String {
 
 /// Client side of the exchange: send ours, read theirs, send `done`.
 fn client_exchange(server: &str, port: u16, me: &Dest) -> Result<Dest, String> {
-    let mut s = TcpStream::connect((server, port)).map_err(|e| format!("Couldn't connect to {server}:{port}: {e}"))?;
+    // Retry for a while: the server may still be starting (rdma-core's tool
+    // gives up at once; scripts wrap it in a loop).
+    let mut last = String::new();
+    let mut conn = None;
+    for _ in 0..300 {
+        match TcpStream::connect((server, port)) {
+            Ok(s) => {
+                conn = Some(s);
+                break;
+            }
+            Err(e) => last = e.to_string(),
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let mut s = conn.ok_or_else(|| format!("Couldn't connect to {server}:{port}: {last}"))?;
     s.write_all(&me.to_msg()).map_err(io("Couldn't send local address"))?;
     let mut m = [0u8; MSG_LEN];
     s.read_exact(&mut m).map_err(io("Couldn't read remote address"))?;
