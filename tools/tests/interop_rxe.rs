@@ -262,7 +262,7 @@ fn perftest_rxe_servers_urnic_clients() {
         for &s in sizes {
             let n = iters_for(s);
             script.push_str(&format!("{tool} -d rxe0 -x 1 -F -n {n} -s {s} {extra}\n"));
-            let a = if extra.is_empty() { String::new() } else { format!(" {}", extra.replace("-A ", "-A ")) };
+            let a = if extra.is_empty() { String::new() } else { format!(" {extra}") };
             ours.push((format!("{t} s={s}{a}"), args(&format!("perf {t} -d eth0 -x 1 -n {n} -s {s}{a} {GUEST_IP}"))));
         }
     }
