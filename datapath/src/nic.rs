@@ -411,7 +411,7 @@ impl Nic {
                 }
             }
         }
-        if sent > 0 && port.flush().is_err() {
+        if (sent > 0 || port.tx_pending()) && port.flush().is_err() {
             self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
         }
         self.stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);

@@ -69,6 +69,12 @@ pub trait Port: Send {
         Ok(())
     }
 
+    /// Whether queued transmissions still wait for the kernel (the poller
+    /// keeps calling [`Port::flush`] while they do). Default: no.
+    fn tx_pending(&self) -> bool {
+        false
+    }
+
     /// Port-specific counters (name, value) for `urnic stat`. Default: none.
     fn counters(&self) -> Vec<(String, u64)> {
         Vec::new()

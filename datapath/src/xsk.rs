@@ -130,6 +130,11 @@ pub struct XskPort {
     scratch: Vec<FrameDesc>,
     /// RX buffers waiting for room in the fill ring.
     refill: Vec<FrameDesc>,
+    /// Frames on the TX ring the kernel has not completed yet. In copy mode
+    /// one wakeup sends a bounded batch (32 frames): until this is 0 the
+    /// poller keeps kicking, or frames would sit in the ring until the next
+    /// transmission (a retransmission timeout, for the last of a burst).
+    in_flight: usize,
     frame_len: usize,
     zero_copy: bool,
     link: Cell<(bool, Option<Instant>)>,
@@ -251,6 +256,7 @@ impl XskPort {
             pending: Vec::with_capacity(256),
             scratch: vec![FrameDesc::default(); 256],
             refill,
+            in_flight: 0,
             frame_len,
             zero_copy,
             link: Cell::new((true, None)),
@@ -305,6 +311,7 @@ impl XskPort {
                 break;
             }
             self.free.extend_from_slice(&self.scratch[..n]);
+            self.in_flight = self.in_flight.saturating_sub(n);
             if n < self.scratch.len() {
                 break;
             }
@@ -396,8 +403,9 @@ impl Port for XskPort {
             // SAFETY: pending frames are written and ours until completed.
             let n = unsafe { self.tx.produce(&self.pending) };
             self.pending.drain(..n);
+            self.in_flight += n;
         }
-        if self.tx.needs_wakeup() {
+        if self.in_flight > 0 && self.tx.needs_wakeup() {
             self.stats.wakeups += 1;
             if let Err(e) = self.tx.wakeup() {
                 // EAGAIN/EBUSY/ENOBUFS: the kernel is busy; try next time.
@@ -408,6 +416,10 @@ impl Port for XskPort {
         }
         self.reclaim();
         Ok(())
+    }
+
+    fn tx_pending(&self) -> bool {
+        !self.pending.is_empty() || self.in_flight > 0
     }
 
     fn counters(&self) -> Vec<(String, u64)> {
