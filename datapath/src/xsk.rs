@@ -51,6 +51,10 @@ pub struct XskConfig {
     pub bind: BindMode,
     /// Ask the kernel to tell us when it needs a wakeup syscall.
     pub need_wakeup: bool,
+    /// Carry frames larger than one UMEM frame as chains of frames (AF_XDP
+    /// multi-buffer, `XDP_USE_SG`) when the interface MTU needs it; falls
+    /// back to clamping the MTU where the kernel or driver cannot.
+    pub multi_buffer: bool,
     /// Back the UMEM with huge pages.
     pub huge_pages: bool,
     /// The XDP program's configuration (UDP port, attach mode, impairments);
@@ -70,6 +74,7 @@ impl XskConfig {
             ring_size: 2048,
             bind: BindMode::Auto,
             need_wakeup: true,
+            multi_buffer: true,
             huge_pages: false,
             xdp: XdpConfig::default(),
         }
@@ -109,7 +114,7 @@ pub struct XskStats {
     pub tx_no_buffer: u64,
     /// Wakeup syscalls made.
     pub wakeups: u64,
-    /// Received frames with the multi-buffer flag (not supported: dropped).
+    /// Multi-buffer frames longer than the port carries (dropped).
     pub rx_multibuffer_dropped: u64,
 }
 
@@ -136,6 +141,16 @@ pub struct XskPort {
     /// transmission (a retransmission timeout, for the last of a burst).
     in_flight: usize,
     frame_len: usize,
+    /// Bound with XDP_USE_SG: frames may span several UMEM frames.
+    sg: bool,
+    /// Largest frame the port carries.
+    max_frame: usize,
+    /// A multi-buffer frame being reassembled from its RX descriptors.
+    partial: Vec<u8>,
+    /// The frame being reassembled was too long: drop the rest of its pieces.
+    partial_bad: bool,
+    /// Where the engine builds a frame that may need several UMEM frames.
+    scratch_tx: Vec<u8>,
     zero_copy: bool,
     link: Cell<(bool, Option<Instant>)>,
     stats: XskStats,
@@ -208,12 +223,21 @@ impl XskPort {
             BindMode::ZeroCopy => &[true],
             BindMode::Copy => &[false],
         };
+        // Multi-buffer only where a frame can outgrow one UMEM frame.
+        let want_sg = cfg.multi_buffer && iface.mtu as usize + 18 > frame_len;
+        let tries: Vec<(bool, bool)> = modes
+            .iter()
+            .flat_map(|&zc| if want_sg { vec![(zc, true), (zc, false)] } else { vec![(zc, false)] })
+            .collect();
         let mut last_err = String::new();
         let mut opened = None;
-        for &zc in modes {
+        for (zc, sg) in tries {
             let mut flags = if zc { BindFlags::XDP_ZEROCOPY } else { BindFlags::XDP_COPY };
             if cfg.need_wakeup {
                 flags |= BindFlags::XDP_USE_NEED_WAKEUP;
+            }
+            if sg {
+                flags |= BindFlags::XDP_USE_SG;
             }
             let sock_cfg = SocketConfig::builder()
                 .rx_queue_size(ring)
@@ -225,13 +249,13 @@ impl XskPort {
             // (interface, queue); INHIBIT_PROG_LOAD is set.
             match unsafe { Socket::new(sock_cfg, &umem, &ifname, queue) } {
                 Ok(q) => {
-                    opened = Some((q, zc));
+                    opened = Some((q, (zc, sg)));
                     break;
                 }
                 Err(e) => last_err = format!("{} mode: {e}", if zc { "zero-copy" } else { "copy" }),
             }
         }
-        let ((tx, rx, fq_cq), zero_copy) =
+        let ((tx, rx, fq_cq), (zero_copy, sg)) =
             opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {queue}: {last_err}", cfg.ifname)))?;
         let (mut fill, comp) = fq_cq.ok_or_else(|| XskError("AF_XDP socket came without fill/completion rings".into()))?;
         prog.register_socket(queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
@@ -243,7 +267,9 @@ impl XskPort {
         let put = unsafe { fill.produce(&frames) };
         let refill = frames.split_off(put);
 
-        let mtu = iface.mtu.min((frame_len - 18) as u32);
+        // With multi-buffer a frame may span chunks (up to 4 of them).
+        let max_frame = if sg { (iface.mtu as usize + 18).min(4 * frame_len) } else { frame_len };
+        let mtu = iface.mtu.min((max_frame - 18) as u32);
         Ok(XskPort {
             info: PortInfo { mac: iface.mac, mtu },
             iface,
@@ -258,6 +284,11 @@ impl XskPort {
             refill,
             in_flight: 0,
             frame_len,
+            sg,
+            max_frame,
+            partial: Vec::new(),
+            partial_bad: false,
+            scratch_tx: if sg { vec![0u8; max_frame] } else { Vec::new() },
             zero_copy,
             link: Cell::new((true, None)),
             stats: XskStats::default(),
@@ -318,6 +349,40 @@ impl XskPort {
         }
     }
 
+    /// Transmit a frame built in the scratch buffer, spread over as many
+    /// UMEM frames as it needs (XDP_PKT_CONTD on all but the last).
+    fn transmit_chained(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError> {
+        let need = self.max_frame.div_ceil(self.frame_len);
+        if self.free.len() < need {
+            self.reclaim();
+        }
+        if self.free.len() < need {
+            self.stats.tx_no_buffer += 1;
+            self.flush()?;
+            return Ok(false);
+        }
+        let max = self.max_frame;
+        let Some(n) = fill(&mut self.scratch_tx[..max]).filter(|&n| n > 0 && n <= max) else { return Ok(false) };
+        let pieces = n.div_ceil(self.frame_len);
+        for k in 0..pieces {
+            let Some(mut desc) = self.free.pop() else { return Err(PortError::TxFull) };
+            let chunk = &self.scratch_tx[k * self.frame_len..n.min((k + 1) * self.frame_len)];
+            // SAFETY: `desc` is a frame of our UMEM that is not in flight.
+            let mut data = unsafe { self.umem.data_mut(&mut desc) };
+            let mut cursor = data.cursor();
+            cursor.set_pos(0);
+            std::io::Write::write_all(&mut cursor, chunk).map_err(|e| PortError::Io(e.to_string()))?;
+            desc.set_options(if k + 1 < pieces { 1 } else { 0 });
+            self.pending.push(desc);
+        }
+        self.stats.tx_frames += 1;
+        self.stats.tx_bytes += n as u64;
+        if self.pending.len() >= 64 {
+            self.flush()?;
+        }
+        Ok(true)
+    }
+
     fn give_back(&mut self) {
         if self.refill.is_empty() {
             return;
@@ -334,6 +399,9 @@ impl Port for XskPort {
     }
 
     fn transmit_with(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError> {
+        if self.sg {
+            return self.transmit_chained(fill);
+        }
         if self.free.is_empty() {
             self.reclaim();
         }
@@ -378,12 +446,31 @@ impl Port for XskPort {
         let n = unsafe { self.rx.consume(&mut self.scratch[..want]) };
         for i in 0..n {
             let desc = self.scratch[i];
-            if desc.has_more_frames() {
-                self.stats.rx_multibuffer_dropped += 1;
+            // SAFETY: the kernel handed this frame to us; nobody writes it
+            // until we return it to the fill ring below.
+            let data = unsafe { self.umem.data(&desc) };
+            if desc.has_more_frames() || !self.partial.is_empty() || self.partial_bad {
+                // A multi-buffer frame: gather its pieces, up to the largest
+                // frame we carry; a longer one is dropped whole.
+                if !self.partial_bad && self.partial.len() + data.len() <= self.max_frame {
+                    self.partial.extend_from_slice(data.contents());
+                } else if !self.partial_bad {
+                    self.partial_bad = true;
+                    self.partial.clear();
+                    self.stats.rx_multibuffer_dropped += 1;
+                }
+                if !desc.has_more_frames() {
+                    if !self.partial_bad {
+                        let frame = std::mem::take(&mut self.partial);
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += frame.len() as u64;
+                        handler(&frame);
+                        self.partial = frame;
+                    }
+                    self.partial.clear();
+                    self.partial_bad = false;
+                }
             } else {
-                // SAFETY: the kernel handed this frame to us; nobody writes it
-                // until we return it to the fill ring below.
-                let data = unsafe { self.umem.data(&desc) };
                 self.stats.rx_frames += 1;
                 self.stats.rx_bytes += data.len() as u64;
                 handler(data.contents());

@@ -53,8 +53,21 @@ debian_mirror() {
 
 build() {
     deps
+    mkdir -p "$CACHE"
+    # One builder at a time (tests start guests in parallel); the others
+    # wait and then find the cache ready.
+    exec 9>"$CACHE/.lock"
+    flock 9
+    build_locked
+    flock -u 9
+}
+
+build_locked() {
     local out=$CACHE/out stamp=$CACHE/out/recipe
-    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$RECIPE" ] && [ ! "$HERE/guest-init" -nt "$out/initramfs.cpio.zst" ]; then
+    # The cache is keyed by the recipe version and the guest init's content
+    # (not its mtime: a fresh clone must reuse a cache CI kept).
+    local want; want="$RECIPE $(sha256sum "$HERE/guest-init" | cut -d' ' -f1)"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -f "$out/initramfs.cpio.zst" ]; then
         return 0
     fi
     mkdir -p "$out"
@@ -97,7 +110,7 @@ build() {
     mv "$out/initramfs.cpio.zst.tmp" "$out/initramfs.cpio.zst"
     cp "$CACHE/kernel/boot/vmlinuz-$kver" "$out/vmlinuz"
     rm -rf "$st"
-    echo "$RECIPE" >"$stamp"
+    echo "$want" >"$stamp"
     say "guest ready: $(du -sh "$out" | cut -f1) in $out"
 }
 

@@ -9,9 +9,10 @@ fn guid(mac: [u8; 6]) -> String {
     g.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect::<Vec<_>>().join(":")
 }
 
-/// What an AF_XDP port carries on an interface of `mtu` (one 4 KiB UMEM chunk).
+/// What an AF_XDP port carries on an interface of `mtu`: all of it with
+/// multi-buffer (frames chained over up to four 4 KiB UMEM frames).
 fn port_mtu(mtu: u32) -> u32 {
-    mtu.min(4096 - 256 - 18)
+    mtu.min(4 * (4096 - 256) - 18)
 }
 
 /// Print the device list (all, or `only`).

@@ -211,14 +211,18 @@ fn rc_pingpong_both_ways_multi_packet() {
 }
 
 #[test]
-fn rc_pingpong_at_mtu_2048_over_a_3000_byte_link() {
-    // IB MTU 4096 needs a 4200-byte link MTU; AF_XDP frames are limited to
-    // one 4 KiB UMEM chunk here (no multi-buffer yet), so 2048 is our largest.
-    let lab = Lab::new("rcmtu", 3000);
-    let (ours, _) = rxe_server(&lab, "rc-mtu2048", "ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 8192 -m 2048", &args(&format!("rc-pingpong -d eth0 -g 1 -n 10 -s 8192 -m 2048 {GUEST_IP}")));
+fn rc_pingpong_at_mtu_4096_over_a_9000_byte_link() {
+    // IB MTU 4096 frames (4154 bytes) span two 4 KiB UMEM frames: AF_XDP
+    // multi-buffer on our side. SEND FIRST/MIDDLE/LAST of 4096 B each.
+    let lab = Lab::new("rcmtu", 9000);
+    let (ours, _) = rxe_server(&lab, "rc-mtu4096", "ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c", &args(&format!("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c {GUEST_IP}")));
     assert!(ours.contains("10 iters in"), "{ours}");
-    let (ours, _) = urnic_server(&lab, "rc-mtu2048-rev", &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 8192 -m 2048 {OUR_IP}"), &args("rc-pingpong -d eth0 -g 1 -n 10 -s 8192 -m 2048"));
-    assert!(ours.contains("10 iters in"), "{ours}");
+    let (ours, _) = urnic_server(&lab, "rc-mtu4096-rev", &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c {OUR_IP}"), &args("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c"));
+    assert!(ours.contains("10 iters in") && !ours.contains("invalid data"), "{ours}");
+    // The capture holds full 4096-byte payloads (frames of 4154 bytes).
+    let pcap = lab.dir.join("rc-mtu4096.pcap");
+    let o = Command::new("tshark").arg("-r").arg(&pcap).args(["-Y", "infiniband && frame.len == 4154"]).output().unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).lines().count() >= 20, "no 4154-byte frames in {}", pcap.display());
 }
 
 #[test]

@@ -261,7 +261,10 @@ static __noinline int handle_ipv6(struct xdp_md *ctx, const struct urnic_cfg *cf
 	return redirect(ctx);
 }
 
-SEC("xdp")
+/* xdp.frags: frames larger than a page arrive as several buffers (jumbo
+ * MTUs, AF_XDP multi-buffer). Only the first buffer is directly readable,
+ * and it holds every header this program looks at. */
+SEC("xdp.frags")
 int urnic_xdp(struct xdp_md *ctx)
 {
 	void *data = (void *)(long)ctx->data;
