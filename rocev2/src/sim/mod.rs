@@ -10,6 +10,7 @@
 //! The crate's randomized transport tests, the benches crate and the verbs
 //! layer's tests build on it.
 
+pub mod dcqcn;
 pub mod link;
 pub mod network;
 pub mod rc;

@@ -6,6 +6,7 @@
 //! requests against registered memory and answers.
 
 pub mod attr;
+pub mod dcqcn;
 pub mod engine;
 pub mod memory;
 pub mod packet;
