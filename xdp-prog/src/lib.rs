@@ -50,10 +50,14 @@ pub struct Impairments {
     pub drop_prob: f64,
     /// Mark an ECN-capable frame Congestion Experienced with this probability.
     pub ce_prob: f64,
-    /// Mark CE while our frames arrive faster than this many packets per
-    /// second (per CPU, measured over 1 ms windows); 0 = off.
+    /// Mark ECN-capable frames CE while our frames arrive faster than this
+    /// many packets per second; 0 = off. A GCRA meter (token bucket) over
+    /// all CPUs with a burst tolerance of max(1 ms, one packet interval):
+    /// under a sustained rate R above this limit L, about (R - L) / R of
+    /// the frames are marked.
     pub ce_above_pps: u64,
-    /// Flip one random bit of the UDP payload with this probability.
+    /// Flip one random bit of the UDP payload (the first 8 KiB of it) with
+    /// this probability.
     pub corrupt_prob: f64,
 }
 
@@ -163,7 +167,7 @@ impl fmt::Display for XdpError {
             XdpError::Load(m) => write!(f, "loading the XDP program: {m}"),
             XdpError::Attach(m) => write!(f, "attaching the XDP program: {m}"),
             XdpError::Map(m) => write!(f, "XDP map: {m}"),
-            XdpError::NoInterface(m) => write!(f, "no interface {m} in this network namespace"),
+            XdpError::NoInterface(m) => write!(f, "no such interface: {m}"),
         }
     }
 }
@@ -255,11 +259,12 @@ fn build_config(udp_port: u16, ipv4: &[[u8; 4]], ipv6: &[[u8; 16]], imp: &Impair
 
 /// The interface index of `name` in the calling thread's network namespace.
 pub fn ifindex_of(name: &str) -> Result<u32, XdpError> {
-    let c = std::ffi::CString::new(name).map_err(|_| XdpError::NoInterface(name.to_string()))?;
+    let c = std::ffi::CString::new(name).map_err(|_| XdpError::NoInterface(format!("{name:?} contains a NUL byte")))?;
     // SAFETY: `c` is NUL-terminated.
     let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
     if i == 0 {
-        return Err(XdpError::NoInterface(name.to_string()));
+        let os = std::io::Error::last_os_error();
+        return Err(XdpError::NoInterface(format!("{name:?} in the calling thread's network namespace ({os})")));
     }
     Ok(i)
 }
@@ -329,6 +334,13 @@ impl XdpProgram {
         self.obj.maps().find(|m| m.name() == name).ok_or_else(|| XdpError::Map(format!("map {name} missing from the object")))
     }
 
+    /// Restart the ce_above_pps rate meter (after its limit changed).
+    fn reset_rate_meter(&self) -> Result<(), XdpError> {
+        self.map("rate")?
+            .update(&0u32.to_ne_bytes(), &0u64.to_ne_bytes(), MapFlags::ANY)
+            .map_err(|e| XdpError::Map(format!("rate: {e}")))
+    }
+
     fn write_config(&self, c: &Config) -> Result<(), XdpError> {
         self.map("config")?
             .update(&0u32.to_ne_bytes(), &c.to_bytes(), MapFlags::ANY)
@@ -368,6 +380,9 @@ impl XdpProgram {
             ..*cur
         };
         self.write_config(&next)?;
+        if next.ce_above_pps != cur.ce_above_pps {
+            self.reset_rate_meter()?;
+        }
         *cur = next;
         Ok(())
     }
@@ -401,6 +416,22 @@ impl XdpProgram {
     }
 }
 
+impl Drop for XdpProgram {
+    /// Detach from the interface (from whichever thread or namespace drops
+    /// it): `BPF_LINK_DETACH` first, so that the program goes even if a copy
+    /// of the link fd lives on somewhere, then close the link. Errors are
+    /// ignored (the interface may be gone already).
+    fn drop(&mut self) {
+        if let Some(link) = self.link.take() {
+            // SAFETY: `link` is an open BPF link fd owned by us.
+            unsafe {
+                libbpf_rs::libbpf_sys::bpf_link_detach(link.as_raw_fd());
+            }
+            drop(link);
+        }
+    }
+}
+
 fn flags(m: AttachMode) -> XdpFlags {
     match m {
         AttachMode::Native => XdpFlags::DRV_MODE,
@@ -421,7 +452,8 @@ mod tests {
         assert_eq!(&b[8..12], &[10, 0, 0, 1], "IPv4 addresses in network order");
         assert_eq!(&b[40..56], &[0xfe; 16]);
         assert_eq!(u32::from_ne_bytes(b[168..172].try_into().unwrap()), u32::MAX);
-        // Offsets as the C compiler lays the struct out.
+        // Size as the C `_Static_assert`, offsets as clang lays the struct out.
+        assert_eq!(std::mem::size_of::<Config>(), CONFIG_SIZE);
         assert_eq!(std::mem::offset_of!(Config, ipv4), 8);
         assert_eq!(std::mem::offset_of!(Config, ipv6), 40);
         assert_eq!(std::mem::offset_of!(Config, drop_thresh), 168);

@@ -200,6 +200,7 @@ impl ReactionPoint {
         if !self.p.enabled {
             return;
         }
+        self.catch_up_alpha(now);
         self.cnp_in_period = true;
         let monitor = Duration::from_micros(self.p.rate_reduce_monitor_period_us);
         if self.last_cut.is_some_and(|t| now < t + monitor) {
@@ -253,44 +254,46 @@ impl ReactionPoint {
         !self.limited || now >= self.next_send
     }
 
-    /// When the RP next needs `handle_timeout` or lets a packet go.
+    /// When the RP next needs `handle_timeout` (its rate-increase timer) or
+    /// lets a paced packet go (if that is after `now`).
     pub fn next_event(&self, now: Instant) -> Option<Instant> {
         if !self.limited {
             return None;
         }
-        let mut t = [self.next_alpha_update, self.next_timer].into_iter().flatten().min();
+        let mut t = self.next_timer;
         if self.next_send > now {
             t = Some(t.map_or(self.next_send, |x| x.min(self.next_send)));
         }
         t
     }
 
-    /// Fire due timers: α update, rate-increase timer.
+    /// Apply the α updates of every `dce_tcp_rtt` period that ended by
+    /// `now` (lazily, so no timer fires every microsecond): up once if a CNP
+    /// came in the first of them, down (×g) for each of the others.
+    fn catch_up_alpha(&mut self, now: Instant) {
+        let Some(t) = self.next_alpha_update else { return };
+        if t > now {
+            return;
+        }
+        let period = self.p.dce_tcp_rtt_us.max(1) * 1000;
+        let g = f64::from(self.p.dce_tcp_g) / 1024.0;
+        let periods = (now.as_nanos() - t.as_nanos()) / period + 1;
+        let mut k = periods;
+        if self.cnp_in_period {
+            self.alpha = g * self.alpha + (1.0 - g);
+            self.cnp_in_period = false;
+            k -= 1;
+        }
+        self.alpha *= g.powf(k.min(1 << 20) as f64);
+        self.next_alpha_update = Some(Instant::from_nanos(t.as_nanos() + periods * period));
+    }
+
+    /// Fire due timers (the rate-increase timer; α catches up).
     pub fn handle_timeout(&mut self, now: Instant) {
         if !self.limited {
             return;
         }
-        let period = Duration::from_micros(self.p.dce_tcp_rtt_us.max(1));
-        let g = f64::from(self.p.dce_tcp_g) / 1024.0;
-        // α: once per dce_tcp_rtt, up if a CNP came in the period, else down.
-        // Many elapsed periods are applied at once (g^k).
-        if let Some(mut t) = self.next_alpha_update {
-            let mut k = 0u32;
-            while t <= now && k < 100_000 {
-                if self.cnp_in_period {
-                    self.alpha = g * self.alpha + (1.0 - g);
-                    self.cnp_in_period = false;
-                } else {
-                    self.alpha *= g;
-                }
-                t += period;
-                k += 1;
-            }
-            if k == 100_000 {
-                t = now + period;
-            }
-            self.next_alpha_update = Some(t);
-        }
+        self.catch_up_alpha(now);
         let reset = Duration::from_micros(self.p.rpg_time_reset_us);
         while let Some(t) = self.next_timer.filter(|&t| t <= now) {
             self.timer_stage += 1;
@@ -396,7 +399,7 @@ mod tests {
         let mut now = us(0);
         let mut rates = Vec::new();
         for _ in 0..2000 {
-            now = now + Duration::from_micros(50);
+            now += Duration::from_micros(50);
             rp.handle_timeout(now);
             rates.push(rp.rate_mbps());
             if !rp.is_limited() {

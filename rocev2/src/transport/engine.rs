@@ -7,6 +7,8 @@
 //! `handle_timeout`; completions and async events are polled out.
 
 use std::cmp::Reverse;
+
+use crate::transport::dcqcn::{DcqcnParams, NotificationPoint, ReactionPoint};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
 use std::sync::Arc;
@@ -24,7 +26,7 @@ use crate::transport::wr::{Completion, CqId, RecvWr, SendWr, WcOpcode, WcStatus}
 use crate::wire::{parse_frame, sport, Opcode, Service, WireError};
 
 /// Engine configuration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineConfig {
     /// First QPN handed out (rxe starts at 0x11; 0 and 1 are special QPs).
     pub first_qpn: u32,
@@ -36,11 +38,14 @@ pub struct EngineConfig {
     /// `x` with `x % .1 == .0`, so a frame's QPN names its shard. (0, 1):
     /// unsharded.
     pub shard: (u32, u32),
+    /// DCQCN congestion control for every QP (`enabled: false` switches the
+    /// reaction point off device-wide; CNPs are still sent and counted).
+    pub dcqcn: DcqcnParams,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1) }
+        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1), dcqcn: DcqcnParams::default() }
     }
 }
 
@@ -244,6 +249,12 @@ struct Qp {
     drained_reported: bool,
     /// Deadline of this QP's newest entry in the engine's timer queue.
     timer_at: Option<Instant>,
+    /// DCQCN reaction point (paces our requests after CNPs).
+    rp: ReactionPoint,
+    /// DCQCN notification point (CNPs for CE-marked packets we receive).
+    np: NotificationPoint,
+    /// A CNP is due to the peer QP.
+    cnp_due: bool,
 }
 
 /// A device's transport engine.
@@ -265,6 +276,9 @@ pub struct Engine {
     /// earlier entry that is re-checked when it comes up (lazy deletion), so
     /// an ACK costs nothing here and a timer costs O(log n) once.
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    /// The latest `now` the engine was given (pacing deadlines in the past
+    /// are not timers).
+    last_now: Instant,
 }
 
 /// (required, optional) attribute masks of a transition, IBTA 11.2.4.2 /
@@ -334,6 +348,7 @@ impl Engine {
             events: VecDeque::new(),
             stats: EngineStats::default(),
             timers: BinaryHeap::new(),
+            last_now: Instant::ZERO,
         }
     }
 
@@ -345,6 +360,20 @@ impl Engine {
     /// Engine-wide counters.
     pub fn stats(&self) -> &EngineStats {
         &self.stats
+    }
+
+    /// Switch DCQCN's reaction point on or off for one QP (the device
+    /// default comes from [`EngineConfig::dcqcn`]).
+    pub fn set_qp_dcqcn(&mut self, qpn: u32, enabled: bool) -> Result<(), EngineError> {
+        let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
+        let params = DcqcnParams { enabled, ..*qp.rp.params() };
+        qp.rp = ReactionPoint::new(params);
+        Ok(())
+    }
+
+    /// The DCQCN reaction point of a QP (its current rate, α, counters).
+    pub fn qp_dcqcn(&self, qpn: u32) -> Option<&ReactionPoint> {
+        self.qps.get(&qpn).map(|q| &q.rp)
     }
 
     /// The QPNs of every QP, in creation order.
@@ -408,6 +437,9 @@ impl Engine {
                 responder_flush_pending: false,
                 drained_reported: false,
                 timer_at: None,
+                rp: ReactionPoint::new(self.config.dcqcn),
+                np: NotificationPoint::default(),
+                cnp_due: false,
             },
         );
         self.order.push(qpn);
@@ -537,7 +569,13 @@ impl Engine {
             a.sq_psn = attr.sq_psn;
         }
         if let (true, Some(av)) = (mask.contains(QpAttrMask::AV) || to == QpState::Rtr, qp.attr.ah_attr) {
-            qp.path = Some(PathHeaders::new(&av, rc_port(&av, qpn, qp.attr.dest_qp_num)));
+            let mut path = PathHeaders::new(&av, rc_port(&av, qpn, qp.attr.dest_qp_num));
+            // DCQCN: our packets are ECN-capable (ECT(0)) so switches mark
+            // them instead of dropping, unless the path says otherwise.
+            if av.traffic_class & 3 == 0 {
+                path.set_ecn(2);
+            }
+            qp.path = Some(path);
         }
         qp.state = to;
         match (from, to) {
@@ -675,6 +713,7 @@ impl Engine {
 
     /// A frame from the wire. Never panics; anything refused is counted.
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
+        self.last_now = self.last_now.max(now);
         self.stats.rx_frames += 1;
         let p = match parse_frame(frame) {
             Ok(p) => p,
@@ -686,6 +725,12 @@ impl Engine {
         let bth = p.repr.transport.bth;
         if bth.opcode == Opcode::CNP {
             self.stats.rx_cnps += 1;
+            // DCQCN reaction point: a CNP for one of our QPs cuts its rate.
+            if let Some(qp) = self.qps.get_mut(&bth.dest_qp) {
+                qp.stats.rp_cnps_received += 1;
+                qp.rp.on_cnp(now);
+                self.arm(bth.dest_qp);
+            }
             return;
         }
         let qpn = bth.dest_qp;
@@ -709,6 +754,19 @@ impl Engine {
         }
         qp.stats.rx_packets += 1;
         qp.stats.rx_bytes += frame.len() as u64;
+        // DCQCN notification point: CE-marked packets of a connected QP are
+        // answered with a CNP to the peer QP, at most one per interval.
+        let ce = match p.repr.ip {
+            crate::wire::IpRepr::V4(v4) => v4.ecn == 3,
+            crate::wire::IpRepr::V6(v6) => v6.traffic_class & 3 == 3,
+        };
+        if ce && qp.init.qp_type != QpType::Ud {
+            qp.stats.np_ce_received += 1;
+            let gap = core::time::Duration::from_micros(self.config.dcqcn.np_min_time_between_cnps_us);
+            if qp.np.on_ce(now, gap) {
+                qp.cnp_due = true;
+            }
+        }
         if bth.opcode.is_response() {
             if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
                 self.stats.rx_wrong_state += 1;
@@ -753,6 +811,7 @@ impl Engine {
 
     /// The next frame to send, written into `buf`; its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        self.last_now = self.last_now.max(now);
         let n = self.order.len();
         for k in 0..n {
             let idx = (self.rr + k) % n;
@@ -768,6 +827,18 @@ impl Engine {
 
     fn transmit_qp(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
+        // A due CNP goes before anything else.
+        if qp.cnp_due {
+            if let Some(path) = qp.path {
+                qp.cnp_due = false;
+                if let Some(len) = emit_cnp(&path, qp.attr.dest_qp_num, self.config.dcqcn.cnp_dscp, buf) {
+                    qp.stats.np_cnps_sent += 1;
+                    qp.stats.tx_packets += 1;
+                    qp.stats.tx_bytes += len as u64;
+                    return Some(len);
+                }
+            }
+        }
         // Responses first: they unblock the peer.
         if qp.responder.has_pending() {
             if let Some(path) = qp.path {
@@ -798,6 +869,10 @@ impl Engine {
         if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
             return None;
         }
+        // DCQCN pacing: requests leave no faster than the QP's current rate.
+        if !qp.rp.may_send(now) {
+            return None;
+        }
         let mut path = match (qp.init.qp_type, qp.path) {
             // UD sends carry their own path per WR; this one is never used.
             (QpType::Ud, p) => p.unwrap_or_else(|| PathHeaders::new(&UNUSED_PATH, 0)),
@@ -810,6 +885,9 @@ impl Engine {
         };
         if qp.init.qp_type != QpType::Ud {
             qp.path = Some(path);
+        }
+        if let Ok(Some(len)) = r {
+            qp.rp.on_sent(now, len);
         }
         self.arm(qpn);
         match r {
@@ -834,7 +912,12 @@ impl Engine {
     /// than the entry the QP already has there.
     fn arm(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        if let Some(t) = qp.requester.next_timeout() {
+        let rp = qp.rp.next_event(self.last_now);
+        let t = match (qp.requester.next_timeout(), rp) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
+        if let Some(t) = t {
             if qp.timer_at.is_none_or(|s| t < s) {
                 qp.timer_at = Some(t);
                 self.timers.push(Reverse((t, qpn)));
@@ -844,6 +927,7 @@ impl Engine {
 
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if t > now {
                 break;
@@ -855,6 +939,7 @@ impl Engine {
                 continue;
             }
             qp.timer_at = None;
+            qp.rp.handle_timeout(now);
             if qp.requester.next_timeout().is_some_and(|d| d <= now) {
                 let r = {
                     let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
@@ -867,6 +952,45 @@ impl Engine {
             self.arm(qpn);
         }
     }
+}
+
+/// A CNP to `dest_qp` along `path` (as ConnectX sends them: DSCP `dscp`,
+/// ECT(0), UDP source port 0, BECN set, PSN 0, 16 reserved bytes).
+fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8]) -> Option<usize> {
+    use crate::wire::{BthRepr, IpRepr, TransportRepr};
+    let mut f = path.frame(TransportRepr {
+        bth: BthRepr {
+            opcode: Opcode::CNP,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: true,
+            resv6: 0,
+            dest_qp,
+            ack_req: false,
+            resv7: 0,
+            psn: Psn::new(0),
+        },
+        deth: None,
+        reth: None,
+        atomic_eth: None,
+        aeth: None,
+        atomic_ack: None,
+        immediate: None,
+        invalidate_rkey: None,
+    });
+    match &mut f.ip {
+        IpRepr::V4(v4) => {
+            v4.dscp = dscp & 0x3f;
+            v4.ecn = 2;
+        }
+        IpRepr::V6(v6) => v6.traffic_class = (dscp << 2) | 2,
+    }
+    f.udp.src_port = 0;
+    f.emit(&[], buf).ok()
 }
 
 /// The UDP source port of an RC/UC path: Linux's flow-label port from the

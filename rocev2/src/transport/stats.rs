@@ -79,6 +79,12 @@ pub struct QpStats {
     pub req_retransmits: u64,
     /// Requester: local ACK timeouts.
     pub req_timeouts: u64,
+    /// DCQCN notification point: CE-marked packets received.
+    pub np_ce_received: u64,
+    /// DCQCN notification point: CNPs sent to the peer QP.
+    pub np_cnps_sent: u64,
+    /// DCQCN reaction point: CNPs received.
+    pub rp_cnps_received: u64,
 }
 
 impl QpStats {
@@ -120,6 +126,9 @@ impl QpStats {
             ("req_bad_responses", self.req_bad_responses),
             ("req_retransmits", self.req_retransmits),
             ("req_timeouts", self.req_timeouts),
+            ("np_ce_received", self.np_ce_received),
+            ("np_cnps_sent", self.np_cnps_sent),
+            ("rp_cnps_received", self.rp_cnps_received),
         ]
         .into_iter()
     }

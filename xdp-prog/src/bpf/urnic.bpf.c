@@ -26,7 +26,7 @@ struct urnic_cfg {
 	__u16 pad0;
 	__u32 ipv4[MAX_ADDRS]; /* network order, as on the wire */
 	__u8 ipv6[MAX_ADDRS][16];
-	__u32 drop_thresh;   /* act when bpf_get_prandom_u32() < thresh */
+	__u32 drop_thresh;   /* act when bpf_get_prandom_u32() < thresh; 0xffffffff = always */
 	__u32 corrupt_thresh;
 	__u32 ce_thresh;
 	__u32 pad1;
@@ -49,9 +49,9 @@ enum counter {
 	C_MAX,
 };
 
+/* ce_above_pps: GCRA (virtual scheduling) state, shared by all CPUs. */
 struct rate_state {
-	__u64 window_start_ns;
-	__u64 count;
+	__u64 tat_ns; /* theoretical arrival time of the next conforming frame */
 };
 
 struct {
@@ -75,9 +75,9 @@ struct {
 	__type(value, __u64);
 } counters SEC(".maps");
 
-/* Packets of ours seen in the current 1 ms window, per CPU (for ce_above_pps). */
+/* Rate meter of ce_above_pps (reset by the loader when it changes). */
 struct {
-	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
 	__type(value, struct rate_state);
@@ -135,34 +135,57 @@ static __always_inline void csum_replace2(__u16 *csum, __u16 old, __u16 new)
 	*csum = bpf_htons(~sum & 0xffff);
 }
 
-/* Whether this packet should be CE-marked by the rate rule. */
+/* True with probability thresh / 2^32; thresh 0 = never, 0xffffffff = always. */
+static __always_inline int chance(__u32 thresh)
+{
+	if (thresh == 0)
+		return 0;
+	if (thresh == 0xffffffff)
+		return 1;
+	return bpf_get_prandom_u32() < thresh;
+}
+
+/* Whether a frame of ours arriving now exceeds ce_above_pps. A GCRA meter
+ * (the virtual-scheduling form of a token bucket): frames conform while they
+ * arrive no faster than one per 1e9 / pps ns, with a burst tolerance of
+ * max(1 ms, one interval); the excess is marked. Under a sustained rate R
+ * above the limit L, about (R - L) / R of the frames are marked. The state
+ * is shared by all CPUs; concurrent updates may lose a little precision. */
 static __always_inline int over_rate(const struct urnic_cfg *cfg)
 {
-	if (cfg->ce_above_pps == 0)
+	__u64 pps = cfg->ce_above_pps;
+	if (pps == 0)
 		return 0;
+	__u64 interval = 1000000000ULL / pps;
+	if (interval == 0)
+		return 0; /* more than one frame per ns: never exceeded */
+	__u64 tau = interval > 1000000 ? interval : 1000000;
 	__u32 k = 0;
 	struct rate_state *r = bpf_map_lookup_elem(&rate, &k);
 	if (!r)
 		return 0;
 	__u64 now = bpf_ktime_get_ns();
-	if (now - r->window_start_ns >= 1000000) {
-		r->window_start_ns = now;
-		r->count = 0;
+	__u64 tat = r->tat_ns;
+	if (tat <= now) {
+		/* Idle long enough: conforming, the schedule restarts now. */
+		r->tat_ns = now + interval;
+		return 0;
 	}
-	r->count += 1;
-	/* count per 1 ms window × 1000 = packets per second (per CPU). */
-	return r->count * 1000 > cfg->ce_above_pps;
+	if (tat - now > tau)
+		return 1;
+	__sync_fetch_and_add(&r->tat_ns, interval);
+	return 0;
 }
 
 /* Drop and corruption impairments on a frame of ours. Returns XDP_DROP to
  * drop it, else -1; sets *ce when the frame should be CE-marked. */
 static __always_inline int impair(const struct urnic_cfg *cfg, struct udphdr *udp, void *data_end, int *ce)
 {
-	if (cfg->drop_thresh && bpf_get_prandom_u32() < cfg->drop_thresh) {
+	if (chance(cfg->drop_thresh)) {
 		count(C_IMPAIR_DROPPED);
 		return XDP_DROP;
 	}
-	if (cfg->corrupt_thresh && bpf_get_prandom_u32() < cfg->corrupt_thresh) {
+	if (chance(cfg->corrupt_thresh)) {
 		__u8 *payload = (__u8 *)(udp + 1);
 		__u32 r = bpf_get_prandom_u32();
 		__u32 span = (__u32)(data_end - (void *)payload);
@@ -179,7 +202,10 @@ static __always_inline int impair(const struct urnic_cfg *cfg, struct udphdr *ud
 			}
 		}
 	}
-	*ce = (cfg->ce_thresh && bpf_get_prandom_u32() < cfg->ce_thresh) || over_rate(cfg);
+	/* Both rules are evaluated so that the rate meter sees every frame. */
+	int by_rate = over_rate(cfg);
+	int by_chance = chance(cfg->ce_thresh);
+	*ce = by_rate || by_chance;
 	return -1;
 }
 
