@@ -485,3 +485,117 @@ fn sharded_engines_hand_out_only_their_qpns_and_srq_ids() {
         }
     }
 }
+
+/// Set the ECN bits of an IPv4 frame to CE (as a switch would) and fix the
+/// header checksum (the ICRC masks the TOS byte, so it stays valid).
+fn mark_ce(frame: &mut [u8]) {
+    use rocev2::wire::Ipv4Packet;
+    frame[15] |= 3;
+    Ipv4Packet::new_unchecked(&mut frame[14..]).fill_checksum();
+}
+
+#[test]
+fn dcqcn_ce_marks_become_cnps_that_slow_the_sender() {
+    let mut p = pair(Opts::default());
+    let (qa, qb) = (p.a.qpn, p.b.qpn);
+    let key = p.a.key;
+    pattern(&mut p.a, 0, 64 * 1024, 3);
+    for i in 0..48u64 {
+        let remote = RemoteAddr { addr: p.b.mem.as_ptr() as u64 + (i % 16) * 4096, rkey: p.b.key };
+        p.a.engine.post_send(qa, wr(i, SendOp::Write { remote }, vec![Sge { addr: p.a.mem.as_ptr() as u64, length: 4096, lkey: key }])).unwrap();
+    }
+    let mut buf = vec![0u8; 9000];
+    let mut now = Instant::ZERO;
+    let (mut data_ecn, mut cnps, mut a_departures) = (Vec::new(), Vec::new(), Vec::new());
+    let mut first_cnp_at = None;
+    for _ in 0..100_000 {
+        let mut moved = false;
+        while let Some(len) = p.a.engine.poll_transmit(now, &mut buf) {
+            moved = true;
+            let f = &mut buf[..len];
+            let parsed = parse_frame(f).unwrap();
+            if let rocev2::wire::IpRepr::V4(v4) = parsed.repr.ip {
+                data_ecn.push(v4.ecn);
+            }
+            a_departures.push((now, len));
+            // The congestion point marks every data packet CE.
+            mark_ce(f);
+            p.b.engine.handle_frame(now, f);
+            now += Duration::from_nanos(100);
+        }
+        while let Some(len) = p.b.engine.poll_transmit(now, &mut buf) {
+            moved = true;
+            let parsed = parse_frame(&buf[..len]).unwrap();
+            if parsed.repr.transport.bth.opcode == Opcode::CNP {
+                cnps.push(parsed.repr);
+                first_cnp_at.get_or_insert(now);
+            }
+            p.a.engine.handle_frame(now, &buf[..len]);
+            now += Duration::from_nanos(100);
+        }
+        if !moved {
+            match [p.a.engine.next_timeout(), p.b.engine.next_timeout()].into_iter().flatten().min() {
+                Some(t) => {
+                    now = now.max(t);
+                    p.a.engine.handle_timeout(now);
+                    p.b.engine.handle_timeout(now);
+                }
+                None => break,
+            }
+        }
+    }
+    let done = Pair::completions(&mut p.a.engine);
+    assert_eq!(done.iter().filter(|c| c.status == WcStatus::Success).count(), 48, "{done:?}");
+    // Our data leaves ECN-capable, ECT(0).
+    assert!(data_ecn.iter().all(|&e| e == 2), "{data_ecn:?}");
+    // The NP answered with CNPs shaped like ConnectX's.
+    assert!(!cnps.is_empty());
+    for c in &cnps {
+        assert_eq!(c.transport.bth.dest_qp, qa);
+        assert!(c.transport.bth.becn);
+        assert_eq!(c.udp.src_port, 0);
+        assert!(matches!(c.ip, rocev2::wire::IpRepr::V4(v) if v.dscp == 48 && v.ecn == 2));
+    }
+    let sb = *p.b.engine.qp_stats(qb).unwrap();
+    let sa = *p.a.engine.qp_stats(qa).unwrap();
+    assert_eq!(sb.np_cnps_sent, cnps.len() as u64);
+    assert!(sb.np_ce_received > sb.np_cnps_sent, "one CNP per interval, not per marked packet: {sb:?}");
+    assert_eq!(sa.rp_cnps_received, cnps.len() as u64);
+    // The reaction point cut the rate and paced: after the first CNP, data
+    // packets leave spaced at the cut rate (about 5 Gb/s: 1.7 µs per 1078-byte
+    // frame), not back to back (0.1 µs here).
+    let rp = p.a.engine.qp_dcqcn(qa).unwrap();
+    assert!(rp.stats.cuts > 0, "{:?}", rp.stats);
+    let t0 = first_cnp_at.unwrap();
+    let after: Vec<_> = a_departures.iter().filter(|d| d.0 > t0 && d.1 > 1000).collect();
+    assert!(after.len() > 20, "{} data frames after the CNP", after.len());
+    let min_gap = after.windows(2).map(|w| w[1].0.saturating_duration_since(w[0].0)).min().unwrap();
+    assert!(min_gap >= Duration::from_nanos(1500), "paced: smallest gap {min_gap:?}");
+}
+
+#[test]
+fn dcqcn_off_for_a_qp_counts_cnps_without_limiting() {
+    let mut p = pair(Opts::default());
+    let qa = p.a.qpn;
+    p.a.engine.set_qp_dcqcn(qa, false).unwrap();
+    // A hardware CNP (ConnectX-4 Lx, ../shared/vectors) re-addressed to our QP.
+    let text = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vectors/cnp_vectors.txt")).unwrap();
+    let hex = text.lines().find(|l| l.starts_with("cx4lx_cnp")).unwrap().split_whitespace().nth(2).unwrap().to_string();
+    let mut cnp: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
+    p.a.engine.handle_frame(Instant::ZERO, &cnp);
+    assert_eq!(p.a.engine.stats().rx_cnps, 1, "the hardware CNP parses (QP 0x118 is not ours)");
+    // Point it at our QP and reseal the ICRC.
+    let at = 14 + 20 + 8 + 5;
+    cnp[at..at + 3].copy_from_slice(&qa.to_be_bytes()[1..]);
+    rocev2::wire::icrc::fill_frame(&mut cnp).unwrap();
+    p.a.engine.handle_frame(Instant::from_nanos(10_000), &cnp);
+    let s = *p.a.engine.qp_stats(qa).unwrap();
+    assert_eq!(s.rp_cnps_received, 1);
+    let rp = p.a.engine.qp_dcqcn(qa).unwrap();
+    assert_eq!(rp.stats.cnps, 1);
+    assert!(!rp.is_limited(), "DCQCN is off for this QP");
+    // On again: the same CNP cuts the rate.
+    p.a.engine.set_qp_dcqcn(qa, true).unwrap();
+    p.a.engine.handle_frame(Instant::from_nanos(20_000), &cnp);
+    assert!(p.a.engine.qp_dcqcn(qa).unwrap().is_limited());
+}
