@@ -1,5 +1,6 @@
 //! `urnic`: the command-line tool.
 
+mod dcqcn_plot;
 mod dev;
 mod devinfo;
 mod perf;
@@ -88,6 +89,13 @@ enum Cmd {
     /// TCP exchange and options, so the peer may be perftest on rxe or a
     /// ConnectX, or urnic.
     Perf(PerfArgs),
+    /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
+    /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
+    DcqcnSim {
+        /// Output directory.
+        #[arg(long, default_value = "target/dcqcn")]
+        out: std::path::PathBuf,
+    },
     /// Counters of the urnic devices running on this machine (published by
     /// each device into DIR while it runs).
     Stat {
@@ -431,6 +439,7 @@ fn main() -> ExitCode {
         Cmd::Devinfo { dev, verbose } => devinfo::run(dev.as_deref(), verbose),
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
+        Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {
