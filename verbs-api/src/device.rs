@@ -82,6 +82,9 @@ pub struct DeviceConfig {
     pub first_qpn: u32,
     /// Limits.
     pub limits: DeviceLimits,
+    /// DCQCN congestion control (`enabled: false` switches the reaction
+    /// point off for the whole device; `Qp::set_congestion_control` per QP).
+    pub dcqcn: rocev2::transport::dcqcn::DcqcnParams,
 }
 
 impl DeviceConfig {
@@ -98,6 +101,7 @@ impl DeviceConfig {
             datapath: DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
             first_qpn: 0x11,
             limits: DeviceLimits::default(),
+            dcqcn: Default::default(),
         }
     }
 }
@@ -143,6 +147,7 @@ impl DeviceConfig {
             datapath: DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
             first_qpn: 0x11,
             limits: DeviceLimits::default(),
+            dcqcn: Default::default(),
         })
     }
 }
@@ -333,7 +338,7 @@ fn eui64(mac: [u8; 6]) -> u64 {
 
 /// Open a device (`ibv_open_device`).
 pub fn open_device(config: DeviceConfig) -> Result<Context> {
-    let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits } = config;
+    let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits, dcqcn } = config;
     let active_mtu = Mtu::for_netdev_mtu(link_mtu)
         .ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
     if !(2..=0x00ff_ffff).contains(&first_qpn) {
@@ -370,7 +375,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let cfg = EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), ..EngineConfig::default() };
+            let cfg = EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), dcqcn, ..EngineConfig::default() };
             (Engine::new(cfg, memory.clone()), p)
         })
         .collect();

@@ -332,6 +332,21 @@ impl Qp {
         self.modify(&a, m)
     }
 
+    /// Switch DCQCN's rate limiting on or off for this QP (CNPs are still
+    /// counted). The device default is `DeviceConfig::dcqcn`.
+    pub fn set_congestion_control(&self, enabled: bool) -> Result<()> {
+        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.set_qp_dcqcn(self.qpn, enabled)).map_err(|e| Error::invalid(format!("set_congestion_control: {e}")))
+    }
+
+    /// DCQCN state of this QP: (current rate Mb/s, rate-limited, CNPs received).
+    pub fn congestion_state(&self) -> Result<(f64, bool, u64)> {
+        self.ctx()
+            .inner
+            .nic
+            .with_engine_of(self.qpn, |e| e.qp_dcqcn(self.qpn).map(|rp| (rp.rate_mbps(), rp.is_limited(), rp.stats.cnps)))
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("QP {:#x} is gone", self.qpn)))
+    }
+
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<rocev2::transport::attr::QpAttr> {
         self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))
