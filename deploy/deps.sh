@@ -13,7 +13,7 @@ want_pip=()
 for g in "${groups[@]}"; do
   case "$g" in
     build) want_apt+=(clang llvm libelf-dev zlib1g-dev m4 pkg-config make libbpf-dev) ;;
-    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3); want_pip+=(scapy) ;;
+    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3); want_pip+=(scapy) ;;
     peer)  want_apt+=(qemu-system-x86 debootstrap cpio zstd kmod) ;;
     *) echo "deps.sh: unknown group '$g' (build, test, peer, all)" >&2; exit 64 ;;
   esac

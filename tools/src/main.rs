@@ -1,5 +1,6 @@
 //! `urnic`: the command-line tool.
 
+mod bench;
 mod dcqcn_plot;
 mod dev;
 mod devinfo;
@@ -89,6 +90,14 @@ enum Cmd {
     /// TCP exchange and options, so the peer may be perftest on rxe or a
     /// ConnectX, or urnic.
     Perf(PerfArgs),
+    /// urnic against the baselines on the same veth, in one run: raw AF_XDP
+    /// frame forwarding, kernel TCP (iperf3), kernel UDP ping-pong; a
+    /// markdown table of medians and ratios (root).
+    Bench {
+        /// Repetitions (medians are reported).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+    },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
     DcqcnSim {
@@ -440,6 +449,7 @@ fn main() -> ExitCode {
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
+        Cmd::Bench { runs } => bench::run(runs),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {

@@ -1,0 +1,207 @@
+//! `urnic bench`: urnic against the baselines a user would pick, on the same
+//! veth between two namespaces, in one run: urnic WRITE bandwidth and SEND
+//! latency (two AF_XDP devices, run-to-completion on one thread), the raw
+//! AF_XDP frame-forwarding ceiling (one thread blasting MTU-sized RoCE frames
+//! through the same XDP program and AF_XDP path, another receiving), kernel
+//! TCP stream throughput (iperf3) and kernel UDP ping-pong latency. Prints a
+//! markdown table with the ratios.
+
+use std::net::UdpSocket;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use urnic::{open_af_xdp, DatapathMode, XskConfig};
+use urnic_datapath::netns::{in_netns, VethPair};
+use urnic_datapath::{Port, XskPort};
+
+use crate::perf::{connect_pair, send_lat, write_bw, Endpoint};
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn pct(v: &mut [f64], p: f64) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len().max(1)) - 1;
+    v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// urnic: (WRITE MB/s at `size`, SEND latency p50 µs, p99 µs at 8 B).
+fn urnic(pair: &VethPair, size: usize, iters: usize) -> Result<(f64, f64, f64), String> {
+    let x = XskConfig::new(&pair.ifname[0]);
+    let a = open_af_xdp(Some(&pair.ns[0]), "bench0", &x, DatapathMode::Manual).map_err(|e| e.to_string())?;
+    let y = XskConfig::new(&pair.ifname[1]);
+    let b = open_af_xdp(Some(&pair.ns[1]), "bench1", &y, DatapathMode::Manual).map_err(|e| e.to_string())?;
+    let buf = (2 * size.max(8192)).div_ceil(4096) * 4096;
+    let mut ea = Endpoint::new(&a, buf, 128)?;
+    let mut eb = Endpoint::new(&b, buf, 128)?;
+    ea.drive = vec![a.clone(), b.clone()];
+    eb.drive = vec![a.clone(), b.clone()];
+    connect_pair(&ea, &eb)?;
+    let bw = write_bw(&mut ea, &mut eb, size, iters, 128)?;
+    let lat = send_lat(&mut ea, &mut eb, 8, 2000)?;
+    Ok((bw.avg_mbs, lat.typical, lat.p99))
+}
+
+/// The raw AF_XDP ceiling: frames per second from one AF_XDP socket to the
+/// other through the same XDP program, `frame_len`-byte RoCE frames.
+fn raw_afxdp(pair: &VethPair, frame_len: usize, secs: f64) -> Result<f64, String> {
+    // A valid RoCE frame (WRITE MIDDLE to a QPN nobody has) to the peer's IP.
+    let frame = {
+        use rocev2::wire::*;
+        let payload = frame_len - 58;
+        let repr = FrameRepr {
+            eth: EthernetRepr { dst: pair.mac[1], src: pair.mac[0], vlan: None, ethertype: 0x0800 },
+            ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[0], dst: pair.ipv4[1], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+            udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+            transport: TransportRepr {
+                bth: BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) },
+                deth: None,
+                reth: None,
+                atomic_eth: None,
+                aeth: None,
+                atomic_ack: None,
+                immediate: None,
+                invalidate_rkey: None,
+            },
+        };
+        let mut f = vec![0u8; repr.frame_len(payload)];
+        repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
+        f
+    };
+    let ns_rx = pair.ns[1].clone();
+    let if_rx = pair.ifname[1].clone();
+    let ns_tx = pair.ns[0].clone();
+    let if_tx = pair.ifname[0].clone();
+    let mut rx = in_netns(Some(&ns_rx), move || XskPort::open(&XskConfig::new(&if_rx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let mut tx = in_netns(Some(&ns_tx), move || XskPort::open(&XskConfig::new(&if_tx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = stop.clone();
+    let sender = std::thread::spawn(move || {
+        let mut sent = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
+            for _ in 0..64 {
+                match tx.transmit_with(&mut |buf| {
+                    buf[..frame.len()].copy_from_slice(&frame);
+                    Some(frame.len())
+                }) {
+                    Ok(true) => sent += 1,
+                    _ => break,
+                }
+            }
+            let _ = tx.flush();
+        }
+        sent
+    });
+    // Warm up, then count for `secs`.
+    let warm = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < warm {
+        let _ = rx.receive(256, &mut |_| {});
+    }
+    let start = Instant::now();
+    let mut got = 0u64;
+    while start.elapsed().as_secs_f64() < secs {
+        got += rx.receive(256, &mut |_| {}).unwrap_or(0) as u64;
+    }
+    let pps = got as f64 / start.elapsed().as_secs_f64();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = sender.join();
+    Ok(pps)
+}
+
+/// iperf3 single-stream TCP throughput, Mb/s.
+fn iperf3(pair: &VethPair, secs: u32) -> Result<f64, String> {
+    let mut server = Command::new("ip")
+        .args(["netns", "exec", &pair.ns[0], "iperf3", "-s", "-1"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map_err(|e| format!("iperf3 (apt install iperf3; deploy/deps.sh test): {e}"))?;
+    std::thread::sleep(Duration::from_millis(300));
+    let ip = format!("{}.{}.{}.{}", pair.ipv4[0][0], pair.ipv4[0][1], pair.ipv4[0][2], pair.ipv4[0][3]);
+    let out = Command::new("ip")
+        .args(["netns", "exec", &pair.ns[1], "iperf3", "-c", &ip, "-t", &secs.to_string(), "-J"])
+        .output()
+        .map_err(|e| format!("iperf3: {e}"))?;
+    let _ = server.wait();
+    let text = String::from_utf8_lossy(&out.stdout);
+    // "sum_received": { ... "bits_per_second": N
+    let at = text.find("\"sum_received\"").ok_or_else(|| format!("iperf3 output without sum_received: {text}"))?;
+    let bps = text[at..]
+        .split("\"bits_per_second\":")
+        .nth(1)
+        .and_then(|v| v.trim_start().split(|c: char| c == ',' || c.is_whitespace() || c == '}').next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .ok_or("iperf3: no bits_per_second")?;
+    Ok(bps / 1e6)
+}
+
+/// Kernel UDP ping-pong of 8 bytes: (p50, p99) one-way µs (RTT/2).
+fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
+    let server_ip = pair.ipv4[0];
+    let ns0 = pair.ns[0].clone();
+    let srv = in_netns(Some(&ns0), || UdpSocket::bind("0.0.0.0:9999")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let n = iters + 100;
+    let echo = std::thread::spawn(move || {
+        let mut b = [0u8; 64];
+        for _ in 0..n {
+            if let Ok((k, from)) = srv.recv_from(&mut b) {
+                let _ = srv.send_to(&b[..k], from);
+            }
+        }
+    });
+    let ns1 = pair.ns[1].clone();
+    let cli = in_netns(Some(&ns1), || UdpSocket::bind("0.0.0.0:0")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    cli.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    cli.connect((std::net::Ipv4Addr::from(server_ip), 9999)).map_err(|e| e.to_string())?;
+    let mut samples = Vec::with_capacity(iters);
+    let mut b = [0u8; 64];
+    for i in 0..n {
+        let t = Instant::now();
+        cli.send(&[7u8; 8]).map_err(|e| e.to_string())?;
+        cli.recv(&mut b).map_err(|e| format!("UDP ping-pong: {e}"))?;
+        if i >= 100 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    let _ = echo.join();
+    Ok((median(&mut samples.clone()), pct(&mut samples, 0.99)))
+}
+
+/// Run everything `runs` times and print medians and ratios.
+pub fn run(runs: usize) -> Result<(), String> {
+    let mut u_bw = Vec::new();
+    let (mut u_p50, mut u_p99) = (Vec::new(), Vec::new());
+    let mut raw = Vec::new();
+    let mut tcp = Vec::new();
+    let (mut k_p50, mut k_p99) = (Vec::new(), Vec::new());
+    for r in 0..runs {
+        let _ = VethPair::sweep_stale();
+        let pair = VethPair::create("bench", 1500).map_err(|e| format!("namespaces (root): {e}"))?;
+        let (bw, p50, p99) = urnic(&pair, 65536, 3000)?;
+        u_bw.push(bw);
+        u_p50.push(p50);
+        u_p99.push(p99);
+        raw.push(raw_afxdp(&pair, 1078, 1.0)?);
+        tcp.push(iperf3(&pair, 2)?);
+        let (a, b) = udp_pingpong(&pair, 2000)?;
+        k_p50.push(a);
+        k_p99.push(b);
+        eprintln!("run {}: urnic {:.0} MB/s, lat {:.1} us; raw AF_XDP {:.0} kpps; TCP {:.0} Mb/s; UDP lat {:.1} us", r + 1, bw, p50, raw[r] / 1e3, tcp[r], a);
+    }
+    let bw = median(&mut u_bw);
+    let raw_pps = median(&mut raw);
+    // The ceiling in payload bytes: every 1078-byte frame carries 1024 bytes of a 64 KiB WRITE.
+    let raw_mbs = raw_pps * 1024.0 / 1e6;
+    let tcp_mbs = median(&mut tcp) / 8.0;
+    let (lp50, lp99) = (median(&mut u_p50), median(&mut u_p99));
+    let (kp50, kp99) = (median(&mut k_p50), median(&mut k_p99));
+    println!("| measure (median of {runs} runs, same veth, same run) | urnic | baseline | urnic / baseline |");
+    println!("|---|---|---|---|");
+    println!("| 64 KiB WRITE bandwidth vs raw AF_XDP frame forwarding (1078-byte frames, 1024 B payload each) | {bw:.0} MB/s | {raw_mbs:.0} MB/s ({:.0} kpps) | {:.2} |", raw_pps / 1e3, bw / raw_mbs);
+    println!("| 64 KiB WRITE bandwidth vs kernel TCP single stream (iperf3) | {bw:.0} MB/s | {tcp_mbs:.0} MB/s | {:.2} |", bw / tcp_mbs);
+    println!("| 8 B SEND latency p50 vs kernel UDP ping-pong p50 (one-way) | {lp50:.1} us | {kp50:.1} us | {:.2} |", lp50 / kp50);
+    println!("| 8 B SEND latency p99 vs kernel UDP ping-pong p99 (one-way) | {lp99:.1} us | {kp99:.1} us | {:.2} |", lp99 / kp99);
+    Ok(())
+}
