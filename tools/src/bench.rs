@@ -16,6 +16,10 @@ use urnic_datapath::{Port, XskPort};
 
 use crate::perf::{connect_pair, send_lat, write_bw, Endpoint};
 
+thread_local! {
+    static CPU_PER_GB: std::cell::Cell<f64> = const { std::cell::Cell::new(f64::NAN) };
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
@@ -25,6 +29,85 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len().max(1)) - 1;
     v.get(i).copied().unwrap_or(f64::NAN)
+}
+
+/// Resident memory of this process, bytes.
+fn rss() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4096)
+}
+
+/// CPU time (user + system) of this process so far, seconds.
+fn cpu_self() -> f64 {
+    // SAFETY: getrusage fills the struct we pass.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6 + ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6
+    }
+}
+
+/// CPU time of finished children (iperf3), seconds.
+fn cpu_children() -> f64 {
+    // SAFETY: as above.
+    unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
+        ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6 + ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6
+    }
+}
+
+/// `nqps` connected RC QP pairs on one pair of devices, 64 KiB WRITEs spread
+/// round-robin with 128 in flight: aggregate MB/s, and memory per QP.
+fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), String> {
+    use urnic::{Access, Connect, Payload, QpCaps, QpInit, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+    let x = XskConfig::new(&pair.ifname[0]);
+    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &x, DatapathMode::Manual).map_err(|e| e.to_string())?;
+    let y = XskConfig::new(&pair.ifname[1]);
+    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &y, DatapathMode::Manual).map_err(|e| e.to_string())?;
+    let e = |what: &'static str| move |err: urnic::Error| format!("{what}: {err}");
+    let (pa, pb) = (a.alloc_pd().map_err(e("pd"))?, b.alloc_pd().map_err(e("pd"))?);
+    let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (ma, mb) = (pa.alloc_mr(65536, acc).map_err(e("mr"))?, pb.alloc_mr(65536, acc).map_err(e("mr"))?);
+    let (ca, cb) = (a.create_cq(4096, None).map_err(e("cq"))?, b.create_cq(4096, None).map_err(e("cq"))?);
+    let caps = QpCaps { max_send_wr: if nqps == 1 { 128 } else { 16 }, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let before = rss();
+    let mut qps = Vec::with_capacity(nqps);
+    for i in 0..nqps {
+        let qa = pa.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &ca, recv_cq: &ca, srq: None, cap: caps, sq_sig_all: true }).map_err(e("qp"))?;
+        let qb = pb.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cb, recv_cq: &cb, srq: None, cap: caps, sq_sig_all: true }).map_err(e("qp"))?;
+        let psn = i as u32 + 1;
+        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), b.query_gid(1, 1).map_err(e("gid"))?, psn, psn) }).map_err(e("connect"))?;
+        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), a.query_gid(1, 1).map_err(e("gid"))?, psn, psn) }).map_err(e("connect"))?;
+        qps.push((qa, qb));
+    }
+    let per_qp = (rss().saturating_sub(before)) as f64 / (2 * nqps) as f64;
+    let remote = RemoteAddr { addr: mb.addr(), rkey: mb.rkey() };
+    let mut wc = vec![WorkCompletion::default(); 256];
+    let (mut posted, mut done) = (0usize, 0usize);
+    let start = Instant::now();
+    while done < iters {
+        while posted < iters && posted - done < 128 {
+            let (qa, _) = &qps[posted % nqps];
+            qa.post_send(&SendWr { wr_id: posted as u64, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![ma.sge(0, 65536)]), flags: SendFlags::SIGNALED, ud: None })
+                .map_err(e("post"))?;
+            posted += 1;
+        }
+        a.poll();
+        b.poll();
+        let n = ca.poll(&mut wc).map_err(e("poll"))?;
+        if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
+            return Err(format!("completion {:?}", bad.status));
+        }
+        done += n;
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{nqps} QPs: only {done}/{iters} WRITEs in 120 s"));
+        }
+    }
+    let mbs = (iters * 65536) as f64 / start.elapsed().as_secs_f64() / 1e6;
+    Ok((mbs, per_qp))
 }
 
 /// urnic: (WRITE MB/s at `size`, SEND latency p50 µs, p99 µs at 8 B).
@@ -39,7 +122,10 @@ fn urnic(pair: &VethPair, size: usize, iters: usize) -> Result<(f64, f64, f64), 
     ea.drive = vec![a.clone(), b.clone()];
     eb.drive = vec![a.clone(), b.clone()];
     connect_pair(&ea, &eb)?;
+    let cpu0 = cpu_self();
     let bw = write_bw(&mut ea, &mut eb, size, iters, 128)?;
+    let cpu = cpu_self() - cpu0;
+    CPU_PER_GB.with(|c| c.set(cpu / ((size * iters) as f64 / 1e9)));
     let lat = send_lat(&mut ea, &mut eb, 8, 2000)?;
     Ok((bw.avg_mbs, lat.typical, lat.p99))
 }
@@ -111,7 +197,8 @@ fn raw_afxdp(pair: &VethPair, frame_len: usize, secs: f64) -> Result<f64, String
 }
 
 /// iperf3 single-stream TCP throughput, Mb/s.
-fn iperf3(pair: &VethPair, secs: u32) -> Result<f64, String> {
+fn iperf3(pair: &VethPair, secs: u32) -> Result<(f64, f64), String> {
+    let c0 = cpu_children();
     let mut server = Command::new("ip")
         .args(["netns", "exec", &pair.ns[0], "iperf3", "-s", "-1"])
         .stdout(std::process::Stdio::null())
@@ -134,7 +221,11 @@ fn iperf3(pair: &VethPair, secs: u32) -> Result<f64, String> {
         .and_then(|v| v.trim_start().split(|c: char| c == ',' || c.is_whitespace() || c == '}').next())
         .and_then(|v| v.parse::<f64>().ok())
         .ok_or("iperf3: no bits_per_second")?;
-    Ok(bps / 1e6)
+    // CPU of both iperf3 processes (user + system, the kernel's TCP work in
+    // their context; softirq work elsewhere is not counted) per GB moved.
+    let cpu = cpu_children() - c0;
+    let gb = bps / 8.0 * f64::from(secs) / 1e9;
+    Ok((bps / 1e6, cpu / gb))
 }
 
 /// Kernel UDP ping-pong of 8 bytes: (p50, p99) one-way µs (RTT/2).
@@ -175,16 +266,26 @@ pub fn run(runs: usize) -> Result<(), String> {
     let (mut u_p50, mut u_p99) = (Vec::new(), Vec::new());
     let mut raw = Vec::new();
     let mut tcp = Vec::new();
+    let (mut u_cpu, mut t_cpu) = (Vec::new(), Vec::new());
+    let (mut one_qp, mut many, mut per_qp) = (Vec::new(), Vec::new(), Vec::new());
     let (mut k_p50, mut k_p99) = (Vec::new(), Vec::new());
     for r in 0..runs {
         let _ = VethPair::sweep_stale();
         let pair = VethPair::create("bench", 1500).map_err(|e| format!("namespaces (root): {e}"))?;
         let (bw, p50, p99) = urnic(&pair, 65536, 3000)?;
         u_bw.push(bw);
+        u_cpu.push(CPU_PER_GB.with(|c| c.get()));
         u_p50.push(p50);
         u_p99.push(p99);
         raw.push(raw_afxdp(&pair, 1078, 1.0)?);
-        tcp.push(iperf3(&pair, 2)?);
+        let (t, tc) = iperf3(&pair, 2)?;
+        tcp.push(t);
+        t_cpu.push(tc);
+        let (one, _) = many_qps(&pair, 1, 2000)?;
+        let (agg, mem) = many_qps(&pair, 1000, 4000)?;
+        one_qp.push(one);
+        many.push(agg);
+        per_qp.push(mem);
         let (a, b) = udp_pingpong(&pair, 2000)?;
         k_p50.push(a);
         k_p99.push(b);
@@ -203,5 +304,10 @@ pub fn run(runs: usize) -> Result<(), String> {
     println!("| 64 KiB WRITE bandwidth vs kernel TCP single stream (iperf3) | {bw:.0} MB/s | {tcp_mbs:.0} MB/s | {:.2} |", bw / tcp_mbs);
     println!("| 8 B SEND latency p50 vs kernel UDP ping-pong p50 (one-way) | {lp50:.1} us | {kp50:.1} us | {:.2} |", lp50 / kp50);
     println!("| 8 B SEND latency p99 vs kernel UDP ping-pong p99 (one-way) | {lp99:.1} us | {kp99:.1} us | {:.2} |", lp99 / kp99);
+    let (uc, tc) = (median(&mut u_cpu), median(&mut t_cpu));
+    println!("| CPU seconds per GB moved (urnic: whole process, both devices; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", uc / tc);
+    let (one, agg, mem) = (median(&mut one_qp), median(&mut many), median(&mut per_qp));
+    println!("| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate | {agg:.0} MB/s | {one:.0} MB/s | {:.2} |", agg / one);
+    println!("| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
     Ok(())
 }

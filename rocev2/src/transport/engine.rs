@@ -255,6 +255,8 @@ struct Qp {
     np: NotificationPoint,
     /// A CNP is due to the peer QP.
     cnp_due: bool,
+    /// In the engine's ready list.
+    ready: bool,
 }
 
 /// A device's transport engine.
@@ -262,9 +264,8 @@ pub struct Engine {
     config: EngineConfig,
     memory: Arc<MemoryTable>,
     qps: HashMap<u32, Qp>,
-    /// QPNs in creation order (round-robin transmit).
+    /// QPNs in creation order.
     order: Vec<u32>,
-    rr: usize,
     next_qpn: u32,
     srqs: HashMap<SrqId, RecvQueue>,
     next_srq: u32,
@@ -279,6 +280,11 @@ pub struct Engine {
     /// The latest `now` the engine was given (pacing deadlines in the past
     /// are not timers).
     last_now: Instant,
+    /// QPs that may have something to send, in round-robin order. A QP is
+    /// put here by every event that can give it work (a post, a received
+    /// frame, a timer, a state change) and leaves when it has nothing to
+    /// send: transmit costs O(active QPs), not O(all QPs).
+    ready: VecDeque<u32>,
 }
 
 /// (required, optional) attribute masks of a transition, IBTA 11.2.4.2 /
@@ -340,7 +346,6 @@ impl Engine {
             memory,
             qps: HashMap::new(),
             order: Vec::new(),
-            rr: 0,
             next_qpn: config.first_qpn.max(2),
             srqs: HashMap::new(),
             next_srq: 1,
@@ -349,6 +354,7 @@ impl Engine {
             stats: EngineStats::default(),
             timers: BinaryHeap::new(),
             last_now: Instant::ZERO,
+            ready: VecDeque::new(),
         }
     }
 
@@ -368,6 +374,7 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         let params = DcqcnParams { enabled, ..*qp.rp.params() };
         qp.rp = ReactionPoint::new(params);
+        self.wake(qpn);
         Ok(())
     }
 
@@ -440,6 +447,7 @@ impl Engine {
                 rp: ReactionPoint::new(self.config.dcqcn),
                 np: NotificationPoint::default(),
                 cnp_due: false,
+                ready: false,
             },
         );
         self.order.push(qpn);
@@ -476,6 +484,7 @@ impl Engine {
     pub fn modify_qp(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
         let r = self.modify_qp_inner(qpn, attr, mask);
         self.arm(qpn);
+        self.wake(qpn);
         r
     }
 
@@ -603,6 +612,8 @@ impl Engine {
     /// Move a QP to ERR and flush its queues (each WR completes once with
     /// `WR_FLUSH_ERR`). `fatal`: raised by the QP itself, not by modify.
     fn enter_error(&mut self, qpn: u32, fatal: bool) {
+        // A responder NAK or flush may still have to go out.
+        self.wake(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
         {
@@ -677,6 +688,7 @@ impl Engine {
         let sig_all = qp.init.sq_sig_all;
         qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
         self.arm(qpn);
+        self.wake(qpn);
         Ok(())
     }
 
@@ -730,10 +742,14 @@ impl Engine {
                 qp.stats.rp_cnps_received += 1;
                 qp.rp.on_cnp(now);
                 self.arm(bth.dest_qp);
+                self.wake(bth.dest_qp);
             }
             return;
         }
         let qpn = bth.dest_qp;
+        // Whatever this frame does to the QP (ACK, request, NAK), it may
+        // have something to send afterwards.
+        self.wake(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qpn += 1;
             return;
@@ -812,12 +828,15 @@ impl Engine {
     /// The next frame to send, written into `buf`; its length.
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.last_now = self.last_now.max(now);
-        let n = self.order.len();
-        for k in 0..n {
-            let idx = (self.rr + k) % n;
-            let qpn = self.order[idx];
+        for _ in 0..self.ready.len() {
+            let qpn = self.ready.pop_front()?;
+            match self.qps.get_mut(&qpn) {
+                Some(qp) => qp.ready = false,
+                None => continue,
+            }
             if let Some(len) = self.transmit_qp(now, qpn, buf) {
-                self.rr = (idx + 1) % n.max(1);
+                // More may follow: back to the end of the line (round robin).
+                self.wake(qpn);
                 self.stats.tx_frames += 1;
                 return Some(len);
             }
@@ -908,6 +927,16 @@ impl Engine {
         self.timers.peek().map(|Reverse((t, _))| *t)
     }
 
+    /// Put `qpn` on the ready list (once).
+    fn wake(&mut self, qpn: u32) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            if !qp.ready {
+                qp.ready = true;
+                self.ready.push_back(qpn);
+            }
+        }
+    }
+
     /// Put `qpn`'s requester deadline in the timer queue if it is earlier
     /// than the entry the QP already has there.
     fn arm(&mut self, qpn: u32) {
@@ -940,6 +969,10 @@ impl Engine {
             }
             qp.timer_at = None;
             qp.rp.handle_timeout(now);
+            if !qp.ready {
+                qp.ready = true;
+                self.ready.push_back(qpn);
+            }
             if qp.requester.next_timeout().is_some_and(|d| d <= now) {
                 let r = {
                     let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
