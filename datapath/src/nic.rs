@@ -18,7 +18,7 @@
 //! operations (create/modify/destroy) take. Posting and polling from
 //! application threads never take one.
 
-use std::collections::HashMap;
+use rocev2::hash::IntMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant as StdInstant;
@@ -107,9 +107,9 @@ struct Shard {
 pub struct Nic {
     shards: Vec<Shard>,
     info: PortInfo,
-    qps: RwLock<HashMap<u32, Arc<QpRings>>>,
-    srqs: RwLock<HashMap<SrqId, Arc<SrqRing>>>,
-    cqs: RwLock<HashMap<CqId, Arc<CqRing>>>,
+    qps: RwLock<IntMap<u32, Arc<QpRings>>>,
+    srqs: RwLock<IntMap<SrqId, Arc<SrqRing>>>,
+    cqs: RwLock<IntMap<CqId, Arc<CqRing>>>,
     events: ArrayQueue<AsyncEvent>,
     epoch: StdInstant,
     link_up: AtomicBool,
@@ -153,9 +153,9 @@ impl Nic {
         Nic {
             shards,
             info,
-            qps: RwLock::new(HashMap::new()),
-            srqs: RwLock::new(HashMap::new()),
-            cqs: RwLock::new(HashMap::new()),
+            qps: RwLock::new(IntMap::default()),
+            srqs: RwLock::new(IntMap::default()),
+            cqs: RwLock::new(IntMap::default()),
             events: ArrayQueue::new(1024),
             epoch: StdInstant::now(),
             link_up: AtomicBool::new(true),

@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod hash;
 pub mod psn;
 #[cfg(feature = "sim")]
 pub mod sim;

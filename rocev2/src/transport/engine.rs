@@ -8,6 +8,7 @@
 
 use std::cmp::Reverse;
 
+use crate::hash::IntMap;
 use crate::transport::dcqcn::{DcqcnParams, NotificationPoint, ReactionPoint};
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::fmt;
@@ -263,11 +264,11 @@ struct Qp {
 pub struct Engine {
     config: EngineConfig,
     memory: Arc<MemoryTable>,
-    qps: HashMap<u32, Qp>,
+    qps: IntMap<u32, Qp>,
     /// QPNs in creation order.
     order: Vec<u32>,
     next_qpn: u32,
-    srqs: HashMap<SrqId, RecvQueue>,
+    srqs: IntMap<SrqId, RecvQueue>,
     next_srq: u32,
     completions: VecDeque<Completion>,
     events: VecDeque<AsyncEvent>,
@@ -344,10 +345,10 @@ impl Engine {
         Engine {
             config,
             memory,
-            qps: HashMap::new(),
+            qps: IntMap::default(),
             order: Vec::new(),
             next_qpn: config.first_qpn.max(2),
-            srqs: HashMap::new(),
+            srqs: IntMap::default(),
             next_srq: 1,
             completions: VecDeque::new(),
             events: VecDeque::new(),
@@ -1069,7 +1070,7 @@ fn req_ctx<'a>(qp: &'a mut Qp, memory: &'a MemoryTable, completions: &'a mut Vec
 fn resp_ctx<'a>(
     qp: &'a mut Qp,
     memory: &'a MemoryTable,
-    srqs: &'a mut HashMap<SrqId, RecvQueue>,
+    srqs: &'a mut IntMap<SrqId, RecvQueue>,
     completions: &'a mut VecDeque<Completion>,
     events: &'a mut VecDeque<crate::transport::engine::AsyncEvent>,
 ) -> Option<(&'a mut Responder, ResponderCtx<'a>)> {
@@ -1102,7 +1103,7 @@ fn resp_ctx<'a>(
 fn flush_responder(
     qp: &mut Qp,
     memory: &MemoryTable,
-    srqs: &mut HashMap<SrqId, RecvQueue>,
+    srqs: &mut IntMap<SrqId, RecvQueue>,
     completions: &mut VecDeque<Completion>,
     events: &mut VecDeque<AsyncEvent>,
 ) {

@@ -137,7 +137,14 @@ impl Opcode {
 
     /// The extension headers this opcode carries, or `None` for an opcode
     /// urnic does not know (reserved, RD, manufacturer-specific, FLUSH, ...).
+    /// A lookup in a table built at compile time (it is asked for several
+    /// times per packet).
+    #[inline]
     pub const fn layout(self) -> Option<HeaderLayout> {
+        LAYOUTS[self.0 as usize]
+    }
+
+    const fn layout_by_match(self) -> Option<HeaderLayout> {
         const P: HeaderLayout = HeaderLayout {
             deth: false,
             reth: false,
@@ -303,6 +310,17 @@ impl fmt::Debug for Opcode {
     }
 }
 
+/// [`Opcode::layout`] for every opcode byte.
+static LAYOUTS: [Option<HeaderLayout>; 256] = {
+    let mut t = [None; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = Opcode(i as u8).layout_by_match();
+        i += 1;
+    }
+    t
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -328,3 +346,4 @@ mod tests {
         assert!(Opcode::UC_WRITE_LAST_IMM.has_immediate());
     }
 }
+
