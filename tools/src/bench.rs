@@ -260,8 +260,116 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
     Ok((median(&mut samples.clone()), pct(&mut samples, 0.99)))
 }
 
+/// WRITE bandwidth (MB/s) for each size, on a veth of `link_mtu`, with both
+/// devices on one thread (run-to-completion) or a datapath thread each.
+fn sweep(link_mtu: u32, two_cores: bool, sizes: &[usize]) -> Result<Vec<f64>, String> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
+    let mode = if two_cores { DatapathMode::Thread { core: None, idle: urnic::IdlePolicy::BusyPoll } } else { DatapathMode::Manual };
+    let a = open_af_xdp(Some(&pair.ns[0]), "sw0", &XskConfig::new(&pair.ifname[0]), mode.clone()).map_err(|e| e.to_string())?;
+    let b = open_af_xdp(Some(&pair.ns[1]), "sw1", &XskConfig::new(&pair.ifname[1]), mode).map_err(|e| e.to_string())?;
+    let max = sizes.iter().copied().max().unwrap_or(65536);
+    let buf = (2 * max.max(8192)).div_ceil(4096) * 4096;
+    let mut ea = Endpoint::new(&a, buf, 128)?;
+    let mut eb = Endpoint::new(&b, buf, 128)?;
+    if !two_cores {
+        ea.drive = vec![a.clone(), b.clone()];
+        eb.drive = vec![a.clone(), b.clone()];
+    }
+    connect_pair(&ea, &eb)?;
+    let mut out = Vec::new();
+    for &size in sizes {
+        let iters = (256usize << 20).div_ceil(size).clamp(2000, 20_000);
+        out.push(write_bw(&mut ea, &mut eb, size, iters, 128)?.avg_mbs);
+    }
+    Ok(out)
+}
+
+fn plot_sweep(sizes: &[usize], series: &[(String, Vec<f64>)], ceiling: f64, path: &std::path::Path) -> Result<(), String> {
+    use crate::dcqcn_plot::{Canvas, Panel, COLORS, H, W};
+    let mut c = Canvas::new();
+    let ymax = series.iter().flat_map(|s| s.1.iter().copied()).fold(ceiling, f64::max) * 1.1;
+    // x: log2 of the size.
+    let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
+    let p = Panel { area: (50, 20, W as i64 - 20, H as i64 - 30), xmax: hi - lo, ymax };
+    p.frame(&mut c);
+    for (k, (_, v)) in series.iter().enumerate() {
+        for (i, w) in v.windows(2).enumerate() {
+            let x0 = (sizes[i] as f64).log2() - lo;
+            let x1 = (sizes[i + 1] as f64).log2() - lo;
+            c.line(p.at(x0, w[0]), p.at(x1, w[1]), COLORS[k % COLORS.len()]);
+        }
+    }
+    // The raw AF_XDP ceiling (MTU 1024 frames) as a dashed black line.
+    let (xa, y) = p.at(0.0, ceiling);
+    let (xb, _) = p.at(hi - lo, ceiling);
+    let mut x = xa;
+    while x < xb {
+        c.line((x, y), ((x + 6).min(xb), y), [0, 0, 0]);
+        x += 12;
+    }
+    c.save(path)
+}
+
+/// The bandwidth sweep and the baselines, written to `dir` as report.md,
+/// bandwidth.png and sweep.csv.
+pub fn report(dir: &std::path::Path, runs: usize) -> Result<(), String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    let sizes = [64usize, 256, 1024, 4096, 16384, 65536, 262_144, 1 << 20];
+    let mut series = Vec::new();
+    for (mtu, label) in [(1500u32, "MTU 1024"), (9000, "MTU 4096")] {
+        for two in [false, true] {
+            let v = sweep(mtu, two, &sizes)?;
+            eprintln!("{label}, {}: {:?}", if two { "2 cores" } else { "1 core" }, v.iter().map(|x| *x as i64).collect::<Vec<_>>());
+            series.push((format!("{label}, {}", if two { "two datapath cores" } else { "one core, run-to-completion" }), v));
+        }
+    }
+    let pair = VethPair::create("ceil", 1500).map_err(|e| e.to_string())?;
+    let ceiling = raw_afxdp(&pair, 1078, 1.0)? * 1024.0 / 1e6;
+    drop(pair);
+    let mut md = String::from("# urnic benchmark report\n\nWRITE bandwidth (MB/s, 10^6 bytes) between two namespaces over veth, by message size.\n\n| size |");
+    for (l, _) in &series {
+        md.push_str(&format!(" {l} |"));
+    }
+    md.push_str("\n|---|");
+    md.push_str(&"---|".repeat(series.len()));
+    md.push('\n');
+    let mut csv = String::from("size");
+    for (l, _) in &series {
+        csv.push_str(&format!(",{}", l.replace(',', ";")));
+    }
+    csv.push('\n');
+    for (i, s) in sizes.iter().enumerate() {
+        md.push_str(&format!("| {s} |"));
+        csv.push_str(&s.to_string());
+        for (_, v) in &series {
+            md.push_str(&format!(" {:.0} |", v[i]));
+            csv.push_str(&format!(",{:.1}", v[i]));
+        }
+        md.push('\n');
+        csv.push('\n');
+    }
+    md.push_str(&format!("\nRaw AF_XDP ceiling at MTU 1024 (1078-byte frames, payload bytes): {ceiling:.0} MB/s (dashed line in bandwidth.png; x axis log2 of the size 64 B..1 MiB, one line per column above in order: blue, orange, green, red).\n\n"));
+    std::fs::write(dir.join("sweep.csv"), csv).map_err(|e| e.to_string())?;
+    plot_sweep(&sizes, &series, ceiling, &dir.join("bandwidth.png"))?;
+    // The baselines table.
+    let table = baselines(runs)?;
+    md.push_str("## Against the baselines (same veth, same run, medians)\n\n");
+    md.push_str(&table);
+    std::fs::write(dir.join("report.md"), &md).map_err(|e| e.to_string())?;
+    println!("{md}");
+    println!("written: {}", dir.display());
+    Ok(())
+}
+
 /// Run everything `runs` times and print medians and ratios.
 pub fn run(runs: usize) -> Result<(), String> {
+    println!("{}", baselines(runs)?);
+    Ok(())
+}
+
+/// The baselines table (markdown).
+fn baselines(runs: usize) -> Result<String, String> {
     let mut u_bw = Vec::new();
     let (mut u_p50, mut u_p99) = (Vec::new(), Vec::new());
     let mut raw = Vec::new();
@@ -297,17 +405,18 @@ pub fn run(runs: usize) -> Result<(), String> {
     let raw_mbs = raw_pps * 1024.0 / 1e6;
     let tcp_mbs = median(&mut tcp) / 8.0;
     let (lp50, lp99) = (median(&mut u_p50), median(&mut u_p99));
+    let mut out = String::new();
     let (kp50, kp99) = (median(&mut k_p50), median(&mut k_p99));
-    println!("| measure (median of {runs} runs, same veth, same run) | urnic | baseline | urnic / baseline |");
-    println!("|---|---|---|---|");
-    println!("| 64 KiB WRITE bandwidth vs raw AF_XDP frame forwarding (1078-byte frames, 1024 B payload each) | {bw:.0} MB/s | {raw_mbs:.0} MB/s ({:.0} kpps) | {:.2} |", raw_pps / 1e3, bw / raw_mbs);
-    println!("| 64 KiB WRITE bandwidth vs kernel TCP single stream (iperf3) | {bw:.0} MB/s | {tcp_mbs:.0} MB/s | {:.2} |", bw / tcp_mbs);
-    println!("| 8 B SEND latency p50 vs kernel UDP ping-pong p50 (one-way) | {lp50:.1} us | {kp50:.1} us | {:.2} |", lp50 / kp50);
-    println!("| 8 B SEND latency p99 vs kernel UDP ping-pong p99 (one-way) | {lp99:.1} us | {kp99:.1} us | {:.2} |", lp99 / kp99);
+    out.push_str(&format!("| measure (median of {runs} runs, same veth, same run) | urnic | baseline | urnic / baseline |\n"));
+    out.push_str("|---|---|---|---|\n");
+    out.push_str(&format!("| 64 KiB WRITE bandwidth vs raw AF_XDP frame forwarding (1078-byte frames, 1024 B payload each) | {bw:.0} MB/s | {raw_mbs:.0} MB/s ({:.0} kpps) | {:.2} |\n", raw_pps / 1e3, bw / raw_mbs));
+    out.push_str(&format!("| 64 KiB WRITE bandwidth vs kernel TCP single stream (iperf3) | {bw:.0} MB/s | {tcp_mbs:.0} MB/s | {:.2} |\n", bw / tcp_mbs));
+    out.push_str(&format!("| 8 B SEND latency p50 vs kernel UDP ping-pong p50 (one-way) | {lp50:.1} us | {kp50:.1} us | {:.2} |\n", lp50 / kp50));
+    out.push_str(&format!("| 8 B SEND latency p99 vs kernel UDP ping-pong p99 (one-way) | {lp99:.1} us | {kp99:.1} us | {:.2} |\n", lp99 / kp99));
     let (uc, tc) = (median(&mut u_cpu), median(&mut t_cpu));
-    println!("| CPU seconds per GB moved (urnic: whole process, both devices; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", uc / tc);
+    out.push_str(&format!("| CPU seconds per GB moved (urnic: whole process, both devices; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |\n", uc / tc));
     let (one, agg, mem) = (median(&mut one_qp), median(&mut many), median(&mut per_qp));
-    println!("| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate | {agg:.0} MB/s | {one:.0} MB/s | {:.2} |", agg / one);
-    println!("| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
-    Ok(())
+    out.push_str(&format!("| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate | {agg:.0} MB/s | {one:.0} MB/s | {:.2} |\n", agg / one));
+    out.push_str(&format!("| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |\n", mem / 1024.0));
+    Ok(out)
 }

@@ -7,16 +7,16 @@ use std::time::Duration;
 
 use rocev2::sim::dcqcn::{run, FlowSpec, Outcome, Scenario};
 
-const W: usize = 1000;
-const H: usize = 600;
-const COLORS: [[u8; 3]; 8] = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
+pub(crate) const W: usize = 1000;
+pub(crate) const H: usize = 600;
+pub(crate) const COLORS: [[u8; 3]; 8] = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
 
-struct Canvas {
+pub(crate) struct Canvas {
     px: Vec<u8>,
 }
 
 impl Canvas {
-    fn new() -> Canvas {
+    pub(crate) fn new() -> Canvas {
         Canvas { px: vec![255; W * H * 3] }
     }
 
@@ -27,7 +27,7 @@ impl Canvas {
         }
     }
 
-    fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3]) {
+    pub(crate) fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3]) {
         // Bresenham.
         let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
         let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
@@ -49,7 +49,7 @@ impl Canvas {
         }
     }
 
-    fn save(&self, path: &Path) -> Result<(), String> {
+    pub(crate) fn save(&self, path: &Path) -> Result<(), String> {
         let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
         let mut enc = png::Encoder::new(std::io::BufWriter::new(f), W as u32, H as u32);
         enc.set_color(png::ColorType::Rgb);
@@ -60,14 +60,14 @@ impl Canvas {
 }
 
 /// A panel: area (x0, y0, x1, y1) in pixels, data ranges, light grid.
-struct Panel {
-    area: (i64, i64, i64, i64),
-    xmax: f64,
-    ymax: f64,
+pub(crate) struct Panel {
+    pub(crate) area: (i64, i64, i64, i64),
+    pub(crate) xmax: f64,
+    pub(crate) ymax: f64,
 }
 
 impl Panel {
-    fn frame(&self, c: &mut Canvas) {
+    pub(crate) fn frame(&self, c: &mut Canvas) {
         let (x0, y0, x1, y1) = self.area;
         for k in 0..=10 {
             let gx = x0 + (x1 - x0) * k / 10;
@@ -79,7 +79,7 @@ impl Panel {
         c.line((x0, y0), (x0, y1), [0, 0, 0]);
     }
 
-    fn at(&self, x: f64, y: f64) -> (i64, i64) {
+    pub(crate) fn at(&self, x: f64, y: f64) -> (i64, i64) {
         let (x0, y0, x1, y1) = self.area;
         let px = x0 as f64 + (x / self.xmax).clamp(0.0, 1.0) * (x1 - x0) as f64;
         let py = y1 as f64 - (y / self.ymax).clamp(0.0, 1.0) * (y1 - y0) as f64;

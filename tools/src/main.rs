@@ -97,6 +97,11 @@ enum Cmd {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
+        /// Also sweep WRITE bandwidth over message sizes at MTU 1024 and 4096
+        /// with one and two datapath cores, and write report.md,
+        /// bandwidth.png and sweep.csv into DIR.
+        #[arg(long, value_name = "DIR")]
+        report: Option<std::path::PathBuf>,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -449,7 +454,8 @@ fn main() -> ExitCode {
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
-        Cmd::Bench { runs } => bench::run(runs),
+        Cmd::Bench { runs, report: Some(dir) } => bench::report(&dir, runs),
+        Cmd::Bench { runs, report: None } => bench::run(runs),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {
