@@ -265,7 +265,7 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
 fn sweep(link_mtu: u32, two_cores: bool, sizes: &[usize]) -> Result<Vec<f64>, String> {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
-    let mode = if two_cores { DatapathMode::Thread { core: None, idle: urnic::IdlePolicy::BusyPoll } } else { DatapathMode::Manual };
+    let mode = if two_cores { DatapathMode::Thread { core: None, idle: urnic::IdlePolicy::default() } } else { DatapathMode::Manual };
     let a = open_af_xdp(Some(&pair.ns[0]), "sw0", &XskConfig::new(&pair.ifname[0]), mode.clone()).map_err(|e| e.to_string())?;
     let b = open_af_xdp(Some(&pair.ns[1]), "sw1", &XskConfig::new(&pair.ifname[1]), mode).map_err(|e| e.to_string())?;
     let max = sizes.iter().copied().max().unwrap_or(65536);
