@@ -40,10 +40,15 @@ for m in "${want_pip[@]}"; do
   fi
 done
 
-command -v cargo >/dev/null || { echo "deps.sh: cargo is missing (the machine's Rust toolchain)" >&2; exit 1; }
-if ! command -v cargo-nextest >/dev/null; then
-  echo "deps: installing cargo-nextest"
-  cargo install --locked -q cargo-nextest
+# The Rust toolchain matters to build and test only (peer.sh needs none).
+needs_cargo=0
+for g in "${groups[@]}"; do case "$g" in build|test) needs_cargo=1 ;; esac; done
+if [ "$needs_cargo" = 1 ]; then
+  command -v cargo >/dev/null || { echo "deps.sh: cargo is missing (the machine's Rust toolchain)" >&2; exit 1; }
+  if ! command -v cargo-nextest >/dev/null; then
+    echo "deps: installing cargo-nextest"
+    cargo install --locked -q cargo-nextest
+  fi
 fi
 [ ${#missing[@]} -eq 0 ] && echo "deps: all present (${groups[*]})"
 exit 0
