@@ -10,7 +10,7 @@ mod common;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
-use rocev2::wire::{icrc, parse_frame, parse_l3, peek_dest_qpn, sport, IpRepr, Opcode, ParsedFrame, Service, WireError};
+use rocev2::wire::{icrc, parse_frame, parse_l3, peek_dest_qpn, peek_opcode, sport, IpRepr, Opcode, ParsedFrame, Service, WireError};
 
 fn captures() -> Vec<PathBuf> {
     let dir = common::shared_dir().join("pcaps");
@@ -51,6 +51,7 @@ fn every_captured_frame_roundtrips() {
                     opcodes.insert(p.repr.transport.bth.opcode.0);
                     // the shard steering peek agrees with the full parse
                     assert_eq!(peek_dest_qpn(f), Some(p.repr.transport.bth.dest_qp), "{at}");
+                    assert_eq!(peek_opcode(f), Some(p.repr.transport.bth.opcode), "{at}");
                     // re-emit, copying the payload in ...
                     let mut out = vec![0u8; f.len()];
                     let n = p.repr.emit(p.payload, &mut out).unwrap();
@@ -250,6 +251,7 @@ fn qpn_peek_never_panics_on_cut_or_foreign_frames() {
         for rec in common::pcap::read(&path).unwrap() {
             for cut in 0..rec.data.len().min(80) {
                 let _ = peek_dest_qpn(&rec.data[..cut]);
+                let _ = peek_opcode(&rec.data[..cut]);
             }
         }
     }
@@ -262,4 +264,5 @@ fn qpn_peek_never_panics_on_cut_or_foreign_frames() {
     icmp[14] = 0x45;
     icmp[23] = 1;
     assert_eq!(peek_dest_qpn(&icmp), None);
+    assert_eq!(peek_opcode(&icmp), None);
 }

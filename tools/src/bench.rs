@@ -1,30 +1,44 @@
 //! `urnic bench`: urnic against the baselines a user would pick, on the same
-//! veth between two namespaces, in one run: urnic WRITE bandwidth and SEND
-//! latency (two AF_XDP devices, run-to-completion on one thread), the raw
-//! AF_XDP frame-forwarding ceiling (one thread blasting MTU-sized RoCE frames
-//! through the same XDP program and AF_XDP path, another receiving), kernel
-//! TCP stream throughput (iperf3) and kernel UDP ping-pong latency. Prints a
-//! markdown table with the ratios.
+//! veth between two namespaces, in one run, with medians over several runs
+//! and the ratios.
+//!
+//! urnic runs with one core (both devices run-to-completion on the
+//! application's thread) and with two (device A on the application's thread,
+//! device B polled by a second thread). Its baselines, measured on the same
+//! veth in the same run:
+//! - the raw AF_XDP ceiling: MTU-sized RoCE frames from one AF_XDP socket to
+//!   the other through the same XDP program, doing nothing else — with one
+//!   thread sending and receiving (the one-core budget) and with a sender and
+//!   a receiver thread (two cores);
+//! - kernel TCP: single-stream throughput and 64-byte-write message rate
+//!   (iperf3), 8-byte ping-pong latency (our echo over TCP_NODELAY);
+//! - kernel UDP: 8-byte ping-pong latency.
+//!
+//! `--report DIR` adds bandwidth sweeps (WRITE, READ, SEND; 64 B..1 MiB; MTU
+//! 1024 and 4096; one and two cores) and writes report.md, sweep.csv,
+//! bandwidth_{write,read,send}.png and latency.png (distributions).
 
-use std::net::UdpSocket;
+use std::fmt::Write as _;
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream, UdpSocket};
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use urnic::{open_af_xdp, DatapathMode, XskConfig};
+use urnic::{open_af_xdp, Context, DatapathMode, XskConfig};
 use urnic_datapath::netns::{in_netns, VethPair};
 use urnic_datapath::{Port, XskPort};
 
-use crate::perf::{connect_pair, send_lat, write_bw, Endpoint};
+use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
+use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
 
-thread_local! {
-    static CPU_PER_GB: std::cell::Cell<f64> = const { std::cell::Cell::new(f64::NAN) };
-}
-
+/// Median (sorts `v`); NaN if empty.
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+    pct(v, 0.5)
 }
 
+/// The `p` quantile (nearest rank; sorts `v`); NaN if empty.
 fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len().max(1)) - 1;
@@ -39,48 +53,164 @@ fn rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-/// CPU time (user + system) of this process so far, seconds.
-fn cpu_self() -> f64 {
+fn cpu(who: i32) -> f64 {
     // SAFETY: getrusage fills the struct we pass.
     unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_SELF, &mut ru);
+        libc::getrusage(who, &mut ru);
         ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6 + ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6
     }
+}
+
+/// CPU time (user + system) of this process so far (all its threads), s.
+fn cpu_self() -> f64 {
+    cpu(libc::RUSAGE_SELF)
 }
 
 /// CPU time of finished children (iperf3), seconds.
 fn cpu_children() -> f64 {
-    // SAFETY: as above.
-    unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_CHILDREN, &mut ru);
-        ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6 + ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6
+    cpu(libc::RUSAGE_CHILDREN)
+}
+
+fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
+    move |e| format!("{what}: {e}")
+}
+
+/// How many cores urnic gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Cores {
+    /// Both devices run-to-completion on the application's thread.
+    One,
+    /// Device A on the application's thread, device B on its own thread.
+    Two,
+}
+
+impl Cores {
+    fn label(self) -> &'static str {
+        match self {
+            Cores::One => "1 core",
+            Cores::Two => "2 cores",
+        }
     }
 }
 
-/// `nqps` connected RC QP pairs on one pair of devices, 64 KiB WRITEs spread
-/// round-robin with 128 in flight: aggregate MB/s, and memory per QP.
+/// A thread polling one device until dropped.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Poller {
+    fn spawn(ctx: Context) -> Poller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                ctx.poll();
+            }
+        });
+        Poller { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Two connected urnic endpoints on a veth pair. Field order is drop order:
+/// the poller stops before the endpoints go.
+struct Rig {
+    _poller: Option<Poller>,
+    ea: Endpoint,
+    eb: Endpoint,
+}
+
+fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig, String> {
+    let a = open_af_xdp(Some(&pair.ns[0]), &format!("{tag}0"), &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
+    let b = open_af_xdp(Some(&pair.ns[1]), &format!("{tag}1"), &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
+    let buf = buf.max(16384).div_ceil(4096) * 4096;
+    let mut ea = Endpoint::new(&a, buf, 128)?;
+    let mut eb = Endpoint::new(&b, buf, 128)?;
+    let poller = match cores {
+        Cores::One => {
+            ea.drive = vec![a.clone(), b.clone()];
+            eb.drive = vec![a.clone(), b.clone()];
+            None
+        }
+        Cores::Two => {
+            // The application's thread drives A whichever endpoint it waits on.
+            ea.drive = vec![a.clone()];
+            eb.drive = vec![a.clone()];
+            Some(Poller::spawn(b.clone()))
+        }
+    };
+    connect_pair(&ea, &eb)?;
+    Ok(Rig { _poller: poller, ea, eb })
+}
+
+/// Messages per bandwidth point: about 64 MiB, 200..20,000 messages.
+fn iters_for(size: usize) -> usize {
+    (64usize << 20).div_ceil(size).clamp(200, 20_000)
+}
+
+/// What one urnic configuration measured.
+#[derive(Default)]
+struct UrnicRun {
+    /// 64 KiB WRITE MB/s at MTU 1024 and at MTU 4096.
+    write_64k: f64,
+    write_64k_mtu4096: f64,
+    /// 64 B WRITE messages per second.
+    msg_rate: f64,
+    /// CPU seconds per GB in the 64 KiB WRITE run at MTU 1024.
+    cpu_per_gb: f64,
+    /// 8 B one-way latency samples, µs.
+    send_lat: Vec<f64>,
+    write_lat: Vec<f64>,
+}
+
+fn urnic_run(pair: &VethPair, pair9k: &VethPair, cores: Cores) -> Result<UrnicRun, String> {
+    let mut r = UrnicRun::default();
+    {
+        let mut rig = rig(pair, cores, 2 * 65536, "bn")?;
+        let cpu0 = cpu_self();
+        let iters = 3000;
+        r.write_64k = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, iters, 128)?.avg_mbs;
+        r.cpu_per_gb = (cpu_self() - cpu0) / ((65536 * iters) as f64 / 1e9);
+        r.msg_rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, 40_000, 128).map_err(|e| format!("{}: 64 B: {e}", cores.label()))?.avg_mbs * 1e6 / 64.0;
+        r.send_lat = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: send_lat: {e}", cores.label()))?;
+        r.write_lat = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: write_lat: {e}", cores.label()))?;
+    }
+    let mut rig = rig(pair9k, cores, 2 * 65536, "bj")?;
+    r.write_64k_mtu4096 = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, 3000, 128)?.avg_mbs;
+    Ok(r)
+}
+
+/// `nqps` connected RC QP pairs on one pair of devices (one core), 64 KiB
+/// WRITEs spread round-robin with 128 in flight: aggregate MB/s, and memory
+/// per QP.
 fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), String> {
     use urnic::{Access, Connect, Payload, QpCaps, QpInit, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
-    let x = XskConfig::new(&pair.ifname[0]);
-    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &x, DatapathMode::Manual).map_err(|e| e.to_string())?;
-    let y = XskConfig::new(&pair.ifname[1]);
-    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &y, DatapathMode::Manual).map_err(|e| e.to_string())?;
-    let e = |what: &'static str| move |err: urnic::Error| format!("{what}: {err}");
-    let (pa, pb) = (a.alloc_pd().map_err(e("pd"))?, b.alloc_pd().map_err(e("pd"))?);
+    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open"))?;
+    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open"))?;
+    let (pa, pb) = (a.alloc_pd().map_err(err("pd"))?, b.alloc_pd().map_err(err("pd"))?);
     let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let (ma, mb) = (pa.alloc_mr(65536, acc).map_err(e("mr"))?, pb.alloc_mr(65536, acc).map_err(e("mr"))?);
-    let (ca, cb) = (a.create_cq(4096, None).map_err(e("cq"))?, b.create_cq(4096, None).map_err(e("cq"))?);
+    let (ma, mb) = (pa.alloc_mr(65536, acc).map_err(err("mr"))?, pb.alloc_mr(65536, acc).map_err(err("mr"))?);
+    let (ca, cb) = (a.create_cq(4096, None).map_err(err("cq"))?, b.create_cq(4096, None).map_err(err("cq"))?);
     let caps = QpCaps { max_send_wr: if nqps == 1 { 128 } else { 16 }, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let (ga, gb) = (a.query_gid(1, 1).map_err(err("gid"))?, b.query_gid(1, 1).map_err(err("gid"))?);
     let before = rss();
     let mut qps = Vec::with_capacity(nqps);
     for i in 0..nqps {
-        let qa = pa.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &ca, recv_cq: &ca, srq: None, cap: caps, sq_sig_all: true }).map_err(e("qp"))?;
-        let qb = pb.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cb, recv_cq: &cb, srq: None, cap: caps, sq_sig_all: true }).map_err(e("qp"))?;
+        let qa = pa.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &ca, recv_cq: &ca, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
+        let qb = pb.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cb, recv_cq: &cb, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
         let psn = i as u32 + 1;
-        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), b.query_gid(1, 1).map_err(e("gid"))?, psn, psn) }).map_err(e("connect"))?;
-        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), a.query_gid(1, 1).map_err(e("gid"))?, psn, psn) }).map_err(e("connect"))?;
+        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), gb, psn, psn) }).map_err(err("connect"))?;
+        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), ga, psn, psn) }).map_err(err("connect"))?;
         qps.push((qa, qb));
     }
     let per_qp = (rss().saturating_sub(before)) as f64 / (2 * nqps) as f64;
@@ -91,13 +221,13 @@ fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), St
     while done < iters {
         while posted < iters && posted - done < 128 {
             let (qa, _) = &qps[posted % nqps];
-            qa.post_send(&SendWr { wr_id: posted as u64, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![ma.sge(0, 65536)]), flags: SendFlags::SIGNALED, ud: None })
-                .map_err(e("post"))?;
+            let wr = SendWr { wr_id: posted as u64, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![ma.sge(0, 65536)]), flags: SendFlags::SIGNALED, ud: None };
+            qa.post_send(&wr).map_err(err("post"))?;
             posted += 1;
         }
         a.poll();
         b.poll();
-        let n = ca.poll(&mut wc).map_err(e("poll"))?;
+        let n = ca.poll(&mut wc).map_err(err("poll"))?;
         if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
             return Err(format!("completion {:?}", bad.status));
         }
@@ -106,98 +236,107 @@ fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), St
             return Err(format!("{nqps} QPs: only {done}/{iters} WRITEs in 120 s"));
         }
     }
-    let mbs = (iters * 65536) as f64 / start.elapsed().as_secs_f64() / 1e6;
-    Ok((mbs, per_qp))
+    Ok(((iters * 65536) as f64 / start.elapsed().as_secs_f64() / 1e6, per_qp))
 }
 
-/// urnic: (WRITE MB/s at `size`, SEND latency p50 µs, p99 µs at 8 B).
-fn urnic(pair: &VethPair, size: usize, iters: usize) -> Result<(f64, f64, f64), String> {
-    let x = XskConfig::new(&pair.ifname[0]);
-    let a = open_af_xdp(Some(&pair.ns[0]), "bench0", &x, DatapathMode::Manual).map_err(|e| e.to_string())?;
-    let y = XskConfig::new(&pair.ifname[1]);
-    let b = open_af_xdp(Some(&pair.ns[1]), "bench1", &y, DatapathMode::Manual).map_err(|e| e.to_string())?;
-    let buf = (2 * size.max(8192)).div_ceil(4096) * 4096;
-    let mut ea = Endpoint::new(&a, buf, 128)?;
-    let mut eb = Endpoint::new(&b, buf, 128)?;
-    ea.drive = vec![a.clone(), b.clone()];
-    eb.drive = vec![a.clone(), b.clone()];
-    connect_pair(&ea, &eb)?;
-    let cpu0 = cpu_self();
-    let bw = write_bw(&mut ea, &mut eb, size, iters, 128)?;
-    let cpu = cpu_self() - cpu0;
-    CPU_PER_GB.with(|c| c.set(cpu / ((size * iters) as f64 / 1e9)));
-    let lat = send_lat(&mut ea, &mut eb, 8, 2000)?;
-    Ok((bw.avg_mbs, lat.typical, lat.p99))
-}
-
-/// The raw AF_XDP ceiling: frames per second from one AF_XDP socket to the
-/// other through the same XDP program, `frame_len`-byte RoCE frames.
-fn raw_afxdp(pair: &VethPair, frame_len: usize, secs: f64) -> Result<f64, String> {
-    // A valid RoCE frame (WRITE MIDDLE to a QPN nobody has) to the peer's IP.
-    let frame = {
-        use rocev2::wire::*;
-        let payload = frame_len - 58;
-        let repr = FrameRepr {
-            eth: EthernetRepr { dst: pair.mac[1], src: pair.mac[0], vlan: None, ethertype: 0x0800 },
-            ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[0], dst: pair.ipv4[1], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
-            udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
-            transport: TransportRepr {
-                bth: BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) },
-                deth: None,
-                reth: None,
-                atomic_eth: None,
-                aeth: None,
-                atomic_ack: None,
-                immediate: None,
-                invalidate_rkey: None,
-            },
-        };
-        let mut f = vec![0u8; repr.frame_len(payload)];
-        repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
-        f
+/// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
+/// valid ICRC) from end 0 to end 1 of `pair`.
+fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
+    use rocev2::wire::*;
+    let payload = frame_len.checked_sub(58).ok_or("raw frame shorter than its headers")?;
+    let repr = FrameRepr {
+        eth: EthernetRepr { dst: pair.mac[1], src: pair.mac[0], vlan: None, ethertype: 0x0800 },
+        ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[0], dst: pair.ipv4[1], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+        udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+        transport: TransportRepr {
+            bth: BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) },
+            deth: None,
+            reth: None,
+            atomic_eth: None,
+            aeth: None,
+            atomic_ack: None,
+            immediate: None,
+            invalidate_rkey: None,
+        },
     };
-    let ns_rx = pair.ns[1].clone();
-    let if_rx = pair.ifname[1].clone();
-    let ns_tx = pair.ns[0].clone();
-    let if_tx = pair.ifname[0].clone();
+    let mut f = vec![0u8; repr.frame_len(payload)];
+    repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+/// Push up to 64 copies of `frame` into `tx` and kick it; frames queued.
+fn blast(tx: &mut XskPort, frame: &[u8]) -> u64 {
+    let mut sent = 0;
+    for _ in 0..64 {
+        let fill = &mut |buf: &mut [u8]| {
+            let n = frame.len().min(buf.len());
+            buf[..n].copy_from_slice(&frame[..n]);
+            Some(n)
+        };
+        match tx.transmit_with(fill) {
+            Ok(true) => sent += 1,
+            _ => break,
+        }
+    }
+    let _ = tx.flush();
+    sent
+}
+
+/// The raw AF_XDP ceiling: frames per second delivered from one AF_XDP
+/// socket to the other through the same XDP program, `frame_len`-byte RoCE
+/// frames; one thread doing both (`Cores::One`) or a sender and a receiver.
+fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Result<f64, String> {
+    let frame = raw_frame(pair, frame_len)?;
+    let (ns_rx, if_rx, ns_tx, if_tx) = (pair.ns[1].clone(), pair.ifname[1].clone(), pair.ns[0].clone(), pair.ifname[0].clone());
     let mut rx = in_netns(Some(&ns_rx), move || XskPort::open(&XskConfig::new(&if_rx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let mut tx = in_netns(Some(&ns_tx), move || XskPort::open(&XskConfig::new(&if_tx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let s2 = stop.clone();
-    let sender = std::thread::spawn(move || {
-        let mut sent = 0u64;
-        while !s2.load(std::sync::atomic::Ordering::Relaxed) {
-            for _ in 0..64 {
-                match tx.transmit_with(&mut |buf| {
-                    buf[..frame.len()].copy_from_slice(&frame);
-                    Some(frame.len())
-                }) {
-                    Ok(true) => sent += 1,
-                    _ => break,
-                }
+    let count = |rx: &mut XskPort| rx.receive(256, &mut |_| {}).unwrap_or(0) as u64;
+    match cores {
+        Cores::One => {
+            let warm = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < warm {
+                blast(&mut tx, &frame);
+                count(&mut rx);
             }
-            let _ = tx.flush();
+            let (start, mut got) = (Instant::now(), 0u64);
+            while start.elapsed().as_secs_f64() < secs {
+                blast(&mut tx, &frame);
+                got += count(&mut rx);
+            }
+            Ok(got as f64 / start.elapsed().as_secs_f64())
         }
-        sent
-    });
-    // Warm up, then count for `secs`.
-    let warm = Instant::now() + Duration::from_millis(200);
-    while Instant::now() < warm {
-        let _ = rx.receive(256, &mut |_| {});
+        Cores::Two => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let sender = std::thread::spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    blast(&mut tx, &frame);
+                }
+            });
+            let warm = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < warm {
+                count(&mut rx);
+            }
+            let (start, mut got) = (Instant::now(), 0u64);
+            while start.elapsed().as_secs_f64() < secs {
+                got += count(&mut rx);
+            }
+            let pps = got as f64 / start.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            let _ = sender.join();
+            Ok(pps)
+        }
     }
-    let start = Instant::now();
-    let mut got = 0u64;
-    while start.elapsed().as_secs_f64() < secs {
-        got += rx.receive(256, &mut |_| {}).unwrap_or(0) as u64;
-    }
-    let pps = got as f64 / start.elapsed().as_secs_f64();
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let _ = sender.join();
-    Ok(pps)
 }
 
-/// iperf3 single-stream TCP throughput, Mb/s.
-fn iperf3(pair: &VethPair, secs: u32) -> Result<(f64, f64), String> {
+fn ip_of(pair: &VethPair, end: usize) -> String {
+    let a = pair.ipv4[end];
+    format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+}
+
+/// iperf3 single-stream TCP from end 1 to end 0: (Mb/s, CPU s per GB of
+/// both iperf3 processes). `extra` adds client options (e.g. -l 64 -N).
+fn iperf3(pair: &VethPair, secs: u32, extra: &[&str]) -> Result<(f64, f64), String> {
     let c0 = cpu_children();
     let mut server = Command::new("ip")
         .args(["netns", "exec", &pair.ns[0], "iperf3", "-s", "-1"])
@@ -206,11 +345,11 @@ fn iperf3(pair: &VethPair, secs: u32) -> Result<(f64, f64), String> {
         .spawn()
         .map_err(|e| format!("iperf3 (apt install iperf3; deploy/deps.sh test): {e}"))?;
     std::thread::sleep(Duration::from_millis(300));
-    let ip = format!("{}.{}.{}.{}", pair.ipv4[0][0], pair.ipv4[0][1], pair.ipv4[0][2], pair.ipv4[0][3]);
-    let out = Command::new("ip")
-        .args(["netns", "exec", &pair.ns[1], "iperf3", "-c", &ip, "-t", &secs.to_string(), "-J"])
-        .output()
-        .map_err(|e| format!("iperf3: {e}"))?;
+    let ip = ip_of(pair, 0);
+    let t = secs.to_string();
+    let mut args = vec!["netns", "exec", &pair.ns[1], "iperf3", "-c", &ip, "-t", &t, "-J"];
+    args.extend_from_slice(extra);
+    let out = Command::new("ip").args(&args).output().map_err(|e| format!("iperf3: {e}"))?;
     let _ = server.wait();
     let text = String::from_utf8_lossy(&out.stdout);
     // "sum_received": { ... "bits_per_second": N
@@ -223,16 +362,13 @@ fn iperf3(pair: &VethPair, secs: u32) -> Result<(f64, f64), String> {
         .ok_or("iperf3: no bits_per_second")?;
     // CPU of both iperf3 processes (user + system, the kernel's TCP work in
     // their context; softirq work elsewhere is not counted) per GB moved.
-    let cpu = cpu_children() - c0;
     let gb = bps / 8.0 * f64::from(secs) / 1e9;
-    Ok((bps / 1e6, cpu / gb))
+    Ok((bps / 1e6, (cpu_children() - c0) / gb))
 }
 
-/// Kernel UDP ping-pong of 8 bytes: (p50, p99) one-way µs (RTT/2).
-fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
-    let server_ip = pair.ipv4[0];
-    let ns0 = pair.ns[0].clone();
-    let srv = in_netns(Some(&ns0), || UdpSocket::bind("0.0.0.0:9999")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+/// Kernel UDP ping-pong of 8 bytes: one-way µs samples (RTT/2).
+fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
+    let srv = in_netns(Some(&pair.ns[0]), || UdpSocket::bind("0.0.0.0:9999")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     let n = iters + 100;
     let echo = std::thread::spawn(move || {
         let mut b = [0u8; 64];
@@ -242,10 +378,9 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
             }
         }
     });
-    let ns1 = pair.ns[1].clone();
-    let cli = in_netns(Some(&ns1), || UdpSocket::bind("0.0.0.0:0")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let cli = in_netns(Some(&pair.ns[1]), || UdpSocket::bind("0.0.0.0:0")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     cli.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
-    cli.connect((std::net::Ipv4Addr::from(server_ip), 9999)).map_err(|e| e.to_string())?;
+    cli.connect((std::net::Ipv4Addr::from(pair.ipv4[0]), 9999)).map_err(|e| e.to_string())?;
     let mut samples = Vec::with_capacity(iters);
     let mut b = [0u8; 64];
     for i in 0..n {
@@ -257,166 +392,351 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<(f64, f64), String> {
         }
     }
     let _ = echo.join();
-    Ok((median(&mut samples.clone()), pct(&mut samples, 0.99)))
+    Ok(samples)
 }
 
-/// WRITE bandwidth (MB/s) for each size, on a veth of `link_mtu`, with both
-/// devices on one thread (run-to-completion) or a datapath thread each.
-fn sweep(link_mtu: u32, two_cores: bool, sizes: &[usize]) -> Result<Vec<f64>, String> {
-    let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
-    let mode = if two_cores { DatapathMode::Thread { core: None, idle: urnic::IdlePolicy::default() } } else { DatapathMode::Manual };
-    let a = open_af_xdp(Some(&pair.ns[0]), "sw0", &XskConfig::new(&pair.ifname[0]), mode.clone()).map_err(|e| e.to_string())?;
-    let b = open_af_xdp(Some(&pair.ns[1]), "sw1", &XskConfig::new(&pair.ifname[1]), mode).map_err(|e| e.to_string())?;
-    let max = sizes.iter().copied().max().unwrap_or(65536);
-    let buf = (2 * max.max(8192)).div_ceil(4096) * 4096;
-    let mut ea = Endpoint::new(&a, buf, 128)?;
-    let mut eb = Endpoint::new(&b, buf, 128)?;
-    if !two_cores {
-        ea.drive = vec![a.clone(), b.clone()];
-        eb.drive = vec![a.clone(), b.clone()];
+/// Kernel TCP ping-pong of 8 bytes over one TCP_NODELAY connection:
+/// one-way µs samples (RTT/2).
+fn tcp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
+    let listener = in_netns(Some(&pair.ns[0]), || TcpListener::bind("0.0.0.0:9998")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+    let n = iters + 100;
+    let echo = std::thread::spawn(move || -> std::io::Result<()> {
+        let (mut s, _) = listener.accept()?;
+        s.set_nodelay(true)?;
+        let mut b = [0u8; 8];
+        for _ in 0..n {
+            s.read_exact(&mut b)?;
+            s.write_all(&b)?;
+        }
+        Ok(())
+    });
+    let addr = std::net::SocketAddr::from((pair.ipv4[0], 9998));
+    let mut cli = in_netns(Some(&pair.ns[1]), move || TcpStream::connect_timeout(&addr, Duration::from_secs(2)))
+        .map_err(|e| e.to_string())?
+        .map_err(|e| format!("TCP ping-pong connect: {e}"))?;
+    cli.set_nodelay(true).map_err(|e| e.to_string())?;
+    cli.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
+    let mut samples = Vec::with_capacity(iters);
+    let mut b = [0u8; 8];
+    for i in 0..n {
+        let t = Instant::now();
+        cli.write_all(&[7u8; 8]).map_err(|e| e.to_string())?;
+        cli.read_exact(&mut b).map_err(|e| format!("TCP ping-pong: {e}"))?;
+        if i >= 100 {
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
     }
-    connect_pair(&ea, &eb)?;
+    echo.join().map_err(|_| "TCP echo thread panicked".to_string())?.map_err(|e| format!("TCP echo: {e}"))?;
+    Ok(samples)
+}
+
+/// Frame length of one full-MTU WRITE MIDDLE/LAST packet: Ethernet, IPv4,
+/// UDP, BTH, payload, ICRC.
+fn write_frame_len(mtu: usize) -> usize {
+    14 + 20 + 8 + 12 + mtu + 4
+}
+
+/// Frame length of a one-packet 64-byte WRITE ONLY (with its RETH).
+const WRITE64_FRAME: usize = 14 + 20 + 8 + 12 + 16 + 64 + 4;
+
+/// Everything one run measures.
+#[derive(Default)]
+struct Run {
+    urnic: [UrnicRun; 2],
+    /// Raw ceiling pps, [cores] at 1078-byte, 4154-byte and 138-byte frames.
+    raw_1k: [f64; 2],
+    raw_4k: [f64; 2],
+    raw_small: [f64; 2],
+    tcp_mbps: f64,
+    tcp_mbps_9k: f64,
+    tcp_cpu_per_gb: f64,
+    tcp_msgs: f64,
+    one_qp: f64,
+    many_qp: f64,
+    mem_per_qp: f64,
+    udp_lat: Vec<f64>,
+    tcp_lat: Vec<f64>,
+}
+
+fn one_run() -> Result<Run, String> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("bench", 1500).map_err(|e| format!("namespaces (root): {e}"))?;
+    let pair9k = VethPair::create("bench", 9000).map_err(|e| format!("namespaces (root): {e}"))?;
+    let mut r = Run::default();
+    for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+        r.urnic[i] = urnic_run(&pair, &pair9k, cores)?;
+        r.raw_1k[i] = raw_afxdp(&pair, write_frame_len(1024), cores, 1.0)?;
+        r.raw_4k[i] = raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0)?;
+        r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
+    }
+    (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
+    r.tcp_mbps_9k = iperf3(&pair9k, 2, &[])?.0;
+    r.tcp_msgs = iperf3(&pair, 2, &["-l", "64", "-N"])?.0 * 1e6 / 8.0 / 64.0;
+    r.one_qp = many_qps(&pair, 1, 2000)?.0;
+    (r.many_qp, r.mem_per_qp) = many_qps(&pair, 1000, 4000)?;
+    r.udp_lat = udp_pingpong(&pair, 3000)?;
+    r.tcp_lat = tcp_pingpong(&pair, 3000)?;
+    Ok(r)
+}
+
+/// The measurements of several runs: medians, ratios, pooled latency samples.
+struct Summary {
+    table: String,
+    /// (label, pooled one-way µs samples) for the latency plot.
+    latency: Vec<(String, Vec<f64>)>,
+}
+
+fn summarize(runs: &[Run]) -> Summary {
+    let med = |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let lat = |f: &dyn Fn(&Run) -> &Vec<f64>, p: f64| median(&mut runs.iter().map(|r| pct(&mut f(r).clone(), p)).collect::<Vec<_>>());
+    let mut t = String::new();
+    let _ = writeln!(t, "| measure (median of {} runs, same veth, same run) | urnic | baseline | urnic / baseline |", runs.len());
+    t.push_str("|---|---|---|---|\n");
+    let tcp = med(&|r| r.tcp_mbps) / 8.0;
+    let tcp9k = med(&|r| r.tcp_mbps_9k) / 8.0;
+    for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+        let c = cores.label();
+        let threads = if cores == Cores::One { "1 thread sending and receiving" } else { "a sender and a receiver thread" };
+        let w = med(&|r| r.urnic[i].write_64k);
+        let raw = med(&|r| r.raw_1k[i]) * 1024.0 / 1e6;
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}; payload bytes) | {w:.0} MB/s | {raw:.0} MB/s | {:.2} |", write_frame_len(1024), w / raw);
+        let w4 = med(&|r| r.urnic[i].write_64k_mtu4096);
+        let raw4 = med(&|r| r.raw_4k[i]) * 4096.0 / 1e6;
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}) | {w4:.0} MB/s | {raw4:.0} MB/s | {:.2} |", write_frame_len(4096), w4 / raw4);
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth) | {w:.0} MB/s | {tcp:.0} MB/s | {:.2} |", w / tcp);
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth) | {w4:.0} MB/s | {tcp9k:.0} MB/s | {:.2} |", w4 / tcp9k);
+        let m = med(&|r| r.urnic[i].msg_rate);
+        let raws = med(&|r| r.raw_small[i]);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads}) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, raws / 1e6, m / raws);
+        let tm = med(&|r| r.tcp_msgs);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, tm / 1e6, m / tm);
+        for (name, f) in [("SEND", (|r: &Run, i: usize| &r.urnic[i].send_lat) as fn(&Run, usize) -> &Vec<f64>), ("WRITE", |r: &Run, i: usize| &r.urnic[i].write_lat)] {
+            for (p, pl) in [(0.5, "p50"), (0.99, "p99")] {
+                let u = lat(&|r| f(r, i), p);
+                let k = lat(&|r| &r.udp_lat, p);
+                let kt = lat(&|r| &r.tcp_lat, p);
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {:.2} |", u / k);
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {:.2} |", u / kt);
+            }
+        }
+        let uc = med(&|r| r.urnic[i].cpu_per_gb);
+        let tc = med(&|r| r.tcp_cpu_per_gb);
+        let _ = writeln!(t, "| CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", uc / tc);
+    }
+    let (one, many, mem) = (med(&|r| r.one_qp), med(&|r| r.many_qp), med(&|r| r.mem_per_qp));
+    let _ = writeln!(t, "| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core | {many:.0} MB/s | {one:.0} MB/s | {:.2} |", many / one);
+    let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
+    let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
+    let latency = vec![
+        ("URNIC SEND, 1 CORE".to_string(), pool(&|r| &r.urnic[0].send_lat)),
+        ("URNIC SEND, 2 CORES".to_string(), pool(&|r| &r.urnic[1].send_lat)),
+        ("URNIC WRITE, 1 CORE".to_string(), pool(&|r| &r.urnic[0].write_lat)),
+        ("URNIC WRITE, 2 CORES".to_string(), pool(&|r| &r.urnic[1].write_lat)),
+        ("KERNEL UDP".to_string(), pool(&|r| &r.udp_lat)),
+        ("KERNEL TCP".to_string(), pool(&|r| &r.tcp_lat)),
+    ];
+    Summary { table: t, latency }
+}
+
+fn runs(n: usize) -> Result<Vec<Run>, String> {
     let mut out = Vec::new();
-    for &size in sizes {
-        let iters = (256usize << 20).div_ceil(size).clamp(2000, 20_000);
-        out.push(write_bw(&mut ea, &mut eb, size, iters, 128)?.avg_mbs);
+    for i in 0..n.max(1) {
+        let r = one_run()?;
+        eprintln!(
+            "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; TCP {:.0} MB/s; UDP p50 {:.1} us",
+            i + 1,
+            r.urnic[0].write_64k,
+            r.urnic[1].write_64k,
+            r.raw_1k[0] / 1e3,
+            r.raw_1k[1] / 1e3,
+            median(&mut r.urnic[0].send_lat.clone()),
+            median(&mut r.urnic[1].send_lat.clone()),
+            r.tcp_mbps / 8.0,
+            median(&mut r.udp_lat.clone())
+        );
+        out.push(r);
     }
     Ok(out)
 }
 
-fn plot_sweep(sizes: &[usize], series: &[(String, Vec<f64>)], ceiling: f64, path: &std::path::Path) -> Result<(), String> {
-    use crate::dcqcn_plot::{Canvas, Panel, COLORS, H, W};
-    let mut c = Canvas::new();
-    let ymax = series.iter().flat_map(|s| s.1.iter().copied()).fold(ceiling, f64::max) * 1.1;
-    // x: log2 of the size.
-    let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
-    let p = Panel { area: (50, 20, W as i64 - 20, H as i64 - 30), xmax: hi - lo, ymax };
-    p.frame(&mut c);
-    for (k, (_, v)) in series.iter().enumerate() {
-        for (i, w) in v.windows(2).enumerate() {
-            let x0 = (sizes[i] as f64).log2() - lo;
-            let x1 = (sizes[i + 1] as f64).log2() - lo;
-            c.line(p.at(x0, w[0]), p.at(x1, w[1]), COLORS[k % COLORS.len()]);
+/// Run everything `n` times and print medians and ratios.
+pub fn run(n: usize) -> Result<(), String> {
+    println!("{}", summarize(&runs(n)?).table);
+    Ok(())
+}
+
+/// Bandwidth (MB/s) of each op and size on a veth of `link_mtu`.
+fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Vec<(BwOp, Vec<f64>)>, String> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
+    let max = sizes.iter().copied().max().unwrap_or(65536);
+    let mut rig = rig(&pair, cores, 2 * max, "sw")?;
+    let mut out = Vec::new();
+    for op in BwOp::ALL {
+        let mut v = Vec::new();
+        for &size in sizes {
+            v.push(bw(&mut rig.ea, &mut rig.eb, op, size, iters_for(size), 128)?.avg_mbs);
         }
+        out.push((op, v));
     }
-    // The raw AF_XDP ceiling (MTU 1024 frames) as a dashed black line.
-    let (xa, y) = p.at(0.0, ceiling);
-    let (xb, _) = p.at(hi - lo, ceiling);
-    let mut x = xa;
-    while x < xb {
-        c.line((x, y), ((x + 6).min(xb), y), [0, 0, 0]);
-        x += 12;
+    Ok(out)
+}
+
+fn size_label(s: usize) -> String {
+    match s {
+        s if s >= 1 << 20 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 => format!("{}K", s >> 10),
+        s => s.to_string(),
     }
+}
+
+/// Bandwidth vs message size (log2 x axis), one line per series, dashed
+/// horizontal lines for the ceilings.
+fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], ceilings: &[(String, f64)], path: &std::path::Path) -> Result<(), String> {
+    let mut c = Canvas::new();
+    let top = series.iter().flat_map(|s| s.1.iter().copied()).chain(ceilings.iter().map(|c| c.1)).fold(0.0, f64::max);
+    let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
+    let p = Panel { area: (100, 40, W as i64 - 30, H as i64 - 60), xmax: hi - lo, ymax: nice_max(top * 1.05) };
+    p.frame(&mut c);
+    let xt: Vec<_> = sizes.iter().map(|&s| ((s as f64).log2() - lo, size_label(s))).collect();
+    p.label(&mut c, &xt, &linear_ticks(p.ymax, 5, |v| format!("{v:.0}")), "MESSAGE SIZE (BYTES)", "MB/S", title);
+    let mut legend = Vec::new();
+    for (k, (label, v)) in series.iter().enumerate() {
+        let col = COLORS[k % COLORS.len()];
+        for (i, w) in v.windows(2).enumerate() {
+            c.thick_line(p.at((sizes[i] as f64).log2() - lo, w[0]), p.at((sizes[i + 1] as f64).log2() - lo, w[1]), col);
+        }
+        legend.push((label.to_uppercase(), col, false));
+    }
+    for (k, (label, y)) in ceilings.iter().enumerate() {
+        let col = if k == 0 { BLACK } else { COLORS[7] };
+        c.dashed_line(p.at(0.0, *y), p.at(hi - lo, *y), col);
+        legend.push((label.to_uppercase(), col, true));
+    }
+    p.legend(&mut c, &legend);
     c.save(path)
 }
 
-/// The bandwidth sweep and the baselines, written to `dir` as report.md,
-/// bandwidth.png and sweep.csv.
-pub fn report(dir: &std::path::Path, runs: usize) -> Result<(), String> {
+/// Latency distributions as CDFs: x one-way µs (up to the largest p99.5),
+/// y fraction of round trips at or below.
+fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<(), String> {
+    let mut c = Canvas::new();
+    let xmax = nice_max(series.iter().map(|(_, v)| pct(&mut v.clone(), 0.995)).filter(|v| v.is_finite()).fold(1.0, f64::max));
+    let p = Panel { area: (100, 40, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
+    p.frame(&mut c);
+    p.label(&mut c, &linear_ticks(xmax, 10, |v| format!("{v:.0}")), &linear_ticks(1.0, 5, |v| format!("{v:.1}")), "ONE-WAY LATENCY (US), 8 BYTES", "CDF", "LATENCY DISTRIBUTION");
+    let mut legend = Vec::new();
+    for (k, (label, v)) in series.iter().enumerate() {
+        let mut s = v.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let col = COLORS[k % COLORS.len()];
+        let n = s.len().max(1) as f64;
+        let mut prev = None;
+        // At most ~1000 points per curve.
+        let step = (s.len() / 1000).max(1);
+        for (i, x) in s.iter().enumerate().step_by(step) {
+            let pt = p.at(*x, (i + 1) as f64 / n);
+            if let Some(q) = prev {
+                c.thick_line(q, pt, col);
+            }
+            prev = Some(pt);
+        }
+        legend.push((label.clone(), col, false));
+    }
+    p.legend(&mut c, &legend);
+    c.save(path)
+}
+
+/// The sweeps and the baselines, written to `dir`: report.md, sweep.csv,
+/// bandwidth_{write,read,send}.png, latency.png.
+pub fn report(dir: &std::path::Path, n: usize) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let sizes = [64usize, 256, 1024, 4096, 16384, 65536, 262_144, 1 << 20];
-    let mut series = Vec::new();
-    for (mtu, label) in [(1500u32, "MTU 1024"), (9000, "MTU 4096")] {
-        for two in [false, true] {
-            let v = sweep(mtu, two, &sizes)?;
-            eprintln!("{label}, {}: {:?}", if two { "2 cores" } else { "1 core" }, v.iter().map(|x| *x as i64).collect::<Vec<_>>());
-            series.push((format!("{label}, {}", if two { "two datapath cores" } else { "one core, run-to-completion" }), v));
+    // [(mtu label, cores, per-op series)]
+    let mut results = Vec::new();
+    for (link, label) in [(1500u32, "MTU 1024"), (9000, "MTU 4096")] {
+        for cores in [Cores::One, Cores::Two] {
+            let s = sweep(link, cores, &sizes)?;
+            for (op, v) in &s {
+                eprintln!("{label}, {}, {}: {:?}", cores.label(), op.name(), v.iter().map(|x| *x as i64).collect::<Vec<_>>());
+            }
+            results.push((label, cores, s));
         }
     }
-    let pair = VethPair::create("ceil", 1500).map_err(|e| e.to_string())?;
-    let ceiling = raw_afxdp(&pair, 1078, 1.0)? * 1024.0 / 1e6;
-    drop(pair);
-    let mut md = String::from("# urnic benchmark report\n\nWRITE bandwidth (MB/s, 10^6 bytes) between two namespaces over veth, by message size.\n\n| size |");
-    for (l, _) in &series {
-        md.push_str(&format!(" {l} |"));
-    }
-    md.push_str("\n|---|");
-    md.push_str(&"---|".repeat(series.len()));
-    md.push('\n');
-    let mut csv = String::from("size");
-    for (l, _) in &series {
-        csv.push_str(&format!(",{}", l.replace(',', ";")));
-    }
-    csv.push('\n');
-    for (i, s) in sizes.iter().enumerate() {
-        md.push_str(&format!("| {s} |"));
-        csv.push_str(&s.to_string());
-        for (_, v) in &series {
-            md.push_str(&format!(" {:.0} |", v[i]));
-            csv.push_str(&format!(",{:.1}", v[i]));
+    // Ceilings in payload MB/s, two threads, at both frame sizes.
+    let (c1k, c4k) = {
+        let p1 = VethPair::create("ceil", 1500).map_err(|e| e.to_string())?;
+        let p9 = VethPair::create("ceil", 9000).map_err(|e| e.to_string())?;
+        (raw_afxdp(&p1, write_frame_len(1024), Cores::Two, 1.0)? * 1024.0 / 1e6, raw_afxdp(&p9, write_frame_len(4096), Cores::Two, 1.0)? * 4096.0 / 1e6)
+    };
+    let ceilings = vec![("raw AF_XDP, MTU 1024 frames, 2 threads".to_string(), c1k), ("raw AF_XDP, MTU 4096 frames, 2 threads".to_string(), c4k)];
+    let mut md = String::from("# urnic benchmark report\n\n");
+    let _ = writeln!(md, "Bandwidth (MB/s, 10^6 bytes per second) between two namespaces over veth, by message size; 200..20,000 iterations per point (about 64 MiB), 128 outstanding. 1 core: both devices run-to-completion on one thread; 2 cores: device A on the application's thread, device B on a second thread.\n");
+    let mut csv = String::from("op,mtu,cores,size,mbps\n");
+    for op in BwOp::ALL {
+        let _ = writeln!(md, "## {} bandwidth\n", op.name().to_uppercase());
+        let series: Vec<(String, Vec<f64>)> = results
+            .iter()
+            .map(|(l, c, s)| (format!("{l}, {}", c.label()), s.iter().find(|(o, _)| *o == op).map(|x| x.1.clone()).unwrap_or_default()))
+            .collect();
+        md.push_str("| size |");
+        for (l, _) in &series {
+            let _ = write!(md, " {l} |");
+        }
+        md.push_str("\n|---|");
+        md.push_str(&"---|".repeat(series.len()));
+        md.push('\n');
+        for (i, s) in sizes.iter().enumerate() {
+            let _ = write!(md, "| {} |", size_label(*s));
+            for (_, v) in &series {
+                let _ = write!(md, " {:.0} |", v[i]);
+            }
+            md.push('\n');
         }
         md.push('\n');
-        csv.push('\n');
+        for (l, c, s) in &results {
+            if let Some((_, v)) = s.iter().find(|(o, _)| *o == op) {
+                for (i, size) in sizes.iter().enumerate() {
+                    let _ = writeln!(csv, "{},{},{},{size},{:.1}", op.name(), &l[4..], if *c == Cores::One { 1 } else { 2 }, v[i]);
+                }
+            }
+        }
+        plot_bandwidth(&format!("RDMA {} BANDWIDTH", op.name().to_uppercase()), &sizes, &series, &ceilings, &dir.join(format!("bandwidth_{}.png", op.name())))?;
     }
-    md.push_str(&format!("\nRaw AF_XDP ceiling at MTU 1024 (1078-byte frames, payload bytes): {ceiling:.0} MB/s (dashed line in bandwidth.png; x axis log2 of the size 64 B..1 MiB, one line per column above in order: blue, orange, green, red).\n\n"));
+    let _ = writeln!(md, "Raw AF_XDP ceilings (payload MB/s, sender and receiver threads): {c1k:.0} at MTU 1024 frames, {c4k:.0} at MTU 4096 frames (dashed lines in the plots).\n");
     std::fs::write(dir.join("sweep.csv"), csv).map_err(|e| e.to_string())?;
-    plot_sweep(&sizes, &series, ceiling, &dir.join("bandwidth.png"))?;
-    // The baselines table.
-    let table = baselines(runs)?;
+    let all = runs(n)?;
+    let s = summarize(&all);
     md.push_str("## Against the baselines (same veth, same run, medians)\n\n");
-    md.push_str(&table);
+    md.push_str(&s.table);
+    md.push_str("\nlatency.png: distribution (CDF) of the 8-byte one-way latencies of all runs.\n");
+    plot_latency(&s.latency, &dir.join("latency.png"))?;
     std::fs::write(dir.join("report.md"), &md).map_err(|e| e.to_string())?;
     println!("{md}");
     println!("written: {}", dir.display());
     Ok(())
 }
 
-/// Run everything `runs` times and print medians and ratios.
-pub fn run(runs: usize) -> Result<(), String> {
-    println!("{}", baselines(runs)?);
-    Ok(())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// The baselines table (markdown).
-fn baselines(runs: usize) -> Result<String, String> {
-    let mut u_bw = Vec::new();
-    let (mut u_p50, mut u_p99) = (Vec::new(), Vec::new());
-    let mut raw = Vec::new();
-    let mut tcp = Vec::new();
-    let (mut u_cpu, mut t_cpu) = (Vec::new(), Vec::new());
-    let (mut one_qp, mut many, mut per_qp) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut k_p50, mut k_p99) = (Vec::new(), Vec::new());
-    for r in 0..runs {
-        let _ = VethPair::sweep_stale();
-        let pair = VethPair::create("bench", 1500).map_err(|e| format!("namespaces (root): {e}"))?;
-        let (bw, p50, p99) = urnic(&pair, 65536, 3000)?;
-        u_bw.push(bw);
-        u_cpu.push(CPU_PER_GB.with(|c| c.get()));
-        u_p50.push(p50);
-        u_p99.push(p99);
-        raw.push(raw_afxdp(&pair, 1078, 1.0)?);
-        let (t, tc) = iperf3(&pair, 2)?;
-        tcp.push(t);
-        t_cpu.push(tc);
-        let (one, _) = many_qps(&pair, 1, 2000)?;
-        let (agg, mem) = many_qps(&pair, 1000, 4000)?;
-        one_qp.push(one);
-        many.push(agg);
-        per_qp.push(mem);
-        let (a, b) = udp_pingpong(&pair, 2000)?;
-        k_p50.push(a);
-        k_p99.push(b);
-        eprintln!("run {}: urnic {:.0} MB/s, lat {:.1} us; raw AF_XDP {:.0} kpps; TCP {:.0} Mb/s; UDP lat {:.1} us", r + 1, bw, p50, raw[r] / 1e3, tcp[r], a);
+    #[test]
+    fn quantiles() {
+        let mut v = vec![5.0, 1.0, 4.0, 2.0, 3.0];
+        assert_eq!(median(&mut v), 3.0);
+        assert_eq!(pct(&mut v, 0.99), 5.0);
+        assert_eq!(pct(&mut v, 0.2), 1.0);
+        assert!(median(&mut []).is_nan());
     }
-    let bw = median(&mut u_bw);
-    let raw_pps = median(&mut raw);
-    // The ceiling in payload bytes: every 1078-byte frame carries 1024 bytes of a 64 KiB WRITE.
-    let raw_mbs = raw_pps * 1024.0 / 1e6;
-    let tcp_mbs = median(&mut tcp) / 8.0;
-    let (lp50, lp99) = (median(&mut u_p50), median(&mut u_p99));
-    let mut out = String::new();
-    let (kp50, kp99) = (median(&mut k_p50), median(&mut k_p99));
-    out.push_str(&format!("| measure (median of {runs} runs, same veth, same run) | urnic | baseline | urnic / baseline |\n"));
-    out.push_str("|---|---|---|---|\n");
-    out.push_str(&format!("| 64 KiB WRITE bandwidth vs raw AF_XDP frame forwarding (1078-byte frames, 1024 B payload each) | {bw:.0} MB/s | {raw_mbs:.0} MB/s ({:.0} kpps) | {:.2} |\n", raw_pps / 1e3, bw / raw_mbs));
-    out.push_str(&format!("| 64 KiB WRITE bandwidth vs kernel TCP single stream (iperf3) | {bw:.0} MB/s | {tcp_mbs:.0} MB/s | {:.2} |\n", bw / tcp_mbs));
-    out.push_str(&format!("| 8 B SEND latency p50 vs kernel UDP ping-pong p50 (one-way) | {lp50:.1} us | {kp50:.1} us | {:.2} |\n", lp50 / kp50));
-    out.push_str(&format!("| 8 B SEND latency p99 vs kernel UDP ping-pong p99 (one-way) | {lp99:.1} us | {kp99:.1} us | {:.2} |\n", lp99 / kp99));
-    let (uc, tc) = (median(&mut u_cpu), median(&mut t_cpu));
-    out.push_str(&format!("| CPU seconds per GB moved (urnic: whole process, both devices; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |\n", uc / tc));
-    let (one, agg, mem) = (median(&mut one_qp), median(&mut many), median(&mut per_qp));
-    out.push_str(&format!("| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate | {agg:.0} MB/s | {one:.0} MB/s | {:.2} |\n", agg / one));
-    out.push_str(&format!("| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |\n", mem / 1024.0));
-    Ok(out)
+
+    #[test]
+    fn frame_lengths_match_the_wire_layer() {
+        assert_eq!(write_frame_len(1024), 1082);
+        assert_eq!(WRITE64_FRAME, 138);
+        assert_eq!(iters_for(64), 20_000);
+        assert_eq!(iters_for(1 << 20), 200);
+        assert_eq!(size_label(65536), "64K");
+        assert_eq!(size_label(1 << 20), "1M");
+    }
 }

@@ -7,103 +7,22 @@ use std::time::Duration;
 
 use rocev2::sim::dcqcn::{run, FlowSpec, Outcome, Scenario};
 
-pub(crate) const W: usize = 1000;
-pub(crate) const H: usize = 600;
-pub(crate) const COLORS: [[u8; 3]; 8] = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
-
-pub(crate) struct Canvas {
-    px: Vec<u8>,
-}
-
-impl Canvas {
-    pub(crate) fn new() -> Canvas {
-        Canvas { px: vec![255; W * H * 3] }
-    }
-
-    fn dot(&mut self, x: i64, y: i64, c: [u8; 3]) {
-        if (0..W as i64).contains(&x) && (0..H as i64).contains(&y) {
-            let i = (y as usize * W + x as usize) * 3;
-            self.px[i..i + 3].copy_from_slice(&c);
-        }
-    }
-
-    pub(crate) fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3]) {
-        // Bresenham.
-        let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
-        let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
-        let (mut x, mut y, mut err) = (x0, y0, dx + dy);
-        loop {
-            self.dot(x, y, c);
-            if x == x1 && y == y1 {
-                break;
-            }
-            let e2 = 2 * err;
-            if e2 >= dy {
-                err += dy;
-                x += sx;
-            }
-            if e2 <= dx {
-                err += dx;
-                y += sy;
-            }
-        }
-    }
-
-    pub(crate) fn save(&self, path: &Path) -> Result<(), String> {
-        let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), W as u32, H as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(&self.px).map_err(|e| e.to_string())
-    }
-}
-
-/// A panel: area (x0, y0, x1, y1) in pixels, data ranges, light grid.
-pub(crate) struct Panel {
-    pub(crate) area: (i64, i64, i64, i64),
-    pub(crate) xmax: f64,
-    pub(crate) ymax: f64,
-}
-
-impl Panel {
-    pub(crate) fn frame(&self, c: &mut Canvas) {
-        let (x0, y0, x1, y1) = self.area;
-        for k in 0..=10 {
-            let gx = x0 + (x1 - x0) * k / 10;
-            let gy = y0 + (y1 - y0) * k / 10;
-            c.line((gx, y0), (gx, y1), [230, 230, 230]);
-            c.line((x0, gy), (x1, gy), [230, 230, 230]);
-        }
-        c.line((x0, y1), (x1, y1), [0, 0, 0]);
-        c.line((x0, y0), (x0, y1), [0, 0, 0]);
-    }
-
-    pub(crate) fn at(&self, x: f64, y: f64) -> (i64, i64) {
-        let (x0, y0, x1, y1) = self.area;
-        let px = x0 as f64 + (x / self.xmax).clamp(0.0, 1.0) * (x1 - x0) as f64;
-        let py = y1 as f64 - (y / self.ymax).clamp(0.0, 1.0) * (y1 - y0) as f64;
-        (px.round() as i64, py.round() as i64)
-    }
-}
+use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
 
 fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> Result<(), String> {
     let mut c = Canvas::new();
     let tmax = sc.duration.as_secs_f64() * 1e6;
-    let top = Panel { area: (50, 20, W as i64 - 20, 360), xmax: tmax, ymax: sc.link_mbps * 1.05 };
+    let top = Panel { area: (90, 30, W as i64 - 20, 300), xmax: tmax, ymax: nice_max(sc.link_mbps * 1.05) };
     let qmax = out.samples.iter().map(|s| s.queue).max().unwrap_or(1).max(sc.red.kmax) as f64 * 1.1;
-    let bottom = Panel { area: (50, 400, W as i64 - 20, H as i64 - 20), xmax: tmax, ymax: qmax };
+    let bottom = Panel { area: (90, 360, W as i64 - 20, H as i64 - 50), xmax: tmax, ymax: nice_max(qmax) };
     top.frame(&mut c);
     bottom.frame(&mut c);
-    // Kmin and Kmax as dashed-ish red lines.
+    let ms = |v: f64| format!("{:.0}", v / 1e3);
+    top.label(&mut c, &linear_ticks(tmax, 5, ms), &linear_ticks(top.ymax, 4, |v| format!("{:.0}", v / 1e3)), "", "GBIT/S", "RATE OF EACH FLOW");
+    bottom.label(&mut c, &linear_ticks(tmax, 5, ms), &linear_ticks(bottom.ymax, 4, |v| format!("{:.0}", v / 1e3)), "TIME (MS)", "KB", "BOTTLENECK QUEUE, RED DASHED: KMIN, KMAX");
+    // Kmin and Kmax as dashed red lines.
     for k in [sc.red.kmin, sc.red.kmax] {
-        let (xa, y) = bottom.at(0.0, k as f64);
-        let (xb, _) = bottom.at(tmax, k as f64);
-        let mut x = xa;
-        while x < xb {
-            c.line((x, y), ((x + 6).min(xb), y), [200, 0, 0]);
-            x += 12;
-        }
+        c.dashed_line(bottom.at(0.0, k as f64), bottom.at(tmax, k as f64), [200, 0, 0]);
     }
     let flows = out.samples.first().map_or(0, |s| s.rate_mbps.len());
     for f in 0..flows {
@@ -113,7 +32,7 @@ fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> Result<(), String> {
         }
     }
     for w in out.samples.windows(2) {
-        c.line(bottom.at(w[0].t_us, w[0].queue as f64), bottom.at(w[1].t_us, w[1].queue as f64), [0, 0, 0]);
+        c.line(bottom.at(w[0].t_us, w[0].queue as f64), bottom.at(w[1].t_us, w[1].queue as f64), BLACK);
     }
     c.save(path)
 }

@@ -7,6 +7,7 @@ mod devinfo;
 mod perf;
 mod perftest;
 mod pingpong;
+mod plot;
 mod report;
 
 use std::process::ExitCode;
@@ -90,16 +91,16 @@ enum Cmd {
     /// TCP exchange and options, so the peer may be perftest on rxe or a
     /// ConnectX, or urnic.
     Perf(PerfArgs),
-    /// urnic against the baselines on the same veth, in one run: raw AF_XDP
-    /// frame forwarding, kernel TCP (iperf3), kernel UDP ping-pong; a
-    /// markdown table of medians and ratios (root).
+    /// urnic (one and two cores) against the baselines on the same veth, in
+    /// one run: raw AF_XDP frame forwarding, kernel TCP (iperf3, ping-pong),
+    /// kernel UDP ping-pong; a markdown table of medians and ratios (root).
     Bench {
         /// Repetitions (medians are reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
-        /// Also sweep WRITE bandwidth over message sizes at MTU 1024 and 4096
-        /// with one and two datapath cores, and write report.md,
-        /// bandwidth.png and sweep.csv into DIR.
+        /// Also sweep WRITE, READ and SEND bandwidth over message sizes at MTU
+        /// 1024 and 4096 with one and two cores, and write report.md,
+        /// sweep.csv, bandwidth_{write,read,send}.png and latency.png into DIR.
         #[arg(long, value_name = "DIR")]
         report: Option<std::path::PathBuf>,
     },

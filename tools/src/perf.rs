@@ -36,7 +36,7 @@ impl Endpoint {
     /// Create the endpoint's objects with a `buf_len` buffer.
     pub fn new(ctx: &Context, buf_len: usize, depth: u32) -> PerfResult<Endpoint> {
         let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
-        let cq = ctx.create_cq(depth * 2 + 16, None).map_err(e("create_cq"))?;
+        let cq = ctx.create_cq(depth * 3 + 16, None).map_err(e("create_cq"))?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
         let mr = pd.alloc_mr(buf_len, access).map_err(e("alloc_mr"))?;
         let qp = pd
@@ -45,7 +45,9 @@ impl Endpoint {
                 send_cq: &cq,
                 recv_cq: &cq,
                 srq: None,
-                cap: QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+                // Twice the receives: a SEND bandwidth run keeps `depth`
+                // SENDs in flight while consumed receives wait to be reposted.
+                cap: QpCaps { max_send_wr: depth, max_recv_wr: 2 * depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
                 sq_sig_all: false,
             })
             .map_err(e("create_qp"))?;
@@ -104,43 +106,109 @@ pub struct BwResult {
     pub avg_mbs: f64,
 }
 
+/// The operation a bandwidth run moves data with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BwOp {
+    /// RDMA WRITE from `a` into `b`'s buffer (ib_write_bw).
+    Write,
+    /// RDMA READ by `a` from `b`'s buffer (ib_read_bw).
+    Read,
+    /// SEND from `a` into receives posted at `b` (ib_send_bw).
+    Send,
+}
+
+impl BwOp {
+    /// All three, in report order.
+    pub const ALL: [BwOp; 3] = [BwOp::Write, BwOp::Read, BwOp::Send];
+
+    /// Lower-case name (write, read, send).
+    pub fn name(self) -> &'static str {
+        match self {
+            BwOp::Write => "write",
+            BwOp::Read => "read",
+            BwOp::Send => "send",
+        }
+    }
+}
+
 /// RDMA WRITE bandwidth from `a` to `b`: `iters` writes of `size` bytes,
 /// `depth` outstanding, every write signaled; then checks `b`'s buffer.
 pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, depth: usize) -> PerfResult<BwResult> {
+    bw(a, b, BwOp::Write, size, iters, depth)
+}
+
+/// Bandwidth of `op` between `a` (the requester) and `b`: `iters` messages
+/// of `size` bytes, `depth` outstanding, every one signaled; then checks
+/// that the destination buffer holds the source's pattern. SEND receives
+/// land in the upper half of `b`'s buffer (so `size` must fit in half).
+pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize) -> PerfResult<BwResult> {
     let pattern = |i: usize| (i * 7 + 3) as u8;
-    for (i, byte) in a.mr.as_mut_slice()[..size].iter_mut().enumerate() {
+    let half = b.mr.len() / 2;
+    if op == BwOp::Send && size > half {
+        return Err(format!("SEND of {size} bytes does not fit the {half}-byte receive area"));
+    }
+    // Source and destination of the data, by operation.
+    let (src, dst_at) = match op {
+        BwOp::Write => (&mut *a, 0),
+        BwOp::Read => (&mut *b, 0),
+        BwOp::Send => (&mut *a, half),
+    };
+    for (i, byte) in src.mr.as_mut_slice()[..size].iter_mut().enumerate() {
         *byte = pattern(i);
     }
-    b.mr.as_mut_slice()[..size].fill(0);
+    let dst: &mut Endpoint = if op == BwOp::Read { &mut *a } else { &mut *b };
+    dst.mr.as_mut_slice()[dst_at..dst_at + size].fill(0);
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
-    let wr = |id: usize| SendWr {
-        wr_id: id as u64,
-        op: SendOp::Write { remote },
-        payload: Payload::Sgl(vec![a.mr.sge(0, size as u32)]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
+    let sge = a.mr.sge(0, size as u32);
+    let opcode = match op {
+        BwOp::Write => SendOp::Write { remote },
+        BwOp::Read => SendOp::Read { remote },
+        BwOp::Send => SendOp::Send,
     };
+    let recv = RecvWr { wr_id: 7, sgl: vec![b.mr.sge(half, size as u32)] };
+    let depth = depth.max(1);
+    let mut recvs_posted = 0usize;
+    if op == BwOp::Send {
+        for _ in 0..(2 * depth).min(iters) {
+            b.qp.post_recv(&recv).map_err(e("post_recv"))?;
+            recvs_posted += 1;
+        }
+    }
     let deadline = Instant::now() + Duration::from_secs(60);
     let start = Instant::now();
-    let (mut posted, mut done) = (0usize, 0usize);
+    let (mut posted, mut done, mut received) = (0usize, 0usize, 0usize);
     let mut window_start = start;
     let mut window_done = 0usize;
     let mut peak = 0f64;
     let mut wcs = vec![WorkCompletion::default(); 64];
-    while done < iters {
+    while done < iters || (op == BwOp::Send && received < iters) {
         while posted < iters && posted - done < depth {
-            a.qp.post_send(&wr(posted)).map_err(e("post_send"))?;
+            let wr = SendWr { wr_id: posted as u64, op: opcode, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None };
+            a.qp.post_send(&wr).map_err(e("post_send"))?;
             posted += 1;
         }
         a.kick();
         let n = a.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(format!("write {} completed with {:?}", wc.wr_id, wc.status));
+                return Err(format!("{} {} completed with {:?}", op.name(), wc.wr_id, wc.status));
             }
         }
         done += n;
         window_done += n;
+        if op == BwOp::Send {
+            let m = b.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
+            for wc in &wcs[..m] {
+                if wc.status != WcStatus::Success || wc.byte_len as usize != size {
+                    return Err(format!("receive completed with {:?}, {} bytes", wc.status, wc.byte_len));
+                }
+                received += 1;
+                if recvs_posted < iters {
+                    b.qp.post_recv(&recv).map_err(e("post_recv"))?;
+                    recvs_posted += 1;
+                }
+            }
+        }
         if window_done >= depth.max(16) {
             let dt = window_start.elapsed().as_secs_f64();
             if dt > 0.0 {
@@ -150,13 +218,14 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
             window_done = 0;
         }
         if n == 0 && Instant::now() > deadline {
-            return Err(format!("write_bw stalled: {done}/{iters} completed"));
+            return Err(format!("{} bandwidth stalled: {done}/{iters} completed", op.name()));
         }
     }
     let secs = start.elapsed().as_secs_f64();
     let avg = (iters * size) as f64 / secs / 1e6;
-    if b.mr.as_slice()[..size].iter().enumerate().any(|(i, &v)| v != pattern(i)) {
-        return Err("data check failed: the target buffer does not hold what was written".into());
+    let dst: &Endpoint = if op == BwOp::Read { a } else { b };
+    if dst.mr.as_slice()[dst_at..dst_at + size].iter().enumerate().any(|(i, &v)| v != pattern(i)) {
+        return Err(format!("data check failed: the {} destination does not hold what was sent", op.name()));
     }
     Ok(BwResult { bytes: size, iters, peak_mbs: peak.max(avg), avg_mbs: avg })
 }
@@ -165,6 +234,12 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
 /// `size`-byte messages; returns one-way latencies (RTT/2) in µs, as
 /// ib_send_lat reports them.
 pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<LatStats> {
+    let mut samples = send_lat_samples(a, b, size, iters)?;
+    LatStats::from_samples(&mut samples).ok_or_else(|| "no samples".to_string())
+}
+
+/// [`send_lat`]'s samples, one-way µs in measurement order.
+pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<Vec<f64>> {
     let mut samples = Vec::with_capacity(iters);
     // Receive buffers are the upper half of the region, large enough for any
     // size, so a receive left posted by an earlier size still fits.
@@ -216,7 +291,82 @@ pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -
         let _ = a.cq.poll(&mut wcs);
         let _ = b.cq.poll(&mut wcs);
     }
-    LatStats::from_samples(&mut samples).ok_or_else(|| "no samples".to_string())
+    Ok(samples)
+}
+
+/// WRITE ping-pong latency (ib_write_lat): `a` writes `size` bytes into
+/// `b`'s buffer whose last byte counts the iterations, `b` spins on that
+/// byte and writes back the same way. One-way µs (RTT/2) per round trip.
+pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<Vec<f64>> {
+    if size == 0 || size > a.mr.len().min(b.mr.len()) / 2 {
+        return Err(format!("write_lat: {size} bytes do not fit half the buffer"));
+    }
+    // Each side sends from the lower half and is written into the upper half.
+    let half_a = a.mr.len() / 2;
+    let half_b = b.mr.len() / 2;
+    a.mr.as_mut_slice()[half_a..half_a + size].fill(0);
+    b.mr.as_mut_slice()[half_b..half_b + size].fill(0);
+    let to_b = RemoteAddr { addr: b.mr.addr() + half_b as u64, rkey: b.mr.rkey() };
+    let to_a = RemoteAddr { addr: a.mr.addr() + half_a as u64, rkey: a.mr.rkey() };
+    let mut samples = Vec::with_capacity(iters);
+    let mut wcs = [WorkCompletion::default(); 8];
+    // Spin until the last byte of `ep`'s landing area reads `tag`.
+    let spin = |ep: &Endpoint, half: usize, tag: u8, deadline: Instant| -> PerfResult<()> {
+        let at = ep.mr.as_slice().as_ptr().wrapping_add(half + size - 1);
+        // SAFETY: `at` is inside the registered buffer, which the datapath
+        // writes concurrently: hence the volatile read.
+        while unsafe { std::ptr::read_volatile(at) } != tag {
+            if Instant::now() > deadline {
+                return Err("write_lat: the peer's WRITE did not land within 10 s".into());
+            }
+            ep.kick();
+        }
+        Ok(())
+    };
+    // Completions so far, per side (every WRITE is signaled).
+    let mut done = [0usize; 2];
+    let drain = |ep: &Endpoint, wcs: &mut [WorkCompletion], done: &mut usize| -> PerfResult<()> {
+        let n = ep.cq.poll(wcs).map_err(e("poll_cq"))?;
+        *done += n;
+        match wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
+            Some(w) => Err(format!("write_lat: completion {:?}", w.status)),
+            None => Ok(()),
+        }
+    };
+    for i in 0..iters {
+        let tag = (i % 255 + 1) as u8;
+        a.mr.as_mut_slice()[..size].fill(tag);
+        b.mr.as_mut_slice()[..size].fill(tag);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let t0 = Instant::now();
+        let wr = |ep: &Endpoint, remote| SendWr {
+            wr_id: 3,
+            op: SendOp::Write { remote },
+            payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        };
+        a.qp.post_send(&wr(a, to_b)).map_err(e("post_send"))?;
+        spin(b, half_b, tag, deadline)?;
+        b.qp.post_send(&wr(b, to_a)).map_err(e("post_send"))?;
+        spin(a, half_a, tag, deadline)?;
+        samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
+        drain(a, &mut wcs, &mut done[0])?;
+        drain(b, &mut wcs, &mut done[1])?;
+    }
+    // The last WRITE completions, so the next test starts with empty CQs
+    // and send queues.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while done[0] < iters || done[1] < iters {
+        if Instant::now() > deadline {
+            return Err(format!("write_lat: {}/{} and {}/{} WRITEs completed", done[0], iters, done[1], iters));
+        }
+        a.kick();
+        b.kick();
+        drain(a, &mut wcs, &mut done[0])?;
+        drain(b, &mut wcs, &mut done[1])?;
+    }
+    Ok(samples)
 }
 
 /// Print a perftest-style banner.

@@ -714,6 +714,11 @@ impl Engine {
         q.post(wr).map_err(|_| EngineError::QueueFull)
     }
 
+    /// Whether completions wait for [`Engine::poll_completion`].
+    pub fn has_completions(&self) -> bool {
+        !self.completions.is_empty()
+    }
+
     /// Next completion, in the order they happened.
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()

@@ -15,6 +15,7 @@ use super::icrc;
 use super::ip::{IPV4_LEN, IPV6_LEN, UDP_LEN};
 use super::repr::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr};
 use super::{Header, WireError, ROCEV2_UDP_PORT};
+use super::opcode::Opcode;
 
 /// ICRC length.
 pub const ICRC_LEN: usize = 4;
@@ -245,11 +246,10 @@ impl FrameRepr {
     }
 }
 
-/// The destination QPN of a RoCEv2 frame, read straight from the BTH without
-/// validating anything else (no ICRC): for steering a frame to the shard
-/// that owns its QP before the full parse. `None` if the frame is too short
-/// or not IPv4/IPv6 + UDP.
-pub fn peek_dest_qpn(frame: &[u8]) -> Option<u32> {
+/// Offset of the BTH in an Ethernet frame carrying RoCEv2 (IPv4 or IPv6,
+/// optionally VLAN-tagged), from the headers' length fields alone (no
+/// validation beyond "UDP"). `None` if the frame is too short or not UDP.
+fn peek_bth_offset(frame: &[u8]) -> Option<usize> {
     let mut off = 12;
     let mut ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
     if ethertype == 0x8100 || ethertype == 0x88a8 {
@@ -273,9 +273,23 @@ pub fn peek_dest_qpn(frame: &[u8]) -> Option<u32> {
         }
         _ => return None,
     };
-    let bth = udp + 8;
+    Some(udp + 8)
+}
+
+/// The destination QPN of an Ethernet frame carrying RoCEv2, without
+/// validating anything else (no ICRC): for steering a frame to the shard
+/// that owns its QP before the full parse. `None` if the frame is too short
+/// or not IPv4/IPv6 + UDP.
+pub fn peek_dest_qpn(frame: &[u8]) -> Option<u32> {
+    let bth = peek_bth_offset(frame)?;
     let q = frame.get(bth + 5..bth + 8)?;
     Some(u32::from_be_bytes([0, q[0], q[1], q[2]]))
+}
+
+/// The BTH opcode of an Ethernet frame carrying RoCEv2, unvalidated like
+/// [`peek_dest_qpn`] (for frames we built ourselves, or steering).
+pub fn peek_opcode(frame: &[u8]) -> Option<Opcode> {
+    frame.get(peek_bth_offset(frame)?).map(|&o| Opcode(o))
 }
 
 #[cfg(test)]

@@ -48,46 +48,40 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
     if end < rest {
         return Err(WireError::Truncated(Header::Bth));
     }
-    let mut h = crc32fast::Hasher::new_with_initial(LRH_CRC);
+    // The masked IP, UDP and BTH headers are copied into one buffer, so the
+    // hasher sees two runs (headers, then the rest) rather than four small
+    // ones: small updates go through crc32fast's slow path.
+    let mut hdr = [0u8; 60 + UDP_LEN + BTH_LEN];
     match version {
         4 => {
-            let mut ip = [0u8; 60];
             let bad_ihl = WireError::BadIhl((ip_header_len / 4).min(255) as u8);
-            if ip_header_len < 20 {
+            if !(20..=60).contains(&ip_header_len) {
                 return Err(bad_ihl);
             }
-            let ip = ip.get_mut(..ip_header_len).ok_or(bad_ihl)?;
-            ip.copy_from_slice(&covered[..ip_header_len]);
-            ip[1] = 0xff; // TOS (DSCP + ECN)
-            ip[8] = 0xff; // TTL
-            ip[10] = 0xff; // header checksum
-            ip[11] = 0xff;
-            h.update(ip);
+            hdr[..rest].copy_from_slice(&covered[..rest]);
+            hdr[1] = 0xff; // TOS (DSCP + ECN)
+            hdr[8] = 0xff; // TTL
+            hdr[10] = 0xff; // header checksum
+            hdr[11] = 0xff;
         }
         6 => {
             if ip_header_len != IPV6_LEN {
                 return Err(WireError::BadIpLength);
             }
-            let mut ip = [0u8; IPV6_LEN];
-            ip.copy_from_slice(&covered[..IPV6_LEN]);
-            ip[0] |= 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
-            ip[1] = 0xff; // ... and the flow label
-            ip[2] = 0xff;
-            ip[3] = 0xff;
-            ip[7] = 0xff; // hop limit
-            h.update(&ip);
+            hdr[..rest].copy_from_slice(&covered[..rest]);
+            hdr[0] |= 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
+            hdr[1] = 0xff; // ... and the flow label
+            hdr[2] = 0xff;
+            hdr[3] = 0xff;
+            hdr[7] = 0xff; // hop limit
         }
         v => return Err(WireError::BadIpVersion(v)),
     }
-    let mut u = [0u8; UDP_LEN];
-    u.copy_from_slice(&covered[udp..bth]);
-    u[6] = 0xff; // UDP checksum
-    u[7] = 0xff;
-    h.update(&u);
-    let mut b = [0u8; BTH_LEN];
-    b.copy_from_slice(&covered[bth..rest]);
-    b[4] = 0xff; // FECN, BECN, resv6
-    h.update(&b);
+    hdr[udp + 6] = 0xff; // UDP checksum
+    hdr[udp + 7] = 0xff;
+    hdr[bth + 4] = 0xff; // FECN, BECN, resv6
+    let mut h = crc32fast::Hasher::new_with_initial(LRH_CRC);
+    h.update(&hdr[..rest]);
     h.update(&covered[rest..]);
     Ok(h.finalize())
 }

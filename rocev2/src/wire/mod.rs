@@ -16,7 +16,7 @@ pub mod repr;
 pub mod sport;
 pub mod view;
 
-pub use frame::{pad_for, parse_frame, parse_l3, peek_dest_qpn, ParsedFrame, ParsedL3, ICRC_LEN};
+pub use frame::{pad_for, parse_frame, parse_l3, peek_dest_qpn, peek_opcode, ParsedFrame, ParsedL3, ICRC_LEN};
 pub use view::FrameView;
 pub use packet::{
     AethPacket, AtomicAckEthPacket, AtomicEthPacket, BthPacket, CnpPacket, DethPacket, EthernetFrame, IethPacket,

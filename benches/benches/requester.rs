@@ -1,0 +1,57 @@
+//! Requester packet generation: posting signaled WRs on one engine and
+//! pulling every frame they make out of `poll_transmit` (segmentation,
+//! header emit, payload gather from registered memory, ICRC). Only that is
+//! timed; delivering the frames to the peer, its ACKs and the completions
+//! happen untimed between samples, so every sample starts from an idle,
+//! connected QP.
+//!
+//! Throughput is in payload bytes. `write/*`, `send/*`: the data frames;
+//! `read/*`: the READ request frames only (the data comes back in
+//! responses, measured by the `responder` suite).
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use urnic_benches::{batch, drain_completions, now, EnginePair, Frames, Kind, CASES};
+
+fn requester(c: &mut Criterion) {
+    let mut g = c.benchmark_group("requester");
+    g.measurement_time(Duration::from_secs(3));
+    for &(kind, size, mtu) in CASES {
+        let n = batch(size);
+        let mut p = EnginePair::new(mtu, n * size as usize, 256);
+        let mut frames = Frames::with_capacity(n * (size as usize / mtu.bytes() as usize + 1));
+        let mut scratch = Frames::with_capacity(256);
+        g.throughput(Throughput::Bytes((n * size as usize) as u64));
+        g.bench_function(BenchmarkId::new(kind.name(), format!("{size}B_mtu{}", mtu.bytes())), |bch| {
+            bch.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let wrs: Vec<_> = (0..n).map(|i| p.wr(kind, i, size)).collect();
+                    if kind == Kind::Send {
+                        for i in 0..n {
+                            let r = p.recv_wr(i, size);
+                            p.b.post_recv(p.qpn[1], r).expect("post_recv");
+                        }
+                    }
+                    frames.clear();
+                    let t = std::time::Instant::now();
+                    for wr in wrs {
+                        p.a.post_send(p.qpn[0], wr).expect("post_send");
+                    }
+                    frames.transmit_all(&mut p.a, now());
+                    total += t.elapsed();
+                    frames.deliver(&mut p.b, now());
+                    p.settle(&mut scratch);
+                    assert_eq!(drain_completions(&mut p.a), n);
+                    drain_completions(&mut p.b);
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, requester);
+criterion_main!(benches);
