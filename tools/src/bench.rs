@@ -617,14 +617,20 @@ fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], c
     c.save(path)
 }
 
-/// Latency distributions as CDFs: x one-way µs (up to the largest p99.5),
+/// Latency distributions as CDFs: x one-way µs (up to the largest p99),
 /// y fraction of round trips at or below.
 fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<(), String> {
     let mut c = Canvas::new();
-    let xmax = nice_max(series.iter().map(|(_, v)| pct(&mut v.clone(), 0.995)).filter(|v| v.is_finite()).fold(1.0, f64::max));
-    let p = Panel { area: (100, 40, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
+    // Up to the largest p99, in steps of 5 µs (or 10 "nice" steps beyond
+    // 50 µs): the slower tail would squeeze the curves into a corner.
+    let p99 = series.iter().map(|(_, v)| pct(&mut v.clone(), 0.99)).filter(|v| v.is_finite()).fold(1.0, f64::max);
+    let (xmax, steps) = match (p99 / 5.0).ceil() as usize {
+        n @ 1..=10 => (n as f64 * 5.0, n),
+        _ => (nice_max(p99), 10),
+    };
+    let p = Panel { area: (100, 50, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
     p.frame(&mut c);
-    p.label(&mut c, &linear_ticks(xmax, 10, |v| format!("{v:.0}")), &linear_ticks(1.0, 5, |v| format!("{v:.1}")), "ONE-WAY LATENCY (US), 8 BYTES", "CDF", "LATENCY DISTRIBUTION");
+    p.label(&mut c, &linear_ticks(xmax, steps, |v| format!("{v:.0}")), &linear_ticks(1.0, 5, |v| format!("{v:.1}")), "ONE-WAY LATENCY (US), 8 BYTES", "CDF", "LATENCY DISTRIBUTION");
     let mut legend = Vec::new();
     for (k, (label, v)) in series.iter().enumerate() {
         let mut s = v.clone();
@@ -643,7 +649,7 @@ fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result
         }
         legend.push((label.clone(), col, false));
     }
-    p.legend(&mut c, &legend);
+    p.legend_bottom_right(&mut c, &legend);
     c.save(path)
 }
 

@@ -215,7 +215,7 @@ impl Panel {
             c.text(x0 - 7 - Canvas::text_width(l), py - CHAR_H / 2 + 1, l, BLACK);
         }
         c.text((x0 + x1) / 2 - Canvas::text_width(xtitle) / 2, y1 + 8 + CHAR_H, xtitle, BLACK);
-        c.text(x0 - 40, y0 - CHAR_H - 4, ytitle, BLACK);
+        c.text(x0 - 40, y0 - 2 * CHAR_H - 2, ytitle, BLACK);
         c.text(x1 - Canvas::text_width(title), y0 - CHAR_H - 4, title, BLACK);
     }
 
@@ -223,7 +223,20 @@ impl Panel {
     /// a colour sample (dashed if the flag is set) and the label.
     pub(crate) fn legend(&self, c: &mut Canvas, entries: &[(String, [u8; 3], bool)]) {
         let (x0, y0, _, _) = self.area;
-        let (x, mut y) = (x0 + 12, y0 + 8);
+        Self::legend_at(c, entries, x0 + 12, y0 + 8);
+    }
+
+    /// The legend in the panel's bottom-right corner (where rising curves,
+    /// such as CDFs, leave room).
+    pub(crate) fn legend_bottom_right(&self, c: &mut Canvas, entries: &[(String, [u8; 3], bool)]) {
+        let (_, _, x1, y1) = self.area;
+        let width = entries.iter().map(|(l, _, _)| Canvas::text_width(l)).max().unwrap_or(0) + 38;
+        let height = entries.len() as i64 * (CHAR_H + 4);
+        Self::legend_at(c, entries, x1 - width - 12, y1 - height - 8);
+    }
+
+    fn legend_at(c: &mut Canvas, entries: &[(String, [u8; 3], bool)], x: i64, y: i64) {
+        let mut y = y;
         for (label, col, dashed) in entries {
             let mid = y + CHAR_H / 2 - 2;
             if *dashed {
@@ -242,13 +255,13 @@ pub(crate) fn linear_ticks(max: f64, n: usize, fmt: impl Fn(f64) -> String) -> V
     (0..=n).map(|k| max * k as f64 / n as f64).map(|v| (v, fmt(v))).collect()
 }
 
-/// A "nice" axis maximum at or above `v`: 1, 2 or 5 times a power of ten.
+/// A "nice" axis maximum at or above `v`: 1, 2, 2.5 or 5 times a power of ten.
 pub(crate) fn nice_max(v: f64) -> f64 {
     if !(v.is_finite() && v > 0.0) {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
-    [1.0, 2.0, 5.0, 10.0].iter().map(|m| m * p).find(|m| *m >= v).unwrap_or(10.0 * p)
+    [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * p).find(|m| *m >= v).unwrap_or(10.0 * p)
 }
 
 #[cfg(test)]
@@ -261,6 +274,7 @@ mod tests {
         assert_eq!(nice_max(3.2), 5.0);
         assert_eq!(nice_max(1000.0), 1000.0);
         assert_eq!(nice_max(1001.0), 2000.0);
+        assert_eq!(nice_max(2062.0), 2500.0);
         assert_eq!(nice_max(0.07), 0.1);
     }
 
