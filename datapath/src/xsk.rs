@@ -114,6 +114,9 @@ pub struct XskStats {
     pub tx_no_buffer: u64,
     /// Wakeup syscalls made.
     pub wakeups: u64,
+    /// Kicks repeated at once because the kernel sent one batch and more
+    /// descriptors waited (EAGAIN with progress).
+    pub tx_kicks_again: u64,
     /// Multi-buffer frames longer than the port carries (dropped).
     pub rx_multibuffer_dropped: u64,
 }
@@ -492,13 +495,28 @@ impl Port for XskPort {
             self.pending.drain(..n);
             self.in_flight += n;
         }
-        if self.in_flight > 0 && self.tx.needs_wakeup() {
+        // In copy mode one kick sends at most 32 descriptors (the kernel's
+        // TX batch) and says EAGAIN when more wait; it also says EAGAIN
+        // when the completion ring is full. Either way, take back what
+        // completed and kick again while that makes progress, rather than
+        // leave the rest for the next poll (one more round through the
+        // peer first). Zero-copy kicks complete later, so they stop at one.
+        while self.in_flight > 0 && self.tx.needs_wakeup() {
             self.stats.wakeups += 1;
-            if let Err(e) = self.tx.wakeup() {
-                // EAGAIN/EBUSY/ENOBUFS: the kernel is busy; try next time.
-                if !matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::EBUSY) | Some(libc::ENOBUFS) | Some(libc::ENETDOWN)) {
-                    return Err(PortError::Io(e.to_string()));
+            match self.tx.wakeup() {
+                Ok(()) => break,
+                Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
+                    let before = self.in_flight;
+                    self.reclaim();
+                    if self.in_flight >= before {
+                        break;
+                    }
+                    self.stats.tx_kicks_again += 1;
                 }
+                // EBUSY/ENOBUFS/ENETDOWN: the kernel is busy or the link
+                // down; try next time.
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EBUSY) | Some(libc::ENOBUFS) | Some(libc::ENETDOWN)) => break,
+                Err(e) => return Err(PortError::Io(e.to_string())),
             }
         }
         self.reclaim();
@@ -518,6 +536,7 @@ impl Port for XskPort {
             ("xsk_tx_bytes".to_string(), s.tx_bytes),
             ("xsk_tx_no_buffer".to_string(), s.tx_no_buffer),
             ("xsk_wakeups".to_string(), s.wakeups),
+            ("xsk_tx_kicks_again".to_string(), s.tx_kicks_again),
             ("xsk_rx_multibuffer_dropped".to_string(), s.rx_multibuffer_dropped),
         ];
         if let Ok(st) = self.rx.fd().xdp_statistics() {
