@@ -26,23 +26,26 @@ pub const RECV_CQ: CqId = CqId(1);
 /// The largest frame either engine emits (MTU 4096 payload plus headers).
 pub const FRAME_BUF: usize = 4096 + 128;
 
-/// Frames laid end to end in one reused buffer (no allocation per frame once
-/// the buffer has grown to the batch's size).
+/// Frames laid end to end in one reused buffer (no allocation and no
+/// zeroing per frame once the buffer has grown to the batch's size, as a
+/// NIC's transmit buffers are reused).
 #[derive(Default)]
 pub struct Frames {
+    /// Grows (zero-filled) only; `used` bytes of it hold frames.
     buf: Vec<u8>,
+    used: usize,
     ends: Vec<usize>,
 }
 
 impl Frames {
     /// An empty set with room for `frames` full-size frames.
     pub fn with_capacity(frames: usize) -> Frames {
-        Frames { buf: Vec::with_capacity(frames * FRAME_BUF), ends: Vec::with_capacity(frames) }
+        Frames { buf: vec![0; frames * FRAME_BUF], used: 0, ends: Vec::with_capacity(frames) }
     }
 
     /// Forget the frames (keeps the memory).
     pub fn clear(&mut self) {
-        self.buf.clear();
+        self.used = 0;
         self.ends.clear();
     }
 
@@ -58,7 +61,7 @@ impl Frames {
 
     /// Total bytes in all frames.
     pub fn bytes(&self) -> usize {
-        self.buf.len()
+        self.used
     }
 
     /// The frames in order.
@@ -75,18 +78,17 @@ impl Frames {
     pub fn transmit_all(&mut self, engine: &mut Engine, now: Instant) -> usize {
         let mut n = 0;
         loop {
-            let start = self.buf.len();
-            self.buf.resize(start + FRAME_BUF, 0);
-            match engine.poll_transmit(now, &mut self.buf[start..]) {
+            let start = self.used;
+            if self.buf.len() < start + FRAME_BUF {
+                self.buf.resize((start + FRAME_BUF).max(2 * self.buf.len()), 0);
+            }
+            match engine.poll_transmit(now, &mut self.buf[start..start + FRAME_BUF]) {
                 Some(len) => {
-                    self.buf.truncate(start + len);
-                    self.ends.push(start + len);
+                    self.used = start + len;
+                    self.ends.push(self.used);
                     n += 1;
                 }
-                None => {
-                    self.buf.truncate(start);
-                    return n;
-                }
+                None => return n,
             }
         }
     }
