@@ -58,7 +58,10 @@ pub enum DatapathMode {
         idle: IdlePolicy,
     },
     /// The application calls [`Context::poll`] from its own loop
-    /// (run-to-completion embedding).
+    /// (run-to-completion embedding). Nothing moves between calls: frames
+    /// wait in the socket, timers wait, and an ACK that a poll held back
+    /// for the application's reply (see `Nic::poll_shard`) leaves with the
+    /// next call, or when the device is closed.
     Manual,
 }
 
