@@ -63,15 +63,23 @@ pub struct XskConfig {
 }
 
 impl XskConfig {
-    /// Defaults for interface `ifname`: queue 0, 4096 frames of 4 KiB,
-    /// rings of 2048, automatic copy/zero-copy and XDP mode.
+    /// Defaults for interface `ifname`: queue 0, 1024 frames of 4 KiB,
+    /// rings of 512, automatic copy/zero-copy and XDP mode.
+    ///
+    /// The frames cycle through the rings, so the UMEM's size is the
+    /// working set every frame's bytes pass through: 4 MiB stays in cache
+    /// where 16 MiB (4096 frames) did not. Measured on veth, one core, same
+    /// runs: 64 KiB WRITE 0.78 of the raw AF_XDP ceiling vs 0.65, 64 B
+    /// message rate 0.78 vs 0.68 (the raw ceiling itself gains at 4 KiB
+    /// frames). 512 receive buffers hold eight polls' worth of transmit
+    /// budget, or four at MTU 4096 where a frame takes two.
     pub fn new(ifname: &str) -> XskConfig {
         XskConfig {
             ifname: ifname.to_string(),
             queue: 0,
-            frame_count: 4096,
+            frame_count: 1024,
             frame_size: 4096,
-            ring_size: 2048,
+            ring_size: 512,
             bind: BindMode::Auto,
             need_wakeup: true,
             multi_buffer: true,
