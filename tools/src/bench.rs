@@ -559,6 +559,17 @@ fn runs(n: usize) -> Result<Vec<Run>, String> {
     Ok(out)
 }
 
+/// The raw AF_XDP ceiling alone at IB MTU `mtu`'s frame length, one thread,
+/// 8 s (`urnic bench --ceiling-only MTU`, for profiling).
+pub fn ceiling_only(mtu: usize) -> Result<(), String> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("ceil", if mtu > 1024 { 9000 } else { 1500 }).map_err(|e| format!("namespaces (root): {e}"))?;
+    let frame = write_frame_len(mtu);
+    let pps = raw_afxdp(&pair, frame, Cores::One, 8.0)?;
+    println!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {:.0} kframes/s, {:.0} MB/s of payload", pps / 1e3, pps * mtu as f64 / 1e6);
+    Ok(())
+}
+
 /// Run everything `n` times and print medians and ratios.
 pub fn run(n: usize) -> Result<(), String> {
     println!("{}", summarize(&runs(n)?).table);

@@ -103,6 +103,12 @@ enum Cmd {
         /// sweep.csv, bandwidth_{write,read,send}.png and latency.png into DIR.
         #[arg(long, value_name = "DIR")]
         report: Option<std::path::PathBuf>,
+        /// Only the raw AF_XDP ceiling, for 8 s at this IB MTU's frame size
+        /// (1024 on a 1500-byte veth, 4096 on a 9000-byte one), one thread
+        /// sending and receiving: a clean process to profile against
+        /// `urnic demo`.
+        #[arg(long, value_name = "MTU", conflicts_with = "report", value_parser = ["1024", "4096"])]
+        ceiling_only: Option<String>,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -455,8 +461,9 @@ fn main() -> ExitCode {
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
-        Cmd::Bench { runs, report: Some(dir) } => bench::report(&dir, runs),
-        Cmd::Bench { runs, report: None } => bench::run(runs),
+        Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
+        Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs),
+        Cmd::Bench { runs, report: None, .. } => bench::run(runs),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
     };
     match r {
