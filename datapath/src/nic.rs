@@ -110,6 +110,13 @@ struct Shard {
     ack_deferred: AtomicBool,
 }
 
+impl Shard {
+    /// Whether posted WRs wait for `ring_doorbells` (two loads, no writes).
+    fn rung(&self) -> bool {
+        !self.doorbells.is_empty() || self.sweep.load(Ordering::Acquire)
+    }
+}
+
 /// One urnic NIC instance.
 pub struct Nic {
     shards: Vec<Shard>,
@@ -392,13 +399,25 @@ impl Nic {
         }
 
         // Receive: ours into the engine, others' into their owner's inbox.
+        //
+        // Doorbells rung since the drain above are taken before each frame:
+        // a receive WR posted before the peer sent this frame must be there
+        // when it lands (post_recv's ring and doorbell happen before the
+        // peer's send, which happens before we take the frame). Otherwise a
+        // poller preempted between the drain and the receive would leave
+        // a UC/UD message without its WR (dropped) or an RC one with an
+        // RNR NAK.
         let n = self.shards.len();
+        let mut rung_late = 0;
         let rx = {
             let engine = &mut *engine;
             port.receive(RX_BUDGET, &mut |frame| {
                 self.capture(frame);
                 let owner = if n == 1 { i } else { rocev2::wire::peek_dest_qpn(frame).map_or(i, |q| q as usize % n) };
                 if owner == i {
+                    if shard.rung() {
+                        rung_late += self.ring_doorbells(shard, engine);
+                    }
                     engine.handle_frame(now, frame);
                 } else if self.shards[owner].inbox.push(frame.to_vec()).is_ok() {
                     self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
@@ -407,6 +426,7 @@ impl Nic {
                 }
             })
         };
+        work += rung_late;
         match rx {
             Ok(n) => {
                 work += n;
@@ -419,6 +439,9 @@ impl Nic {
         // Frames other shards received for our QPs.
         for _ in 0..INBOX {
             let Some(frame) = shard.inbox.pop() else { break };
+            if shard.rung() {
+                work += self.ring_doorbells(shard, &mut engine);
+            }
             engine.handle_frame(now, &frame);
             work += 1;
         }

@@ -39,10 +39,11 @@ fn ack_of_the_last_message_leaves_when_the_receiver_closes() {
     let (ma, mb) = (pa.alloc_mr(MSG, access).unwrap(), pb.alloc_mr(MSG, access).unwrap());
     let qa = pa.create_qp(&init(&cqa, caps)).unwrap();
     let qb = pb.create_qp(&init(&cqb, caps)).unwrap();
-    // Short ACK timeout (4.096 µs × 2^10 ≈ 4 ms) and few retries: a lost ACK
-    // would show as retransmissions and then a retry-exceeded error.
-    let ca = Connect { timeout: 10, retry_cnt: 1, ..Connect::new(qb.qp_num(), b.query_gid(1, 1).unwrap(), 7, 9) };
-    let cb = Connect { timeout: 10, retry_cnt: 1, ..Connect::new(qa.qp_num(), a.query_gid(1, 1).unwrap(), 9, 7) };
+    // ACK timeout 4.096 µs × 2^17 ≈ 0.5 s, one retry: a lost ACK shows as a
+    // retransmission and then a retry-exceeded error, while a loaded machine
+    // (the sender's datapath thread not running for a while) does not.
+    let ca = Connect { timeout: 17, retry_cnt: 1, ..Connect::new(qb.qp_num(), b.query_gid(1, 1).unwrap(), 7, 9) };
+    let cb = Connect { timeout: 17, retry_cnt: 1, ..Connect::new(qa.qp_num(), a.query_gid(1, 1).unwrap(), 9, 7) };
     qa.connect(&ca).unwrap();
     qb.connect(&cb).unwrap();
 

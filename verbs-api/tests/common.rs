@@ -72,8 +72,12 @@ pub fn rc_qp(s: &Side, srq: Option<&Srq>) -> Qp {
         .unwrap()
 }
 
+/// Connect with ACK timeout 14 (67 ms, perftest's default): with 7 retries a
+/// QP outlasts half a second without its peer's datapath thread running,
+/// which a loaded 2-core machine (CI's qemu guests) does produce; timeout
+/// 10 (4 ms) ran out of retries there.
 pub fn bring_up(qp: &Qp, local: &Context, remote_qpn: u32, remote: &Context, lpsn: u32, rpsn: u32) {
-    bring_up_with_timeout(qp, local, remote_qpn, remote, lpsn, rpsn, 10)
+    bring_up_with_timeout(qp, local, remote_qpn, remote, lpsn, rpsn, 14)
 }
 
 /// `bring_up` with a chosen local ACK timeout exponent (4.096 µs × 2^timeout).

@@ -83,7 +83,7 @@ fn link_down_raises_port_events_and_rc_recovers_after_it() {
     let qa = rc_qp(&a, None);
     let qb = rc_qp(&b, None);
     // timeout 16 = 268 ms; with retry_cnt 7 the QP outlasts a 2 s outage,
-    // far more than the 5 ms one below even on a loaded machine.
+    // far more than the one below even on a loaded machine.
     bring_up_with_timeout(&qa, &ca, qb.qp_num(), &cb, 1, 2, 16);
     bring_up_with_timeout(&qb, &cb, qa.qp_num(), &ca, 2, 1, 16);
     let wait_event = |want: AsyncEvent| {
@@ -103,14 +103,19 @@ fn link_down_raises_port_events_and_rc_recovers_after_it() {
     fill(&mut a.mr, 0, 3000, 21);
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
     qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 3000)])).unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(5));
+    // Keep the link down until the WRITE has gone into it (on a loaded
+    // machine the datapath thread may not run within any fixed sleep).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while hub.stats.link_down.load(std::sync::atomic::Ordering::Relaxed) == 0 {
+        assert!(std::time::Instant::now() < deadline, "the WRITE never reached the dead link");
+        std::thread::yield_now();
+    }
     assert!(hub.set_link(MAC_A, true));
     wait_event(AsyncEvent::PortActive);
     assert_eq!(ca.query_port(1).unwrap().state, PortState::Active);
     // The WRITE sent into the dead link is retransmitted after the timeout.
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
     assert_eq!(&b.mr.as_slice()[..3000], &expected(3000, 21)[..]);
-    assert!(hub.stats.link_down.load(std::sync::atomic::Ordering::Relaxed) > 0);
 }
 
 #[test]
