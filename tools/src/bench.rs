@@ -443,7 +443,7 @@ const WRITE64_FRAME: usize = 14 + 20 + 8 + 12 + 16 + 64 + 4;
 #[derive(Default)]
 struct Run {
     urnic: [UrnicRun; 2],
-    /// Raw ceiling pps, [cores] at 1078-byte, 4154-byte and 138-byte frames.
+    /// Raw ceiling pps, [cores] at 1082-byte, 4154-byte and 138-byte frames.
     raw_1k: [f64; 2],
     raw_4k: [f64; 2],
     raw_small: [f64; 2],
@@ -489,8 +489,13 @@ struct Summary {
 fn summarize(runs: &[Run]) -> Summary {
     let med = |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
     let lat = |f: &dyn Fn(&Run) -> &Vec<f64>, p: f64| median(&mut runs.iter().map(|r| pct(&mut f(r).clone(), p)).collect::<Vec<_>>());
+    let lat_of = |v: &Vec<f64>, p: f64| pct(&mut v.clone(), p);
+    // The ratio column pairs urnic with its baseline within each run
+    // (measured seconds apart) and takes the median of those ratios: the
+    // host's load drifts between runs, and a ratio of medians can pair a
+    // fast run's urnic with a slow run's baseline.
     let mut t = String::new();
-    let _ = writeln!(t, "| measure (median of {} runs, same veth, same run) | urnic | baseline | urnic / baseline |", runs.len());
+    let _ = writeln!(t, "| measure (medians of {} runs, same veth; ratio: median of the per-run ratios) | urnic | baseline | urnic / baseline |", runs.len());
     t.push_str("|---|---|---|---|\n");
     let tcp = med(&|r| r.tcp_mbps) / 8.0;
     let tcp9k = med(&|r| r.tcp_mbps_9k) / 8.0;
@@ -499,32 +504,34 @@ fn summarize(runs: &[Run]) -> Summary {
         let threads = if cores == Cores::One { "1 thread sending and receiving" } else { "a sender and a receiver thread" };
         let w = med(&|r| r.urnic[i].write_64k);
         let raw = med(&|r| r.raw_1k[i]) * 1024.0 / 1e6;
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}; payload bytes) | {w:.0} MB/s | {raw:.0} MB/s | {:.2} |", write_frame_len(1024), w / raw);
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}; payload bytes) | {w:.0} MB/s | {raw:.0} MB/s | {:.2} |", write_frame_len(1024), med(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)));
         let w4 = med(&|r| r.urnic[i].write_64k_mtu4096);
         let raw4 = med(&|r| r.raw_4k[i]) * 4096.0 / 1e6;
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}) | {w4:.0} MB/s | {raw4:.0} MB/s | {:.2} |", write_frame_len(4096), w4 / raw4);
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth) | {w:.0} MB/s | {tcp:.0} MB/s | {:.2} |", w / tcp);
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth) | {w4:.0} MB/s | {tcp9k:.0} MB/s | {:.2} |", w4 / tcp9k);
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}) | {w4:.0} MB/s | {raw4:.0} MB/s | {:.2} |", write_frame_len(4096), med(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)));
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth) | {w:.0} MB/s | {tcp:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)));
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth) | {w4:.0} MB/s | {tcp9k:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)));
         let m = med(&|r| r.urnic[i].msg_rate);
         let raws = med(&|r| r.raw_small[i]);
-        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads}) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, raws / 1e6, m / raws);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads}) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, raws / 1e6, med(&|r| r.urnic[i].msg_rate / r.raw_small[i]));
         let tm = med(&|r| r.tcp_msgs);
-        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, tm / 1e6, m / tm);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, tm / 1e6, med(&|r| r.urnic[i].msg_rate / r.tcp_msgs));
         for (name, f) in [("SEND", (|r: &Run, i: usize| &r.urnic[i].send_lat) as fn(&Run, usize) -> &Vec<f64>), ("WRITE", |r: &Run, i: usize| &r.urnic[i].write_lat)] {
             for (p, pl) in [(0.5, "p50"), (0.99, "p99")] {
                 let u = lat(&|r| f(r, i), p);
                 let k = lat(&|r| &r.udp_lat, p);
                 let kt = lat(&|r| &r.tcp_lat, p);
-                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {:.2} |", u / k);
-                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {:.2} |", u / kt);
+                let ru = med(&|r| lat_of(f(r, i), p) / lat_of(&r.udp_lat, p));
+                let rt = med(&|r| lat_of(f(r, i), p) / lat_of(&r.tcp_lat, p));
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {ru:.2} |");
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {rt:.2} |");
             }
         }
         let uc = med(&|r| r.urnic[i].cpu_per_gb);
         let tc = med(&|r| r.tcp_cpu_per_gb);
-        let _ = writeln!(t, "| CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", uc / tc);
+        let _ = writeln!(t, "| CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb));
     }
     let (one, many, mem) = (med(&|r| r.one_qp), med(&|r| r.many_qp), med(&|r| r.mem_per_qp));
-    let _ = writeln!(t, "| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core | {many:.0} MB/s | {one:.0} MB/s | {:.2} |", many / one);
+    let _ = writeln!(t, "| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core | {many:.0} MB/s | {one:.0} MB/s | {:.2} |", med(&|r| r.many_qp / r.one_qp));
     let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
     let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
     let latency = vec![
@@ -777,6 +784,21 @@ mod tests {
         assert_eq!(pct(&mut v, 0.99), 5.0);
         assert_eq!(pct(&mut v, 0.2), 1.0);
         assert!(median(&mut []).is_nan());
+    }
+
+    #[test]
+    fn ratios_pair_urnic_with_its_baseline_run_by_run() {
+        // urnic/raw per run: 100/200, 300/400, 50/50 -> ratios 0.5, 0.75, 1.0
+        // (median 0.75), while the ratio of the medians would be 100/200.
+        let mk = |urnic: f64, raw_mbs: f64| {
+            let mut r = Run::default();
+            r.urnic[0].write_64k = urnic;
+            r.raw_1k[0] = raw_mbs * 1e6 / 1024.0;
+            r
+        };
+        let s = summarize(&[mk(100.0, 200.0), mk(300.0, 400.0), mk(50.0, 50.0)]);
+        let row = s.table.lines().find(|l| l.starts_with("| 64 KiB WRITE, MTU 1024, 1 core vs raw")).expect("row");
+        assert!(row.ends_with("| 100 MB/s | 200 MB/s | 0.75 |"), "{row}");
     }
 
     #[test]
