@@ -29,10 +29,7 @@ fn requester(c: &mut Criterion) {
                 for _ in 0..iters {
                     let wrs: Vec<_> = (0..n).map(|i| p.wr(kind, i, size)).collect();
                     if kind == Kind::Send {
-                        for i in 0..n {
-                            let r = p.recv_wr(i, size);
-                            p.b.post_recv(p.qpn[1], r).expect("post_recv");
-                        }
+                        p.post_recvs(n, size);
                     }
                     frames.clear();
                     let t = std::time::Instant::now();

@@ -195,14 +195,21 @@ impl EnginePair {
         RecvWr { wr_id: i as u64, sgl: vec![Sge { addr: self.iova[1] + off, length: size, lkey: self.keys[1] }] }
     }
 
-    /// Post `n` WRs of `kind` and `size` on `a` (and, for SEND, the receives
-    /// on `b`).
-    pub fn post(&mut self, kind: Kind, n: usize, size: u32) {
+    /// Post `n` receives of `size` bytes on `b`.
+    pub fn post_recvs(&mut self, n: usize, size: u32) {
         for i in 0..n {
-            if kind == Kind::Send {
-                let r = self.recv_wr(i, size);
-                self.b.post_recv(self.qpn[1], r).expect("post_recv");
-            }
+            let r = self.recv_wr(i, size);
+            self.b.post_recv(self.qpn[1], r).expect("post_recv");
+        }
+    }
+
+    /// Post `n` WRs of `kind` and `size` on `a` (and, for SEND, the receives
+    /// on `b` first).
+    pub fn post(&mut self, kind: Kind, n: usize, size: u32) {
+        if kind == Kind::Send {
+            self.post_recvs(n, size);
+        }
+        for i in 0..n {
             let wr = self.wr(kind, i, size);
             self.a.post_send(self.qpn[0], wr).expect("post_send");
         }

@@ -460,7 +460,8 @@ impl Nic {
             let mut fill = |buf: &mut [u8]| {
                 let n = engine.poll_transmit(now, buf)?;
                 self.capture(&buf[..n]);
-                only_acks &= rocev2::wire::peek_opcode(&buf[..n]) == Some(Opcode::RC_ACK);
+                // Only while the batch could still be all ACKs.
+                only_acks = only_acks && rocev2::wire::peek_opcode(&buf[..n]) == Some(Opcode::RC_ACK);
                 Some(n)
             };
             match port.transmit_with(&mut fill) {

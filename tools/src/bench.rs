@@ -366,10 +366,28 @@ fn iperf3(pair: &VethPair, secs: u32, extra: &[&str]) -> Result<(f64, f64), Stri
     Ok((bps / 1e6, (cpu_children() - c0) / gb))
 }
 
+/// Ping-pong rounds left out of the samples (caches, neighbours, the peer's
+/// first wakeups).
+const WARMUP_ROUNDS: usize = 100;
+
+/// Run `round` (one round trip) `WARMUP_ROUNDS + iters` times and return the
+/// one-way µs (RTT/2) of the last `iters`.
+fn timed_rounds(iters: usize, mut round: impl FnMut() -> Result<(), String>) -> Result<Vec<f64>, String> {
+    let mut samples = Vec::with_capacity(iters);
+    for i in 0..WARMUP_ROUNDS + iters {
+        let t = Instant::now();
+        round()?;
+        if i >= WARMUP_ROUNDS {
+            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
+        }
+    }
+    Ok(samples)
+}
+
 /// Kernel UDP ping-pong of 8 bytes: one-way µs samples (RTT/2).
 fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
     let srv = in_netns(Some(&pair.ns[0]), || UdpSocket::bind("0.0.0.0:9999")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    let n = iters + 100;
+    let n = iters + WARMUP_ROUNDS;
     let echo = std::thread::spawn(move || {
         let mut b = [0u8; 64];
         for _ in 0..n {
@@ -381,16 +399,11 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
     let cli = in_netns(Some(&pair.ns[1]), || UdpSocket::bind("0.0.0.0:0")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
     cli.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
     cli.connect((std::net::Ipv4Addr::from(pair.ipv4[0]), 9999)).map_err(|e| e.to_string())?;
-    let mut samples = Vec::with_capacity(iters);
     let mut b = [0u8; 64];
-    for i in 0..n {
-        let t = Instant::now();
+    let samples = timed_rounds(iters, || {
         cli.send(&[7u8; 8]).map_err(|e| e.to_string())?;
-        cli.recv(&mut b).map_err(|e| format!("UDP ping-pong: {e}"))?;
-        if i >= 100 {
-            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-        }
-    }
+        cli.recv(&mut b).map(drop).map_err(|e| format!("UDP ping-pong: {e}"))
+    })?;
     let _ = echo.join();
     Ok(samples)
 }
@@ -399,7 +412,7 @@ fn udp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
 /// one-way µs samples (RTT/2).
 fn tcp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
     let listener = in_netns(Some(&pair.ns[0]), || TcpListener::bind("0.0.0.0:9998")).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    let n = iters + 100;
+    let n = iters + WARMUP_ROUNDS;
     let echo = std::thread::spawn(move || -> std::io::Result<()> {
         let (mut s, _) = listener.accept()?;
         s.set_nodelay(true)?;
@@ -416,16 +429,11 @@ fn tcp_pingpong(pair: &VethPair, iters: usize) -> Result<Vec<f64>, String> {
         .map_err(|e| format!("TCP ping-pong connect: {e}"))?;
     cli.set_nodelay(true).map_err(|e| e.to_string())?;
     cli.set_read_timeout(Some(Duration::from_secs(2))).map_err(|e| e.to_string())?;
-    let mut samples = Vec::with_capacity(iters);
     let mut b = [0u8; 8];
-    for i in 0..n {
-        let t = Instant::now();
+    let samples = timed_rounds(iters, || {
         cli.write_all(&[7u8; 8]).map_err(|e| e.to_string())?;
-        cli.read_exact(&mut b).map_err(|e| format!("TCP ping-pong: {e}"))?;
-        if i >= 100 {
-            samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
-        }
-    }
+        cli.read_exact(&mut b).map_err(|e| format!("TCP ping-pong: {e}"))
+    })?;
     echo.join().map_err(|_| "TCP echo thread panicked".to_string())?.map_err(|e| format!("TCP echo: {e}"))?;
     Ok(samples)
 }
