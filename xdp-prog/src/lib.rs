@@ -51,10 +51,11 @@ pub struct Impairments {
     /// Mark an ECN-capable frame Congestion Experienced with this probability.
     pub ce_prob: f64,
     /// Mark ECN-capable frames CE while our frames arrive faster than this
-    /// many packets per second; 0 = off. A GCRA meter (token bucket) over
-    /// all CPUs with a burst tolerance of max(1 ms, one packet interval):
-    /// under a sustained rate R above this limit L, about (R - L) / R of
-    /// the frames are marked.
+    /// many packets per second; 0 = off. A phantom queue over all CPUs,
+    /// drained at this rate, with a burst tolerance of max(250 µs, one packet
+    /// interval): once a rate above the limit has used up the tolerance,
+    /// nearly every frame is marked until the rate falls below the limit
+    /// (step marking, like a switch queue above its ECN threshold).
     pub ce_above_pps: u64,
     /// Flip one random bit of the UDP payload (the first 8 KiB of it) with
     /// this probability.

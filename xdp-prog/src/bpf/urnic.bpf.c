@@ -145,12 +145,17 @@ static __always_inline int chance(__u32 thresh)
 	return bpf_get_prandom_u32() < thresh;
 }
 
-/* Whether a frame of ours arriving now exceeds ce_above_pps. A GCRA meter
- * (the virtual-scheduling form of a token bucket): frames conform while they
- * arrive no faster than one per 1e9 / pps ns, with a burst tolerance of
- * max(1 ms, one interval); the excess is marked. Under a sustained rate R
- * above the limit L, about (R - L) / R of the frames are marked. The state
- * is shared by all CPUs; concurrent updates may lose a little precision. */
+/* Whether a frame of ours arriving now exceeds ce_above_pps. A phantom
+ * queue (a virtual queue drained at the limit, as in HULL, Alizadeh et al.,
+ * NSDI 2012): every frame adds one interval (1e9 / pps ns) of virtual
+ * backlog, kept as the time the queue would be empty (tat_ns). A frame is
+ * marked while the backlog exceeds the burst tolerance of max(250 us, one
+ * interval); the backlog is capped one interval above that tolerance, so
+ * marking stops within an interval once the rate falls below the limit.
+ * Under a sustained rate above the limit nearly every frame is marked (the
+ * step marking of a switch whose queue sits above its ECN threshold); below
+ * it, none is. The state is shared by all CPUs; concurrent updates may lose
+ * a little precision. */
 static __always_inline int over_rate(const struct urnic_cfg *cfg)
 {
 	__u64 pps = cfg->ce_above_pps;
@@ -159,7 +164,7 @@ static __always_inline int over_rate(const struct urnic_cfg *cfg)
 	__u64 interval = 1000000000ULL / pps;
 	if (interval == 0)
 		return 0; /* more than one frame per ns: never exceeded */
-	__u64 tau = interval > 1000000 ? interval : 1000000;
+	__u64 tau = interval > 250000 ? interval : 250000;
 	__u32 k = 0;
 	struct rate_state *r = bpf_map_lookup_elem(&rate, &k);
 	if (!r)
@@ -171,10 +176,12 @@ static __always_inline int over_rate(const struct urnic_cfg *cfg)
 		r->tat_ns = now + interval;
 		return 0;
 	}
-	if (tat - now > tau)
-		return 1;
-	__sync_fetch_and_add(&r->tat_ns, interval);
-	return 0;
+	int over = tat - now > tau;
+	__u64 next = tat + interval;
+	if (next - now > tau + interval)
+		next = now + tau + interval;
+	r->tat_ns = next;
+	return over;
 }
 
 /* Drop and corruption impairments on a frame of ours. Returns XDP_DROP to
