@@ -21,6 +21,7 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::netdev::Interface;
 use crate::port::{Port, PortError, PortInfo};
+use crate::reassembly::{Piece, Reassembly};
 
 /// How the AF_XDP socket binds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -127,6 +128,9 @@ pub struct XskStats {
     pub tx_kicks_again: u64,
     /// Multi-buffer frames longer than the port carries (dropped).
     pub rx_multibuffer_dropped: u64,
+    /// Multi-buffer frames handed up where they lay (pieces in adjacent
+    /// chunks); the others were copied together.
+    pub rx_in_place: u64,
 }
 
 /// A port on an AF_XDP socket.
@@ -156,10 +160,12 @@ pub struct XskPort {
     sg: bool,
     /// Largest frame the port carries.
     max_frame: usize,
-    /// A multi-buffer frame being reassembled from its RX descriptors.
-    partial: Vec<u8>,
-    /// The frame being reassembled was too long: drop the rest of its pieces.
-    partial_bad: bool,
+    /// UMEM chunk size (`XskConfig::frame_size`).
+    chunk: usize,
+    /// Where the UMEM mapping starts (an exposed address) and its length.
+    umem_area: (usize, usize),
+    /// The multi-buffer frame being received.
+    reassembly: Reassembly,
     /// Where the engine builds a frame that may need several UMEM frames.
     scratch_tx: Vec<u8>,
     zero_copy: bool,
@@ -271,6 +277,14 @@ impl XskPort {
         let (mut fill, comp) = fq_cq.ok_or_else(|| XskError("AF_XDP socket came without fill/completion rings".into()))?;
         prog.register_socket(queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
 
+        // The UMEM is one mapping: frame 0's data pointer minus its address
+        // is where it starts.
+        let umem_area = {
+            let mut d = frames[0];
+            // SAFETY: frame 0 belongs to `umem` and is not in use yet.
+            let p = unsafe { umem.data_mut(&mut d) }.contents_mut().as_mut_ptr();
+            (p.wrapping_sub(d.addr()).expose_provenance(), frames.len() * cfg.frame_size as usize)
+        };
         // Half the frames (at most the ring) for receive, the rest for transmit.
         let n_rx = (frames.len() / 2).min(cfg.ring_size as usize);
         let free = frames.split_off(n_rx);
@@ -297,8 +311,9 @@ impl XskPort {
             frame_len,
             sg,
             max_frame,
-            partial: Vec::new(),
-            partial_bad: false,
+            chunk: cfg.frame_size as usize,
+            umem_area,
+            reassembly: Reassembly::default(),
             scratch_tx: if sg { vec![0u8; max_frame] } else { Vec::new() },
             zero_copy,
             link: Cell::new((true, None)),
@@ -460,26 +475,35 @@ impl Port for XskPort {
             // SAFETY: the kernel handed this frame to us; nobody writes it
             // until we return it to the fill ring below.
             let data = unsafe { self.umem.data(&desc) };
-            if desc.has_more_frames() || !self.partial.is_empty() || self.partial_bad {
-                // A multi-buffer frame: gather its pieces, up to the largest
-                // frame we carry; a longer one is dropped whole.
-                if !self.partial_bad && self.partial.len() + data.len() <= self.max_frame {
-                    self.partial.extend_from_slice(data.contents());
-                } else if !self.partial_bad {
-                    self.partial_bad = true;
-                    self.partial.clear();
-                    self.stats.rx_multibuffer_dropped += 1;
-                }
-                if !desc.has_more_frames() {
-                    if !self.partial_bad {
-                        let frame = std::mem::take(&mut self.partial);
+            if desc.has_more_frames() || self.reassembly.active() {
+                // A multi-buffer frame (see `reassembly`).
+                let piece_len = data.len();
+                let (base, len) = self.umem_area;
+                // SAFETY: the whole UMEM mapping, alive as long as `self.umem`.
+                // The reassembly writes only into the chunks of this frame's
+                // pieces, which the kernel handed us and gets back only after
+                // this batch; `data` is not used from here on.
+                let umem = unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) };
+                match self.reassembly.push(umem, desc.addr(), piece_len, desc.has_more_frames(), self.chunk, self.max_frame) {
+                    Piece::Pending | Piece::Skipped => {}
+                    Piece::TooLong => self.stats.rx_multibuffer_dropped += 1,
+                    Piece::InPlace(range) => {
+                        self.stats.rx_in_place += 1;
+                        self.stats.rx_frames += 1;
+                        self.stats.rx_bytes += range.len() as u64;
+                        handler(&umem[range]);
+                    }
+                    Piece::Copied => {
+                        let frame = self.reassembly.copied();
                         self.stats.rx_frames += 1;
                         self.stats.rx_bytes += frame.len() as u64;
-                        handler(&frame);
-                        self.partial = frame;
+                        handler(frame);
                     }
-                    self.partial.clear();
-                    self.partial_bad = false;
+                }
+                if i + 1 == n && desc.has_more_frames() {
+                    // The frame goes on in the next batch, but these chunks
+                    // go back to the kernel now.
+                    self.reassembly.detach(umem);
                 }
             } else {
                 self.stats.rx_frames += 1;
@@ -546,6 +570,7 @@ impl Port for XskPort {
             ("xsk_wakeups".to_string(), s.wakeups),
             ("xsk_tx_kicks_again".to_string(), s.tx_kicks_again),
             ("xsk_rx_multibuffer_dropped".to_string(), s.rx_multibuffer_dropped),
+            ("xsk_rx_in_place".to_string(), s.rx_in_place),
         ];
         if let Ok(st) = self.rx.fd().xdp_statistics() {
             v.push(("xsk_rx_dropped".to_string(), st.rx_dropped()));

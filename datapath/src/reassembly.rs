@@ -1,0 +1,228 @@
+//! Putting AF_XDP multi-buffer frames back together from their RX pieces.
+//!
+//! With `XDP_USE_SG` a frame longer than one UMEM chunk arrives as a chain
+//! of descriptors, each piece after the headroom of its own chunk (copy
+//! mode: 256 bytes, `XDP_PACKET_HEADROOM`). When a piece fills its chunk to
+//! the end and the next piece sits in the chunk right after it — the usual
+//! case, since the fill ring is refilled in the order it was consumed — the
+//! next piece is moved down over its chunk's headroom, right behind the
+//! previous one, and the frame is handed up where it lies: for a 4154-byte
+//! frame (IB MTU 4096) in two 4 KiB chunks that is a copy of its 314-byte
+//! tail instead of a copy of the whole frame. Otherwise (chunks not
+//! adjacent, or a frame continuing in the next receive batch, whose chunks
+//! go back to the kernel first) the pieces are copied together.
+
+use std::ops::Range;
+
+/// The frame's pieces so far, back to back in UMEM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Run {
+    /// UMEM address of the frame's first byte.
+    start: usize,
+    len: usize,
+    /// UMEM address where the last piece's chunk ends.
+    chunk_end: usize,
+    /// Whether the last piece ran to the end of its chunk.
+    ends_chunk: bool,
+}
+
+/// What a piece completed.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Piece {
+    /// More pieces to come.
+    Pending,
+    /// The frame is complete and lies at this range of the UMEM.
+    InPlace(Range<usize>),
+    /// The frame is complete in [`Reassembly::copied`].
+    Copied,
+    /// The frame outgrew the largest frame carried: this and the rest of
+    /// its pieces are dropped (reported once, at the piece that overflowed).
+    TooLong,
+    /// A piece of a frame already dropped.
+    Skipped,
+}
+
+/// Reassembly state of one RX queue.
+#[derive(Debug, Default)]
+pub struct Reassembly {
+    run: Option<Run>,
+    /// Pieces copied together so far.
+    gathered: Vec<u8>,
+    /// The last frame completed as [`Piece::Copied`].
+    copied: Vec<u8>,
+    bad: bool,
+}
+
+impl Reassembly {
+    /// Whether a frame is in progress (its next piece belongs to it).
+    pub fn active(&self) -> bool {
+        self.run.is_some() || !self.gathered.is_empty() || self.bad
+    }
+
+    /// The last frame completed as [`Piece::Copied`].
+    pub fn copied(&self) -> &[u8] {
+        &self.copied
+    }
+
+    /// One piece: `len` bytes at UMEM address `addr` of `umem` (the whole
+    /// UMEM, chunks of `chunk` bytes); `more` if pieces follow. Frames
+    /// longer than `max` are dropped. May write into the chunks of the
+    /// frame's pieces (never elsewhere).
+    pub fn push(&mut self, umem: &mut [u8], addr: usize, len: usize, more: bool, chunk: usize, max: usize) -> Piece {
+        let so_far = self.run.map_or(self.gathered.len(), |r| r.len);
+        let out = if self.bad {
+            Piece::Skipped
+        } else if so_far + len > max || addr.saturating_add(len) > umem.len() {
+            self.bad = true;
+            self.run = None;
+            self.gathered.clear();
+            Piece::TooLong
+        } else if let Some(run) = self.run.as_mut() {
+            if run.ends_chunk && addr - addr % chunk == run.chunk_end {
+                umem.copy_within(addr..addr + len, run.start + run.len);
+                run.len += len;
+                run.chunk_end += chunk;
+                run.ends_chunk = addr + len == run.chunk_end;
+            } else {
+                self.gathered.extend_from_slice(&umem[run.start..run.start + run.len]);
+                self.gathered.extend_from_slice(&umem[addr..addr + len]);
+                self.run = None;
+            }
+            Piece::Pending
+        } else if self.gathered.is_empty() {
+            let chunk_end = addr - addr % chunk + chunk;
+            self.run = Some(Run { start: addr, len, chunk_end, ends_chunk: addr + len == chunk_end });
+            Piece::Pending
+        } else {
+            self.gathered.extend_from_slice(&umem[addr..addr + len]);
+            Piece::Pending
+        };
+        if more {
+            return out;
+        }
+        // The last piece: the frame is done, one way or the other.
+        let done = match (out, self.run.take()) {
+            (Piece::Pending, Some(run)) => Piece::InPlace(run.start..run.start + run.len),
+            (Piece::Pending, None) => {
+                std::mem::swap(&mut self.gathered, &mut self.copied);
+                self.gathered.clear();
+                Piece::Copied
+            }
+            (other, _) => other,
+        };
+        self.bad = false;
+        done
+    }
+
+    /// The receive batch ends in the middle of a frame and its chunks go
+    /// back to the kernel: keep a copy of what lies in them.
+    pub fn detach(&mut self, umem: &[u8]) {
+        if let Some(run) = self.run.take() {
+            self.gathered.extend_from_slice(&umem[run.start..run.start + run.len]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CHUNK: usize = 4096;
+    const HEAD: usize = 256;
+    const MAX: usize = 9018;
+
+    /// A UMEM of 8 chunks with `frame`'s bytes laid out as the kernel does:
+    /// piece k after the headroom of chunk `chunks[k]`. Returns the pieces.
+    fn lay_out(umem: &mut [u8], frame: &[u8], chunks: &[usize]) -> Vec<(usize, usize, bool)> {
+        let per = CHUNK - HEAD;
+        let mut pieces = Vec::new();
+        for (k, part) in frame.chunks(per).enumerate() {
+            let addr = chunks[k] * CHUNK + HEAD;
+            umem[addr..addr + part.len()].copy_from_slice(part);
+            pieces.push((addr, part.len(), (k + 1) * per < frame.len()));
+        }
+        pieces
+    }
+
+    fn frame(len: usize, seed: u8) -> Vec<u8> {
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    }
+
+    /// Feed the pieces; the frame handed up.
+    fn run(r: &mut Reassembly, umem: &mut [u8], pieces: &[(usize, usize, bool)]) -> (Vec<u8>, bool) {
+        for &(addr, len, more) in pieces {
+            match r.push(umem, addr, len, more, CHUNK, MAX) {
+                Piece::Pending => assert!(more),
+                Piece::InPlace(range) => return (umem[range].to_vec(), true),
+                Piece::Copied => {
+                    return (r.copied().to_vec(), false);
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        panic!("no frame")
+    }
+
+    #[test]
+    fn adjacent_chunks_are_joined_in_place() {
+        let mut umem = vec![0u8; 8 * CHUNK];
+        let mut r = Reassembly::default();
+        for (len, chunks) in [(4154, &[2usize, 3][..]), (3841, &[4, 5]), (9018, &[5, 6, 7])] {
+            let f = frame(len, len as u8);
+            let pieces = lay_out(&mut umem, &f, chunks);
+            let (got, in_place) = run(&mut r, &mut umem, &pieces);
+            assert_eq!(got, f, "{len} bytes in chunks {chunks:?}");
+            assert!(in_place);
+            assert!(!r.active());
+        }
+    }
+
+    #[test]
+    fn other_chunks_are_copied_together() {
+        let mut umem = vec![0u8; 8 * CHUNK];
+        let mut r = Reassembly::default();
+        // Not adjacent, backwards, and adjacent only for the last two pieces.
+        for chunks in [&[1usize, 5][..], &[6, 2], &[0, 3, 4]] {
+            let f = frame((chunks.len() - 1) * 3840 + 100, 7);
+            let pieces = lay_out(&mut umem, &f, chunks);
+            let (got, in_place) = run(&mut r, &mut umem, &pieces);
+            assert_eq!(got, f, "chunks {chunks:?}");
+            assert!(!in_place);
+        }
+        // A single-piece frame after a copied one.
+        let f = frame(100, 1);
+        let pieces = lay_out(&mut umem, &f, &[3]);
+        assert_eq!(run(&mut r, &mut umem, &pieces), (f, true));
+    }
+
+    #[test]
+    fn a_frame_split_across_batches_is_copied_before_its_chunks_go_back() {
+        let mut umem = vec![0u8; 8 * CHUNK];
+        let mut r = Reassembly::default();
+        let f = frame(4154, 9);
+        let pieces = lay_out(&mut umem, &f, &[1, 2]);
+        assert_eq!(r.push(&mut umem, pieces[0].0, pieces[0].1, true, CHUNK, MAX), Piece::Pending);
+        r.detach(&umem);
+        // The kernel reuses chunk 1 before the second piece is handled.
+        umem[CHUNK..2 * CHUNK].fill(0xee);
+        assert_eq!(r.push(&mut umem, pieces[1].0, pieces[1].1, false, CHUNK, MAX), Piece::Copied);
+        assert_eq!(r.copied(), &f[..]);
+    }
+
+    #[test]
+    fn an_overlong_frame_is_dropped_whole_and_the_next_one_arrives() {
+        let mut umem = vec![0u8; 8 * CHUNK];
+        let mut r = Reassembly::default();
+        let f = frame(3 * 3840 + 10, 3);
+        let pieces = lay_out(&mut umem, &f, &[0, 1, 2, 3]);
+        let got: Vec<Piece> = pieces.iter().map(|&(a, l, m)| r.push(&mut umem, a, l, m, CHUNK, MAX)).collect();
+        assert_eq!(got, vec![Piece::Pending, Piece::Pending, Piece::TooLong, Piece::Skipped]);
+        assert!(!r.active());
+        let f = frame(5000, 4);
+        let pieces = lay_out(&mut umem, &f, &[5, 6]);
+        assert_eq!(run(&mut r, &mut umem, &pieces), (f, true));
+        // A descriptor pointing past the UMEM is refused, not a panic.
+        assert_eq!(r.push(&mut umem, 8 * CHUNK - 10, 100, true, CHUNK, MAX), Piece::TooLong);
+        assert_eq!(r.push(&mut umem, 0, 10, false, CHUNK, MAX), Piece::Skipped);
+    }
+}
