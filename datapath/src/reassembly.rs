@@ -123,6 +123,20 @@ impl Reassembly {
     }
 }
 
+/// The transmit side of the same trick: a frame of `n` bytes was built
+/// contiguously at `start` across the end of one chunk (whose data area
+/// holds `first` bytes from `start`) into the next chunk; move the bytes
+/// beyond `first` up by `gap` (that chunk's headroom), where the second
+/// descriptor of the chain points. Returns the two pieces' lengths.
+pub fn spread_tail(umem: &mut [u8], start: usize, n: usize, first: usize, gap: usize) -> (usize, usize) {
+    if n <= first {
+        return (n, 0);
+    }
+    let tail = start + first..start + n;
+    umem.copy_within(tail, start + first + gap);
+    (first, n - first)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,6 +188,28 @@ mod tests {
             assert_eq!(got, f, "{len} bytes in chunks {chunks:?}");
             assert!(in_place);
             assert!(!r.active());
+        }
+    }
+
+    #[test]
+    fn a_frame_spread_for_transmit_reassembles_to_itself() {
+        let mut umem = vec![0u8; 8 * CHUNK];
+        let mut r = Reassembly::default();
+        for n in [60, 3840, 3841, 4154, 7680] {
+            let f = frame(n, 5);
+            let start = 2 * CHUNK + HEAD;
+            umem[start..start + n].copy_from_slice(&f);
+            let (a, b) = spread_tail(&mut umem, start, n, CHUNK - HEAD, HEAD);
+            assert_eq!(a + b, n);
+            // The two pieces are where the descriptors say, as the receive
+            // side of the peer would get them.
+            let mut pieces = vec![(start, a, b > 0)];
+            if b > 0 {
+                assert_eq!(&umem[3 * CHUNK + HEAD..3 * CHUNK + HEAD + b], &f[a..]);
+                pieces.push((3 * CHUNK + HEAD, b, false));
+            }
+            assert_eq!(&umem[start..start + a], &f[..a]);
+            assert_eq!(run(&mut r, &mut umem, &pieces), (f, true), "{n} bytes");
         }
     }
 

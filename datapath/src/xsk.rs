@@ -21,7 +21,13 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::netdev::Interface;
 use crate::port::{Port, PortError, PortInfo};
-use crate::reassembly::{Piece, Reassembly};
+use crate::reassembly::{spread_tail, Piece, Reassembly};
+
+/// The longest RoCEv2 frame: a 4096-byte payload (the largest IB MTU) with
+/// Ethernet + 802.1Q, IPv6, UDP, BTH, the largest extension headers (RETH +
+/// immediate data, 20 bytes; an AtomicETH, 28, carries no payload) and the
+/// ICRC.
+const MAX_ROCE_FRAME: usize = 4096 + 14 + 4 + 40 + 8 + 12 + 20 + 4;
 
 /// How the AF_XDP socket binds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -131,6 +137,9 @@ pub struct XskStats {
     /// Multi-buffer frames handed up where they lay (pieces in adjacent
     /// chunks); the others were copied together.
     pub rx_in_place: u64,
+    /// Multi-buffer frames built in place across two adjacent chunks; the
+    /// others were built in a scratch buffer and copied out.
+    pub tx_in_place: u64,
 }
 
 /// A port on an AF_XDP socket.
@@ -375,8 +384,11 @@ impl XskPort {
         }
     }
 
-    /// Transmit a frame built in the scratch buffer, spread over as many
-    /// UMEM frames as it needs (XDP_PKT_CONTD on all but the last).
+    /// Transmit a frame that may need more than one UMEM frame: built in
+    /// place across two adjacent free chunks when the free list offers them
+    /// (the usual case: chunks come back from the kernel in the order they
+    /// were taken), else in the scratch buffer and spread over as many UMEM
+    /// frames as it needs (XDP_PKT_CONTD on all but the last).
     fn transmit_chained(&mut self, fill: &mut dyn FnMut(&mut [u8]) -> Option<usize>) -> Result<bool, PortError> {
         let need = self.max_frame.div_ceil(self.frame_len);
         if self.free.len() < need {
@@ -386,6 +398,48 @@ impl XskPort {
             self.stats.tx_no_buffer += 1;
             self.flush()?;
             return Ok(false);
+        }
+        // Two chunks, the second right after the first: the frame is built
+        // from the first one's data area on into the second chunk, then its
+        // tail moves up over the second chunk's headroom (`spread_tail`).
+        // Two 4 KiB chunks' data areas hold 7680 bytes: every RoCE frame
+        // fits (`MAX_ROCE_FRAME`), so the buffer need not be the link's MTU.
+        let k = self.free.len();
+        let (a, b) = (self.free[k - 1], self.free[k - 2]);
+        let (lo, hi) = if a.addr() < b.addr() { (a, b) } else { (b, a) };
+        let head = lo.addr() % self.chunk;
+        if hi.addr() == lo.addr() + self.chunk && 2 * self.frame_len >= self.max_frame.min(MAX_ROCE_FRAME) {
+            let (base, len) = self.umem_area;
+            // SAFETY: the whole UMEM mapping, alive as long as `self.umem`;
+            // only the two free chunks `lo` and `hi` (not in flight, not lent
+            // to the kernel) are written.
+            let umem = unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) };
+            let start = lo.addr();
+            let room = (2 * self.frame_len).min(self.max_frame);
+            let Some(n) = fill(&mut umem[start..start + room]).filter(|&n| n > 0 && n <= room) else { return Ok(false) };
+            let (first, second) = spread_tail(umem, start, n, self.frame_len, head);
+            self.free.truncate(k - 2);
+            let mut lo = lo;
+            // SAFETY: `lo` is a free frame of our UMEM; only its length is set.
+            unsafe { self.umem.data_mut(&mut lo) }.cursor().set_pos(first);
+            lo.set_options(if second > 0 { 1 } else { 0 });
+            self.pending.push(lo);
+            if second > 0 {
+                let mut hi = hi;
+                // SAFETY: as for `lo`.
+                unsafe { self.umem.data_mut(&mut hi) }.cursor().set_pos(second);
+                hi.set_options(0);
+                self.pending.push(hi);
+            } else {
+                self.free.push(hi);
+            }
+            self.stats.tx_in_place += 1;
+            self.stats.tx_frames += 1;
+            self.stats.tx_bytes += n as u64;
+            if self.pending.len() >= 64 {
+                self.flush()?;
+            }
+            return Ok(true);
         }
         let max = self.max_frame;
         let Some(n) = fill(&mut self.scratch_tx[..max]).filter(|&n| n > 0 && n <= max) else { return Ok(false) };
@@ -571,6 +625,7 @@ impl Port for XskPort {
             ("xsk_tx_kicks_again".to_string(), s.tx_kicks_again),
             ("xsk_rx_multibuffer_dropped".to_string(), s.rx_multibuffer_dropped),
             ("xsk_rx_in_place".to_string(), s.rx_in_place),
+            ("xsk_tx_in_place".to_string(), s.tx_in_place),
         ];
         if let Ok(st) = self.rx.fd().xdp_statistics() {
             v.push(("xsk_rx_dropped".to_string(), st.rx_dropped()));

@@ -78,12 +78,14 @@ fn gid_table_mtu_and_rc_over_ipv6() {
     assert!(done.iter().all(|c| c.status == WcStatus::Success), "{done:?}");
     assert_eq!(&b.mr.as_slice()[..300_000], &expected(300_000, 3)[..]);
     assert_eq!(&a.mr.as_slice()[400_000..700_000], &expected(300_000, 3)[..]);
-    // The two-chunk frames were joined where they lay (datapath::reassembly)
-    // on both sides: b received the WRITE, a the READ responses.
+    // The two-chunk frames were built and joined where they lay
+    // (datapath::reassembly) on both sides: a sent the WRITE and b received
+    // it, b sent the READ responses and a received them.
     for (who, ctx) in [("a", &ca), ("b", &cb)] {
         let c = ctx.counters().port;
         let get = |k: &str| c.iter().find(|(n, _)| n == k).map_or(0, |(_, v)| *v);
         assert!(get("xsk_rx_in_place") > 60, "{who}: {c:?}");
+        assert!(get("xsk_tx_in_place") > 60, "{who}: {c:?}");
         assert_eq!(get("xsk_rx_multibuffer_dropped"), 0, "{who}");
     }
     // It went over IPv6: every RoCE frame b saw (captured) is IPv6, and the
