@@ -257,29 +257,45 @@ impl XskPort {
             .collect();
         let mut last_err = String::new();
         let mut opened = None;
-        for (zc, sg) in tries {
-            let mut flags = if zc { BindFlags::XDP_ZEROCOPY } else { BindFlags::XDP_COPY };
-            if cfg.need_wakeup {
-                flags |= BindFlags::XDP_USE_NEED_WAKEUP;
-            }
-            if sg {
-                flags |= BindFlags::XDP_USE_SG;
-            }
-            let sock_cfg = SocketConfig::builder()
-                .rx_queue_size(ring)
-                .tx_queue_size(ring)
-                .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
-                .bind_flags(flags)
-                .build();
-            // SAFETY: the UMEM is not shared with another socket on this
-            // (interface, queue); INHIBIT_PROG_LOAD is set.
-            match unsafe { Socket::new(sock_cfg, &umem, &ifname, queue) } {
-                Ok(q) => {
-                    opened = Some((q, (zc, sg)));
-                    break;
+        // A socket just closed on this queue keeps it busy until the
+        // kernel's deferred release of its buffer pool has run (a
+        // workqueue item): bind says EBUSY meanwhile. Retry that for a while.
+        let busy_until = Instant::now() + Duration::from_secs(3);
+        'bind: loop {
+            let mut busy = false;
+            for &(zc, sg) in &tries {
+                let mut flags = if zc { BindFlags::XDP_ZEROCOPY } else { BindFlags::XDP_COPY };
+                if cfg.need_wakeup {
+                    flags |= BindFlags::XDP_USE_NEED_WAKEUP;
                 }
-                Err(e) => last_err = format!("{} mode: {e}", if zc { "zero-copy" } else { "copy" }),
+                if sg {
+                    flags |= BindFlags::XDP_USE_SG;
+                }
+                let sock_cfg = SocketConfig::builder()
+                    .rx_queue_size(ring)
+                    .tx_queue_size(ring)
+                    .libxdp_flags(LibxdpFlags::XSK_LIBXDP_FLAGS_INHIBIT_PROG_LOAD)
+                    .bind_flags(flags)
+                    .build();
+                // SAFETY: the UMEM is not shared with another socket on this
+                // (interface, queue); INHIBIT_PROG_LOAD is set.
+                match unsafe { Socket::new(sock_cfg, &umem, &ifname, queue) } {
+                    Ok(q) => {
+                        opened = Some((q, (zc, sg)));
+                        break 'bind;
+                    }
+                    Err(e) => {
+                        let os = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
+                        busy |= os.and_then(|o| o.raw_os_error()) == Some(libc::EBUSY);
+                        let why = os.map_or(String::new(), |o| format!(" ({o})"));
+                        last_err = format!("{} mode{}: {e}{why}", if zc { "zero-copy" } else { "copy" }, if sg { ", multi-buffer" } else { "" });
+                    }
+                }
             }
+            if !busy || Instant::now() >= busy_until {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
         }
         let ((tx, rx, fq_cq), (zero_copy, sg)) =
             opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {queue}: {last_err}", cfg.ifname)))?;

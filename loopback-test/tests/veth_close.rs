@@ -81,3 +81,20 @@ fn ack_of_the_last_message_leaves_when_the_receiver_closes() {
     assert_eq!(stats.req_retransmits, 0, "the sender had to retransmit: the receiver's ACK was lost at close");
     drop(pair);
 }
+
+/// A device opened on an interface queue right after another one closed
+/// there binds: the kernel frees the old socket's buffer pool from a
+/// workqueue, and until then bind says EBUSY (seen as `urnic bench`
+/// failing to open a device between two passes); the port retries that.
+#[test]
+fn a_device_reopened_at_once_on_the_same_queue_binds() {
+    veth::require_root();
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("reopen", 1500).expect("create namespaces and veth");
+    let xsk = XskConfig::new(&pair.ifname[0]);
+    for i in 0..30 {
+        let ctx = open_af_xdp(Some(&pair.ns[0]), "reopen0", &xsk, DatapathMode::Manual).unwrap_or_else(|e| panic!("open {i}: {e}"));
+        ctx.poll();
+        drop(ctx);
+    }
+}
