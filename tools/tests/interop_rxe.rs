@@ -24,7 +24,8 @@ fn peer_sh() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rxe-peer/peer.sh")
 }
 
-/// A bridge namespace with our namespace on it; both removed on drop.
+/// A bridge namespace with our namespace on it; both removed on drop, and
+/// the directory of guest logs and captures too unless the test failed.
 struct Lab {
     bridge_ns: String,
     ours: String,
@@ -130,6 +131,13 @@ impl Drop for Lab {
     fn drop(&mut self) {
         let _ = self.peer(&["veth-del", &self.ours]).output();
         let _ = self.peer(&["down"]).output();
+        // Guest logs and captures stay for a failed test (its message
+        // names them); a passing one removes them.
+        if std::thread::panicking() {
+            eprintln!("kept the guest logs and captures in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
     }
 }
 
