@@ -12,7 +12,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use urnic_benches::{batch, drain_completions, now, EnginePair, Frames, Kind, CASES};
+use urnic_benches::{batch, case_label, drain_completions, now, EnginePair, Frames, Kind, CASES};
 
 fn requester(c: &mut Criterion) {
     let mut g = c.benchmark_group("requester");
@@ -23,7 +23,7 @@ fn requester(c: &mut Criterion) {
         let mut frames = Frames::with_capacity(n * (size as usize / mtu.bytes() as usize + 1));
         let mut scratch = Frames::with_capacity(256);
         g.throughput(Throughput::Bytes((n * size as usize) as u64));
-        g.bench_function(BenchmarkId::new(kind.name(), format!("{size}B_mtu{}", mtu.bytes())), |bch| {
+        g.bench_function(BenchmarkId::new(kind.name(), case_label(size, mtu)), |bch| {
             bch.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use urnic_benches::{batch, drain_completions, now, EnginePair, Frames, Kind, CASES};
+use urnic_benches::{batch, case_label, drain_completions, now, EnginePair, Frames, Kind, CASES};
 
 fn responder(c: &mut Criterion) {
     let mut g = c.benchmark_group("responder");
@@ -24,7 +24,7 @@ fn responder(c: &mut Criterion) {
         let mut answers = Frames::with_capacity(n * frames_per_msg);
         let mut scratch = Frames::with_capacity(256);
         g.throughput(Throughput::Bytes((n * size as usize) as u64));
-        g.bench_function(BenchmarkId::new(kind.name(), format!("{size}B_mtu{}", mtu.bytes())), |bch| {
+        g.bench_function(BenchmarkId::new(kind.name(), case_label(size, mtu)), |bch| {
             bch.iter_custom(|iters| {
                 let mut total = Duration::ZERO;
                 for _ in 0..iters {

@@ -261,6 +261,12 @@ pub const CASES: &[(Kind, u32, Mtu)] = &[
     (Kind::Read, 65536, Mtu::Mtu4096),
 ];
 
+/// The parameter part of the benchmark id of one of [`CASES`]
+/// (`65536B_mtu4096`; the operation's name is the function part).
+pub fn case_label(size: u32, mtu: Mtu) -> String {
+    format!("{size}B_mtu{}", mtu.bytes())
+}
+
 /// The operation a suite measures.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Kind {

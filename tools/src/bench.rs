@@ -248,16 +248,7 @@ fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
         eth: EthernetRepr { dst: pair.mac[1], src: pair.mac[0], vlan: None, ethertype: 0x0800 },
         ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[0], dst: pair.ipv4[1], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
         udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
-        transport: TransportRepr {
-            bth: BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) },
-            deth: None,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack: None,
-            immediate: None,
-            invalidate_rkey: None,
-        },
+        transport: TransportRepr::bth_only(BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) }),
     };
     let mut f = vec![0u8; repr.frame_len(payload)];
     repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;

@@ -139,16 +139,7 @@ impl TransportRepr {
         }
         let len = Self::header_len(&layout);
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        let mut r = TransportRepr {
-            bth,
-            deth: None,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack: None,
-            immediate: None,
-            invalidate_rkey: None,
-        };
+        let mut r = TransportRepr::bth_only(bth);
         // `h` holds all `len` bytes, so every view below is complete.
         let at = |off: usize| h.get(off..).unwrap_or(&[]);
         let mut off = BTH_LEN;

@@ -231,6 +231,14 @@ pub struct TransportRepr {
     pub invalidate_rkey: Option<u32>,
 }
 
+impl TransportRepr {
+    /// A BTH with no extension headers (SEND/WRITE MIDDLE, CNP, and the
+    /// start that parsing fills in).
+    pub const fn bth_only(bth: BthRepr) -> TransportRepr {
+        TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None }
+    }
+}
+
 /// A whole RoCEv2 frame's headers: Ethernet, IP, UDP and transport.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct FrameRepr {

@@ -194,30 +194,21 @@ impl Harness {
 }
 
 fn tr(op: Opcode, psn: u32, ack_req: bool) -> TransportRepr {
-    TransportRepr {
-        bth: BthRepr {
-            opcode: op,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: 0xffff,
-            fecn: false,
-            becn: false,
-            resv6: 0,
-            dest_qp: QPN,
-            ack_req,
-            resv7: 0,
-            psn: Psn::new(psn),
-        },
-        deth: None,
-        reth: None,
-        atomic_eth: None,
-        aeth: None,
-        atomic_ack: None,
-        immediate: None,
-        invalidate_rkey: None,
-    }
+    TransportRepr::bth_only(BthRepr {
+        opcode: op,
+        solicited: false,
+        mig_req: false,
+        pad_count: 0,
+        tver: 0,
+        pkey: 0xffff,
+        fecn: false,
+        becn: false,
+        resv6: 0,
+        dest_qp: QPN,
+        ack_req,
+        resv7: 0,
+        psn: Psn::new(psn),
+    })
 }
 
 fn with_reth(mut t: TransportRepr, va: u64, rkey: u32, dma_len: u32) -> TransportRepr {
