@@ -61,6 +61,33 @@ fn ip(args: &[&str]) -> io::Result<()> {
     Ok(())
 }
 
+/// Delete the network namespaces whose owner is gone: `owner` maps a
+/// namespace's name to the PID of the process that made it (`None`: not
+/// one of ours), and a namespace whose process no longer runs (killed before
+/// it could clean up) is deleted, after SIGTERM to whatever still runs in it
+/// (a guest's qemu, say). Returns the names deleted.
+pub fn sweep_orphaned(owner: impl Fn(&str) -> Option<u32>) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/run/netns") else { return Vec::new() };
+    let mut removed = Vec::new();
+    for e in dir.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(pid) = owner(&name) else { continue };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        if let Ok(o) = std::process::Command::new("ip").args(["netns", "pids", &name]).output() {
+            for p in String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
+                // SAFETY: kill has no memory preconditions; p runs in the orphaned namespace.
+                unsafe { libc::kill(p, libc::SIGTERM) };
+            }
+        }
+        if ip(&["netns", "del", &name]).is_ok() {
+            removed.push(name);
+        }
+    }
+    removed
+}
+
 /// Two network namespaces joined by a veth pair, for tests and the quick
 /// start: `ns[0]`/`ifname[0]` has `ipv4[0]`/24 and `mac[0]`, `ns[1]` the
 /// other end. Both namespaces (and with them the veth) are deleted on drop,
@@ -147,19 +174,8 @@ impl VethPair {
     /// Delete namespaces left by urnic processes that no longer run (killed
     /// before they could clean up). Returns how many were deleted.
     pub fn sweep_stale() -> usize {
-        let Ok(dir) = std::fs::read_dir("/run/netns") else { return 0 };
-        let mut n = 0;
-        for e in dir.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            let Some(rest) = name.strip_prefix(PREFIX) else { continue };
-            // urnic-<tag>-<pid>-<n>-<a|b>: the pid is third from the end.
-            let fields: Vec<&str> = rest.rsplitn(4, '-').collect();
-            let Some(pid) = fields.get(2).and_then(|p| p.parse::<u32>().ok()) else { continue };
-            if !std::path::Path::new(&format!("/proc/{pid}")).exists() && ip(&["netns", "del", &name]).is_ok() {
-                n += 1;
-            }
-        }
-        n
+        // urnic-<tag>-<pid>-<n>-<a|b>: the pid is third from the end.
+        sweep_orphaned(|name| name.strip_prefix(PREFIX)?.rsplit('-').nth(2)?.parse().ok()).len()
     }
 }
 

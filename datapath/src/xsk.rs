@@ -29,6 +29,19 @@ use crate::reassembly::{spread_tail, Piece, Reassembly};
 /// ICRC.
 const MAX_ROCE_FRAME: usize = 4096 + 14 + 4 + 40 + 8 + 12 + 20 + 4;
 
+/// The whole UMEM mapping as bytes, from `XskPort::umem_area` (the
+/// mapping's exposed start address and its length).
+///
+/// # Safety
+/// The port's `umem` must be alive for as long as the slice is used, and
+/// the caller may touch only chunks that are ours at the moment (received
+/// and not yet given back, or free for transmit), not ones lent to the
+/// kernel.
+unsafe fn umem_bytes<'a>((base, len): (usize, usize)) -> &'a mut [u8] {
+    // SAFETY: `base..base + len` is the UMEM mapping (see the contract).
+    unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) }
+}
+
 /// How the AF_XDP socket binds.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum BindMode {
@@ -425,11 +438,9 @@ impl XskPort {
         let (lo, hi) = if a.addr() < b.addr() { (a, b) } else { (b, a) };
         let head = lo.addr() % self.chunk;
         if hi.addr() == lo.addr() + self.chunk && 2 * self.frame_len >= self.max_frame.min(MAX_ROCE_FRAME) {
-            let (base, len) = self.umem_area;
-            // SAFETY: the whole UMEM mapping, alive as long as `self.umem`;
-            // only the two free chunks `lo` and `hi` (not in flight, not lent
-            // to the kernel) are written.
-            let umem = unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) };
+            // SAFETY: only the two free chunks `lo` and `hi` (not in flight,
+            // not lent to the kernel) are written.
+            let umem = unsafe { umem_bytes(self.umem_area) };
             let start = lo.addr();
             let room = (2 * self.frame_len).min(self.max_frame);
             let Some(n) = fill(&mut umem[start..start + room]).filter(|&n| n > 0 && n <= room) else { return Ok(false) };
@@ -555,12 +566,10 @@ impl Port for XskPort {
                 if desc.has_more_frames() || self.reassembly.active() {
                     // A multi-buffer frame (see `reassembly`).
                     let piece_len = data.len();
-                    let (base, len) = self.umem_area;
-                    // SAFETY: the whole UMEM mapping, alive as long as
-                    // `self.umem`. The reassembly writes only into the chunks
-                    // of this frame's pieces, which the kernel handed us and
-                    // gets back only at the end; `data` is not used from here on.
-                    let umem = unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) };
+                    // SAFETY: the reassembly writes only into the chunks of
+                    // this frame's pieces, which the kernel handed us and gets
+                    // back only at the end; `data` is not used from here on.
+                    let umem = unsafe { umem_bytes(self.umem_area) };
                     match self.reassembly.push(umem, desc.addr(), piece_len, desc.has_more_frames(), self.chunk, self.max_frame) {
                         Piece::Pending | Piece::Skipped => {}
                         Piece::TooLong => self.stats.rx_multibuffer_dropped += 1,
@@ -594,9 +603,8 @@ impl Port for XskPort {
         if self.reassembly.active() {
             // A frame goes on in the next call, but its chunks go back to
             // the kernel now: keep a copy of its pieces so far.
-            let (base, len) = self.umem_area;
-            // SAFETY: as above; read only.
-            let umem = unsafe { std::slice::from_raw_parts(std::ptr::with_exposed_provenance::<u8>(base), len) };
+            // SAFETY: read only, before the chunks go back.
+            let umem = unsafe { umem_bytes(self.umem_area) };
             self.reassembly.detach(umem);
         }
         self.refill.extend_from_slice(&self.scratch[..taken]);

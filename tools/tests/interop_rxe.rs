@@ -102,29 +102,14 @@ impl Lab {
 /// stopping what still runs in them (a guest's qemu). Returns how many were
 /// removed.
 fn sweep_stale_labs() -> usize {
-    let Ok(dir) = std::fs::read_dir("/run/netns") else { return 0 };
-    let mut removed = 0;
-    for e in dir.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if !name.starts_with("urnic-rxe-") && !name.starts_with("urnic-ours-") {
-            continue;
-        }
-        let Some(pid) = name.rsplit('-').nth(1).and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if Path::new(&format!("/proc/{pid}")).exists() {
-            continue;
-        }
-        if let Ok(o) = Command::new("ip").args(["netns", "pids", &name]).output() {
-            for p in String::from_utf8_lossy(&o.stdout).split_whitespace().filter_map(|p| p.parse::<i32>().ok()) {
-                // SAFETY: kill has no memory preconditions; p is a process in the stale namespace.
-                unsafe { libc::kill(p, libc::SIGTERM) };
-            }
-        }
-        if Command::new("ip").args(["netns", "del", &name]).status().is_ok_and(|s| s.success()) {
-            eprintln!("removed the stale interop namespace {name} (its test process {pid} is gone)");
-            removed += 1;
-        }
+    let removed = urnic_datapath::netns::sweep_orphaned(|name| {
+        let rest = name.strip_prefix("urnic-rxe-").or_else(|| name.strip_prefix("urnic-ours-"))?;
+        rest.rsplit('-').nth(1)?.parse().ok()
+    });
+    for name in &removed {
+        eprintln!("removed the stale interop namespace {name} (its test process is gone)");
     }
-    removed
+    removed.len()
 }
 
 impl Drop for Lab {
