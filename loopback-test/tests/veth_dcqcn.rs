@@ -81,6 +81,26 @@ fn tbf_drops(br: &str) -> u64 {
     t.split("dropped ").nth(1).and_then(|x| x.split(|c: char| !c.is_ascii_digit()).next()).and_then(|x| x.parse().ok()).unwrap_or(0)
 }
 
+/// The completions `cq` has, sleeping on its channel while it has none.
+fn wait_sleeping(cq: &Cq, ch: &CompChannel) -> Vec<WorkCompletion> {
+    let mut buf = vec![WorkCompletion::default(); 64];
+    loop {
+        let k = cq.poll(&mut buf).unwrap();
+        if k > 0 {
+            buf.truncate(k);
+            return buf;
+        }
+        cq.req_notify(false);
+        // A completion that arrived before the arming raised no event.
+        let k = cq.poll(&mut buf).unwrap();
+        if k > 0 {
+            buf.truncate(k);
+            return buf;
+        }
+        ch.get_cq_event().unwrap();
+    }
+}
+
 struct Run {
     drops: u64,
     rtt_ms: f64,
@@ -121,19 +141,25 @@ fn run(dcqcn_on: bool) -> Run {
     let rs = side(&cr, 8 << 20);
     let mut senders = Vec::new();
     for c in [&c1, &c2] {
-        let s = side(c, 1 << 20);
+        // The senders sleep on a completion channel between completions:
+        // on a 2-core machine, application threads spinning beside three
+        // datapath threads would make the offered load (and the queue it
+        // builds) depend on the scheduler more than on DCQCN.
+        let ch = c.create_comp_channel().unwrap();
+        let mut s = side(c, 1 << 20);
+        s.cq = c.create_cq(4096, Some(&ch)).unwrap();
         let qs = rc_qp(&s, None);
         let qr = rc_qp(&rs, None);
         bring_up_with_timeout(&qs, c, qr.qp_num(), &cr, 1, 2, 14);
         bring_up_with_timeout(&qr, &cr, qs.qp_num(), c, 2, 1, 14);
-        senders.push((s, qs, qr));
+        senders.push((s, ch, qs, qr));
     }
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let mut threads = Vec::new();
     let remote = RemoteAddr { addr: rs.mr.addr(), rkey: rs.mr.rkey() };
     let mut receivers = Vec::new();
-    for (k, (s, qs, qr)) in senders.into_iter().enumerate() {
+    for (k, (s, ch, qs, qr)) in senders.into_iter().enumerate() {
         receivers.push(qr);
         let stop = stop.clone();
         threads.push(std::thread::spawn(move || {
@@ -148,7 +174,7 @@ fn run(dcqcn_on: bool) -> Run {
                     id += 1;
                     inflight += 1;
                 }
-                let c = wait(&s.cq, 1);
+                let c = wait_sleeping(&s.cq, &ch);
                 assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
                 inflight -= c.len();
                 bytes += 65536 * c.len() as u64;
@@ -156,16 +182,25 @@ fn run(dcqcn_on: bool) -> Run {
             (bytes, qs.stats().unwrap().rp_cnps_received)
         }));
     }
-    // Queueing delay: the bottleneck's backlog, sampled, and pings from s1
-    // to r across the same bottleneck.
+    // Queueing delay: pings from s1 to r across the same bottleneck, with
+    // the bottleneck's backlog sampled over the same window.
     std::thread::sleep(Duration::from_millis(500));
-    let mut backlog = Vec::new();
-    for _ in 0..40 {
-        backlog.push(tbf_backlog(&br) as f64);
-        std::thread::sleep(Duration::from_millis(25));
-    }
-    let backlog_mean = backlog.iter().sum::<f64>() / backlog.len() as f64;
-    let o = Command::new("ip").args(["netns", "exec", &s1, "ping", "-c", "20", "-i", "0.1", "-W", "2", "10.97.0.3"]).output().unwrap();
+    let sampling = Arc::new(AtomicBool::new(true));
+    let sampler = {
+        let (br, sampling) = (br.clone(), sampling.clone());
+        std::thread::spawn(move || {
+            let mut backlog = Vec::new();
+            while sampling.load(Ordering::Relaxed) {
+                backlog.push(tbf_backlog(&br) as f64);
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            backlog
+        })
+    };
+    let o = Command::new("ip").args(["netns", "exec", &s1, "ping", "-c", "40", "-i", "0.05", "-W", "2", "10.97.0.3"]).output().unwrap();
+    sampling.store(false, Ordering::Relaxed);
+    let backlog = sampler.join().unwrap();
+    let backlog_mean = backlog.iter().sum::<f64>() / backlog.len().max(1) as f64;
     let text = String::from_utf8_lossy(&o.stdout).into_owned();
     let mut rtts: Vec<f64> = text.lines().filter_map(|l| l.split("time=").nth(1)).filter_map(|v| v.split_whitespace().next()?.parse().ok()).collect();
     rtts.sort_by(|a, b| a.total_cmp(b));
