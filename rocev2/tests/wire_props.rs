@@ -107,6 +107,10 @@ proptest! {
         let mut dirty = vec![0x5au8; n];
         prop_assert_eq!(repr.emit_with(payload.len(), &mut dirty, |d| d.copy_from_slice(&payload)), Ok(n));
         prop_assert_eq!(&dirty[..], f);
+        // ... and so does emit_with_crc copying and continuing the ICRC in one pass
+        let mut fused = vec![0xa5u8; n];
+        prop_assert_eq!(repr.emit_with_crc(payload.len(), &mut fused, |d, crc| rocev2::wire::crc::copy_update(crc, &payload, d)), Ok(n));
+        prop_assert_eq!(&fused[..], f);
     }
 
     #[test]

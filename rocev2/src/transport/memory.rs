@@ -45,6 +45,7 @@ use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use bitflags::bitflags;
 
 use crate::transport::wr::Sge;
+use crate::wire::crc;
 
 bitflags! {
     /// Access rights (`enum ibv_access_flags`).
@@ -852,6 +853,17 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// [`remote_read`](Self::remote_read) that also continues `crc` (a
+    /// finished CRC-32) over the bytes read, in the same pass; returns it.
+    pub fn remote_read_crc(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, AccessError> {
+        let t = self.read();
+        let src = t.resolve_remote(pd, qpn, rkey, va, out.len() as u64, Access::REMOTE_READ)?;
+        // SAFETY: `[src, src + out.len())` is inside a registered region kept
+        // valid by the read guard, reached only by raw pointer, so it is not
+        // the exclusive `out`.
+        Ok(unsafe { crc::copy_update_raw(crc, src, out) })
+    }
+
     /// Execute `op` on the 8 bytes at `va` through `rkey` (needs
     /// REMOTE_ATOMIC, 8-byte alignment); returns the original value. Atomic
     /// against every other user of this table.
@@ -903,6 +915,22 @@ impl MemoryTable {
             // of the pieces; `copy` tolerates overlap.
             unsafe { std::ptr::copy(src, out_ptr.add(at), n) };
         })
+    }
+
+    /// [`local_gather`](Self::local_gather) that also continues `crc` (a
+    /// finished CRC-32) over the bytes gathered, in the same pass
+    /// ([`crc::copy_update_raw`]); returns the continued CRC.
+    pub fn local_gather_crc(&self, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8], crc: u32) -> Result<u32, AccessError> {
+        let t = self.read();
+        let mut crc = crc;
+        t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
+            // SAFETY: `src..src+n` was validated inside a registered region kept
+            // alive by the read guard; `at + n <= out.len()` by construction of
+            // the pieces. Registered memory is reached only by raw pointer and
+            // cannot be the exclusive `out`.
+            crc = unsafe { crc::copy_update_raw(crc, src, &mut out[at..at + n]) };
+        })?;
+        Ok(crc)
     }
 
     /// Copy `data` to byte `offset` of the SGE list's concatenation (needs

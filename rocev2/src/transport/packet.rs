@@ -95,4 +95,16 @@ impl PathHeaders {
     ) -> Result<usize, WireError> {
         self.frame(transport).emit_with(payload_len, buf, fill)
     }
+
+    /// [`emit_with`](Self::emit_with) with a `fill` that continues the ICRC
+    /// over the payload it writes ([`FrameRepr::emit_with_crc`]).
+    pub fn emit_with_crc(
+        &self,
+        transport: TransportRepr,
+        payload_len: usize,
+        buf: &mut [u8],
+        fill: impl FnOnce(&mut [u8], u32) -> u32,
+    ) -> Result<usize, WireError> {
+        self.frame(transport).emit_with_crc(payload_len, buf, fill)
+    }
 }

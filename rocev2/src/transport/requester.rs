@@ -24,7 +24,7 @@ use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, CqId, Payload, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
 use crate::wire::ext::rnr_timer_nanos;
 use crate::wire::repr::{AckSyndrome, AtomicEthRepr, BthRepr, DethRepr, NakCode, RethRepr, TransportRepr};
-use crate::wire::{sport, Opcode, ParsedFrame};
+use crate::wire::{crc, sport, Opcode, ParsedFrame};
 
 /// AckReq at least every this many packets of a long message (rxe: 64 unacked packets).
 pub const ACK_REQ_EVERY: u32 = 64;
@@ -471,17 +471,17 @@ impl Requester {
         let memory = ctx.memory;
         let pd = ctx.pd;
         let payload = &w.wr.payload;
-        let res = path.emit_with(t, payload_len, buf, |dst| match payload {
+        // The payload is copied and the ICRC continued over it in one pass.
+        let res = path.emit_with_crc(t, payload_len, buf, |dst, crc| match payload {
             Payload::Inline(data) => {
                 let s = payload_off as usize;
-                dst.copy_from_slice(&data[s..s + dst.len()]);
+                crc::copy_update(crc, data.get(s..).unwrap_or_default(), dst)
             }
-            Payload::Sgl(sgl) => {
-                if memory.local_gather(pd, sgl, payload_off, dst).is_err() {
-                    dst.fill(0);
-                    gather_failed = true;
-                }
-            }
+            Payload::Sgl(sgl) => memory.local_gather_crc(pd, sgl, payload_off, dst, crc).unwrap_or_else(|_| {
+                dst.fill(0);
+                gather_failed = true;
+                crc
+            }),
         });
         let n = match res {
             Ok(n) => n,

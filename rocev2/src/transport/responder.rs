@@ -909,11 +909,19 @@ impl Responder {
         let tr = response(opcode, dest_qpn, psn, aeth, None);
         let mut read = Ok(());
         let (memory, pd, qpn) = (ctx.memory, ctx.pd, ctx.qpn);
-        let emitted = path.emit_with(tr, n as usize, buf, |dst| {
-            if !dst.is_empty() {
-                // The key is checked again for every packet (rxe rxe_recheck_mr):
-                // the region may have been deregistered or invalidated since.
-                read = memory.remote_read(pd, qpn, rkey, va, dst);
+        let emitted = path.emit_with_crc(tr, n as usize, buf, |dst, crc| {
+            if dst.is_empty() {
+                return crc;
+            }
+            // The key is checked again for every packet (rxe rxe_recheck_mr):
+            // the region may have been deregistered or invalidated since. The
+            // copy continues the ICRC in the same pass.
+            match memory.remote_read_crc(pd, qpn, rkey, va, dst, crc) {
+                Ok(crc) => crc,
+                Err(e) => {
+                    read = Err(e);
+                    crc
+                }
             }
         });
         let len = match emitted {

@@ -11,7 +11,7 @@
 //!   emitted as given (0 for RoCEv2 over IPv4).
 
 use super::ext::BTH_LEN;
-use super::icrc;
+use super::{crc, icrc};
 use super::ip::{IPV4_LEN, IPV6_LEN, UDP_LEN};
 use super::repr::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr};
 use super::{Header, WireError, ROCEV2_UDP_PORT};
@@ -202,6 +202,18 @@ impl FrameRepr {
     /// so the caller can gather the payload straight into `buf`.
     /// Returns the frame length.
     pub fn emit_with(&self, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
+        self.emit_with_crc(payload_len, buf, |dst, crc| {
+            fill(dst);
+            crc::update(crc, dst)
+        })
+    }
+
+    /// [`emit_with`](Self::emit_with) for a `fill` that also continues the
+    /// ICRC over the payload it writes: it gets the CRC of everything before
+    /// the payload (finished form) and returns it continued over the payload,
+    /// e.g. with [`crc::copy_update`], which copies and computes in one pass.
+    /// A `fill` that returns anything else makes a frame with a bad ICRC.
+    pub fn emit_with_crc(&self, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8], u32) -> u32) -> Result<usize, WireError> {
         let ib_len = self.layout_len()?;
         let layout_payload = self.transport.bth.opcode.layout().is_some_and(|l| l.payload);
         if payload_len > 0 && !layout_payload {
@@ -235,13 +247,17 @@ impl FrameRepr {
         UdpRepr { length: udp_len16, ..self.udp }.emit(&mut l3[ip_len..])?;
         let mut transport = self.transport;
         transport.bth.pad_count = pad as u8;
-        let ib = &mut l3[ip_len + UDP_LEN..];
-        transport.emit(ib)?;
-        fill(&mut ib[ib_len..ib_len + payload_len]);
-        ib[ib_len + payload_len..ib_len + payload_len + pad].fill(0);
-        let icrc_at = ip_len + udp_len - ICRC_LEN;
-        let crc = icrc::compute(l3, ip_len, icrc_at)?;
-        l3[icrc_at..icrc_at + ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+        let payload_at = ip_len + UDP_LEN + ib_len;
+        transport.emit(&mut l3[ip_len + UDP_LEN..])?;
+        // The ICRC over the headers, the payload as `fill` writes it, the pad.
+        let crc = icrc::headers(l3, ip_len, payload_at)?;
+        let (_, tail) = l3.split_at_mut(payload_at);
+        let (payload, tail) = tail.split_at_mut(payload_len);
+        let crc = fill(payload, crc);
+        let (pad_bytes, icrc_bytes) = tail.split_at_mut(pad);
+        pad_bytes.fill(0);
+        let crc = crc::update(crc, pad_bytes);
+        icrc_bytes[..ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
         Ok(total)
     }
 }

@@ -15,13 +15,15 @@
 //!
 //! Entry points: [`of_l3`] / [`of_frame`] compute the ICRC a packet should
 //! carry, [`fill_l3`] / [`fill_frame`] store it, [`compute`] is the primitive
-//! for callers that already know where the headers are.
+//! for callers that already know where the headers are, and [`headers`]
+//! starts a CRC that a sender continues over the payload as it copies it
+//! ([`crc::copy_update`]).
 
 use super::ext::BTH_LEN;
 use super::frame::ICRC_LEN;
 use super::ip::{IPV6_LEN, UDP_LEN};
 use super::packet::{EthernetFrame, Ipv4Packet, Ipv6Packet};
-use super::{Header, WireError};
+use super::{crc, Header, WireError};
 
 /// CRC-32 register after the 8 bytes of 0xFF that stand for the masked LRH
 /// (the value rxe starts from; `crc32fast` takes the complemented form,
@@ -40,25 +42,46 @@ pub const LRH_CRC: u32 = !LRH_STATE;
 /// headers or lies beyond `packet`; `BadIhl` for an IPv4 header length
 /// outside 20..=60; `BadIpVersion` for a version nibble other than 4 or 6.
 pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, WireError> {
-    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
-    let udp = ip_header_len;
-    let bth = udp + UDP_LEN;
-    let rest = bth + BTH_LEN;
+    packet.first().ok_or(WireError::Truncated(Header::Ipv4))?;
+    let rest = ip_header_len + UDP_LEN + BTH_LEN;
     let covered = packet.get(..end).ok_or(WireError::Truncated(Header::Bth))?;
     if end < rest {
         return Err(WireError::Truncated(Header::Bth));
     }
-    // The masked IP, UDP and BTH headers are copied into one buffer, so the
-    // hasher sees two runs (headers, then the rest) rather than four small
-    // ones: small updates go through crc32fast's slow path.
-    let mut hdr = [0u8; 60 + UDP_LEN + BTH_LEN];
+    let crc = headers(covered, ip_header_len, rest)?;
+    Ok(crc::update(crc, &covered[rest..]))
+}
+
+/// Longest header run [`headers`] takes: an IPv4 header with options, UDP,
+/// BTH and the longest extension headers a packet carries (AtomicETH, 28).
+pub const HEADERS_MAX: usize = 60 + UDP_LEN + BTH_LEN + 28;
+
+/// The CRC (finished form, to continue with [`crc::update`]) of the ICRC's
+/// start: the masked LRH, then `packet[..upto]` with the IP, UDP and BTH
+/// variant fields masked. `upto` covers at least the BTH and at most
+/// [`HEADERS_MAX`] bytes: the extension headers may ride along, so that a
+/// sender can continue over a payload it is still copying.
+///
+/// Errors as [`compute`]; `BufferTooSmall` if `upto` exceeds `HEADERS_MAX`.
+pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, WireError> {
+    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
+    let udp = ip_header_len;
+    let bth = udp + UDP_LEN;
+    let covered = packet.get(..upto).ok_or(WireError::Truncated(Header::Bth))?;
+    if upto < bth + BTH_LEN {
+        return Err(WireError::Truncated(Header::Bth));
+    }
+    // The masked headers are copied into one buffer, so the hasher sees one
+    // run rather than several small ones: small updates go through
+    // crc32fast's slow path.
+    let mut hdr = [0u8; HEADERS_MAX];
     match version {
         4 => {
             let bad_ihl = WireError::BadIhl((ip_header_len / 4).min(255) as u8);
             if !(20..=60).contains(&ip_header_len) {
                 return Err(bad_ihl);
             }
-            hdr[..rest].copy_from_slice(&covered[..rest]);
+            hdr.get_mut(..upto).ok_or(WireError::BufferTooSmall)?.copy_from_slice(covered);
             hdr[1] = 0xff; // TOS (DSCP + ECN)
             hdr[8] = 0xff; // TTL
             hdr[10] = 0xff; // header checksum
@@ -68,7 +91,7 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
             if ip_header_len != IPV6_LEN {
                 return Err(WireError::BadIpLength);
             }
-            hdr[..rest].copy_from_slice(&covered[..rest]);
+            hdr.get_mut(..upto).ok_or(WireError::BufferTooSmall)?.copy_from_slice(covered);
             hdr[0] |= 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
             hdr[1] = 0xff; // ... and the flow label
             hdr[2] = 0xff;
@@ -80,10 +103,7 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
     hdr[udp + 6] = 0xff; // UDP checksum
     hdr[udp + 7] = 0xff;
     hdr[bth + 4] = 0xff; // FECN, BECN, resv6
-    let mut h = crc32fast::Hasher::new_with_initial(LRH_CRC);
-    h.update(&hdr[..rest]);
-    h.update(&covered[rest..]);
-    Ok(h.finalize())
+    Ok(crc::update(LRH_CRC, &hdr[..upto]))
 }
 
 /// Where the IP header ends and the IP packet ends, from the IP header's own

@@ -6,6 +6,7 @@
 //! Ethernet [802.1Q] / IPv4 or IPv6 / UDP (dst 4791) / BTH / extension
 //! headers / payload / pad (0..=3) / ICRC (4 bytes, LSB first).
 
+pub mod crc;
 pub mod ext;
 pub mod frame;
 pub mod icrc;
