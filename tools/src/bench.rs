@@ -14,6 +14,11 @@
 //!   (iperf3), 8-byte ping-pong latency (our echo over TCP_NODELAY);
 //! - kernel UDP: 8-byte ping-pong latency.
 //!
+//! Bandwidth against the ceiling is measured at the same footing on both
+//! sides: each after a 200 ms warm-up, for about a second, and next to each
+//! other in the order urnic, ceiling, ceiling, urnic (the host's speed drifts
+//! over seconds; the bracket cancels a steady drift).
+//!
 //! `--report DIR` adds bandwidth sweeps (WRITE, READ, SEND; 64 B..1 MiB; MTU
 //! 1024 and 4096; one and two cores) and writes report.md, sweep.csv,
 //! bandwidth_{write,read,send}.png and latency.png (distributions).
@@ -173,21 +178,59 @@ struct UrnicRun {
     write_lat: Vec<f64>,
 }
 
-fn urnic_run(pair: &VethPair, pair9k: &VethPair, cores: Cores) -> Result<UrnicRun, String> {
-    let mut r = UrnicRun::default();
-    {
-        let mut rig = rig(pair, cores, 2 * 65536, "bn")?;
-        let cpu0 = cpu_self();
-        let iters = 3000;
-        r.write_64k = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, iters, 128)?.avg_mbs;
-        r.cpu_per_gb = (cpu_self() - cpu0) / ((65536 * iters) as f64 / 1e9);
-        r.msg_rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, 40_000, 128).map_err(|e| format!("{}: 64 B: {e}", cores.label()))?.avg_mbs * 1e6 / 64.0;
-        r.send_lat = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: send_lat: {e}", cores.label()))?;
-        r.write_lat = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: write_lat: {e}", cores.label()))?;
+/// Warm-up before a timed bandwidth measurement, as the raw ceiling has:
+/// `size`-byte WRITEs for at least this long on a fresh rig (the first
+/// milliseconds of new devices, the kernel's page pools and the caches are
+/// not the steady state the ceiling is measured in).
+const WARMUP: Duration = Duration::from_millis(200);
+
+/// 64 KiB WRITEs timed per measurement: 0.4-1.5 s here, comparable to the
+/// ceiling's 1 s (the earlier 3000, about 0.25 s without a warm-up, measured
+/// about a tenth lower than a long run of the same code).
+const WRITE_64K_ITERS: usize = 6_000;
+
+/// 64-byte WRITEs timed for the message rate (about 0.5 s).
+const MSG_RATE_ITERS: usize = 150_000;
+
+/// Run `size`-byte WRITEs untimed for [`WARMUP`].
+fn warm_up(rig: &mut Rig, size: usize) -> Result<(), String> {
+    let until = Instant::now() + WARMUP;
+    while Instant::now() < until {
+        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, size, 200, 128).map_err(|e| format!("warm-up: {e}"))?;
     }
-    let mut rig = rig(pair9k, cores, 2 * 65536, "bj")?;
-    r.write_64k_mtu4096 = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, 3000, 128)?.avg_mbs;
-    Ok(r)
+    Ok(())
+}
+
+/// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, and the
+/// CPU seconds per GB it took.
+fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<(f64, f64), String> {
+    let mut rig = rig(pair, cores, 2 * 65536, tag)?;
+    warm_up(&mut rig, 65536)?;
+    let cpu0 = cpu_self();
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).map_err(|e| format!("{}: 64 KiB: {e}", cores.label()))?.avg_mbs;
+    Ok((mbs, (cpu_self() - cpu0) / ((65536 * WRITE_64K_ITERS) as f64 / 1e9)))
+}
+
+/// Measure urnic and its raw ceiling next to each other, in the order
+/// urnic, ceiling, ceiling, urnic: the host's speed drifts over seconds,
+/// and the bracket cancels a steady drift. Returns the two means.
+fn bracketed(mut urnic: impl FnMut() -> Result<f64, String>, mut ceiling: impl FnMut() -> Result<f64, String>) -> Result<(f64, f64), String> {
+    let u1 = urnic()?;
+    let c1 = ceiling()?;
+    let c2 = ceiling()?;
+    let u2 = urnic()?;
+    Ok(((u1 + u2) / 2.0, (c1 + c2) / 2.0))
+}
+
+/// urnic's small-message figures on one rig: 64-byte WRITE message rate
+/// (after a warm-up) and 8-byte SEND and WRITE latencies.
+fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>), String> {
+    let mut rig = rig(pair, cores, 2 * 65536, "bs")?;
+    warm_up(&mut rig, 64)?;
+    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).map_err(|e| format!("{}: 64 B: {e}", cores.label()))?.avg_mbs * 1e6 / 64.0;
+    let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: send_lat: {e}", cores.label()))?;
+    let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: write_lat: {e}", cores.label()))?;
+    Ok((rate, send, write))
 }
 
 /// `nqps` connected RC QP pairs on one pair of devices (one core), 64 KiB
@@ -471,9 +514,20 @@ fn one_run() -> Result<Run, String> {
     let pair9k = VethPair::create("bench", 9000).map_err(|e| format!("namespaces (root): {e}"))?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
-        r.urnic[i] = urnic_run(&pair, &pair9k, cores)?;
-        r.raw_1k[i] = raw_afxdp(&pair, write_frame_len(1024), cores, 1.0)?;
-        r.raw_4k[i] = raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0)?;
+        // Each bandwidth figure next to its ceiling (see `bracketed`).
+        let mut cpu = Vec::new();
+        (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
+            || urnic_write_64k(&pair, cores, "bn").map(|(mbs, c)| {
+                cpu.push(c);
+                mbs
+            }),
+            || raw_afxdp(&pair, write_frame_len(1024), cores, 1.0),
+        )?;
+        r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) =
+            bracketed(|| urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs), || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0))?;
+        let (rate, send, write) = urnic_small(&pair, cores)?;
+        (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = (rate, send, write);
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
     }
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
@@ -599,6 +653,7 @@ fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Sweep, String> 
     let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
     let max = sizes.iter().copied().max().unwrap_or(65536);
     let mut rig = rig(&pair, cores, 2 * max, "sw")?;
+    warm_up(&mut rig, 65536)?;
     let mut out = Vec::new();
     for op in BwOp::ALL {
         let mut v = Vec::new();
