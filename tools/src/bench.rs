@@ -9,7 +9,9 @@
 //! - the raw AF_XDP ceiling: MTU-sized RoCE frames from one AF_XDP socket to
 //!   the other through the same XDP program, doing nothing else — with one
 //!   thread sending and receiving (the one-core budget) and with a sender and
-//!   a receiver thread (two cores);
+//!   a receiver thread (two cores); and its ping-pong: one frame of an
+//!   8-byte SEND's length bounced between the two sockets (the latency
+//!   floor of any AF_XDP stack here);
 //! - kernel TCP: single-stream throughput and 64-byte-write message rate
 //!   (iperf3), 8-byte ping-pong latency (our echo over TCP_NODELAY);
 //! - kernel UDP: 8-byte ping-pong latency.
@@ -285,11 +287,18 @@ fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), St
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
 /// valid ICRC) from end 0 to end 1 of `pair`.
 fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
+    raw_frame_from(pair, 0, frame_len)
+}
+
+/// [`raw_frame`] sent from veth end `from` (0 or 1) to the other.
+fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<u8>, String> {
     use rocev2::wire::*;
     let payload = frame_len.checked_sub(58).ok_or("raw frame shorter than its headers")?;
+    let to = 1 - from.min(1);
+    let from = 1 - to;
     let repr = FrameRepr {
-        eth: EthernetRepr { dst: pair.mac[1], src: pair.mac[0], vlan: None, ethertype: 0x0800 },
-        ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[0], dst: pair.ipv4[1], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+        eth: EthernetRepr { dst: pair.mac[to], src: pair.mac[from], vlan: None, ethertype: 0x0800 },
+        ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[from], dst: pair.ipv4[to], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
         udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr::bth_only(BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) }),
     };
@@ -298,22 +307,43 @@ fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
     Ok(f)
 }
 
+/// Queue a copy of `frame` on `port` (no kick); whether it was queued.
+fn queue_copy(port: &mut XskPort, frame: &[u8]) -> bool {
+    let fill = &mut |buf: &mut [u8]| {
+        let n = frame.len().min(buf.len());
+        buf[..n].copy_from_slice(&frame[..n]);
+        Some(n)
+    };
+    matches!(port.transmit_with(fill), Ok(true))
+}
+
 /// Push up to 64 copies of `frame` into `tx` and kick it; frames queued.
 fn blast(tx: &mut XskPort, frame: &[u8]) -> u64 {
     let mut sent = 0;
-    for _ in 0..64 {
-        let fill = &mut |buf: &mut [u8]| {
-            let n = frame.len().min(buf.len());
-            buf[..n].copy_from_slice(&frame[..n]);
-            Some(n)
-        };
-        match tx.transmit_with(fill) {
-            Ok(true) => sent += 1,
-            _ => break,
-        }
+    while sent < 64 && queue_copy(tx, frame) {
+        sent += 1;
     }
     let _ = tx.flush();
     sent
+}
+
+/// Raw AF_XDP sockets on both veth ends (0, 1), with the XDP program.
+fn raw_ports(pair: &VethPair) -> Result<(XskPort, XskPort), String> {
+    let open = |end: usize| {
+        let ifname = pair.ifname[end].clone();
+        in_netns(Some(&pair.ns[end]), move || XskPort::open(&XskConfig::new(&ifname))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+    };
+    Ok((open(0)?, open(1)?))
+}
+
+/// Receive up to `budget` frames on `port`; how many were `len` bytes long
+/// (whole frames as handed up, not the descriptors they took: at 4154 bytes
+/// a frame spans two UMEM chunks, and counting chunks once doubled the
+/// ceiling). Frames of other lengths (IPv6 neighbour discovery) are passed over.
+fn received_of_len(port: &mut XskPort, budget: usize, len: usize) -> u64 {
+    let mut n = 0u64;
+    let _ = port.receive(budget, &mut |f| n += u64::from(f.len() == len));
+    n
 }
 
 /// The raw AF_XDP ceiling: frames per second delivered from one AF_XDP
@@ -321,18 +351,9 @@ fn blast(tx: &mut XskPort, frame: &[u8]) -> u64 {
 /// frames; one thread doing both (`Cores::One`) or a sender and a receiver.
 fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Result<f64, String> {
     let frame = raw_frame(pair, frame_len)?;
-    let (ns_rx, if_rx, ns_tx, if_tx) = (pair.ns[1].clone(), pair.ifname[1].clone(), pair.ns[0].clone(), pair.ifname[0].clone());
-    let mut rx = in_netns(Some(&ns_rx), move || XskPort::open(&XskConfig::new(&if_rx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    let mut tx = in_netns(Some(&ns_tx), move || XskPort::open(&XskConfig::new(&if_tx))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
-    // Whole frames of the length sent, as handed up (not the descriptors
-    // they took: at 4154 bytes a frame spans two UMEM chunks, and counting
-    // chunks once doubled this ceiling).
+    let (mut tx, mut rx) = raw_ports(pair)?;
     let len = frame.len();
-    let count = move |rx: &mut XskPort| {
-        let mut n = 0u64;
-        let _ = rx.receive(256, &mut |f| n += u64::from(f.len() == len));
-        n
-    };
+    let count = move |rx: &mut XskPort| received_of_len(rx, 256, len);
     match cores {
         Cores::One => {
             let warm = Instant::now() + Duration::from_millis(200);
@@ -367,6 +388,73 @@ fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Resu
             stop.store(true, Ordering::Relaxed);
             let _ = sender.join();
             Ok(pps)
+        }
+    }
+}
+
+/// Frame length of an 8-byte SEND ONLY: Ethernet, IPv4, UDP, BTH, payload, ICRC.
+const SEND8_FRAME: usize = 14 + 20 + 8 + 12 + 8 + 4;
+
+/// Queue `frame` on `port` and kick it; whether it was queued.
+fn send_one(port: &mut XskPort, frame: &[u8]) -> bool {
+    let queued = queue_copy(port, frame);
+    let _ = port.flush();
+    queued
+}
+
+/// The raw AF_XDP ping-pong: one frame of urnic's 8-byte SEND length
+/// bounced between the two AF_XDP sockets through the same XDP program,
+/// nothing else: the latency floor any AF_XDP stack has here. One-way µs
+/// (RTT/2). One thread polls both sockets (`Cores::One`), or the echo runs
+/// on a thread of its own (`Cores::Two`), as urnic's two configurations do.
+fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>, String> {
+    let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
+    let (mut a, mut b) = raw_ports(pair)?;
+    let len = ping.len();
+    let got = move |port: &mut XskPort| received_of_len(port, 64, len);
+    let lost = || "raw AF_XDP ping-pong: no answer in 2 s".to_string();
+    match cores {
+        Cores::One => timed_rounds(iters, || {
+            let deadline = Instant::now() + Duration::from_secs(2);
+            if !send_one(&mut a, &ping) {
+                return Err("raw AF_XDP ping-pong: no transmit buffer".into());
+            }
+            while got(&mut b) == 0 {
+                if Instant::now() > deadline {
+                    return Err(lost());
+                }
+            }
+            send_one(&mut b, &pong);
+            while got(&mut a) == 0 {
+                if Instant::now() > deadline {
+                    return Err(lost());
+                }
+            }
+            Ok(())
+        }),
+        Cores::Two => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let echo = std::thread::spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    for _ in 0..got(&mut b) {
+                        send_one(&mut b, &pong);
+                    }
+                }
+            });
+            let samples = timed_rounds(iters, || {
+                let deadline = Instant::now() + Duration::from_secs(2);
+                send_one(&mut a, &ping);
+                while got(&mut a) == 0 {
+                    if Instant::now() > deadline {
+                        return Err(lost());
+                    }
+                }
+                Ok(())
+            });
+            stop.store(true, Ordering::Relaxed);
+            let _ = echo.join();
+            samples
         }
     }
 }
@@ -506,6 +594,8 @@ struct Run {
     mem_per_qp: f64,
     udp_lat: Vec<f64>,
     tcp_lat: Vec<f64>,
+    /// Raw AF_XDP ping-pong one-way µs, [cores].
+    raw_lat: [Vec<f64>; 2],
 }
 
 fn one_run() -> Result<Run, String> {
@@ -529,6 +619,7 @@ fn one_run() -> Result<Run, String> {
         let (rate, send, write) = urnic_small(&pair, cores)?;
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = (rate, send, write);
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
+        r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
     }
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
     r.tcp_mbps_9k = iperf3(&pair9k, 2, &[])?.0;
@@ -583,6 +674,9 @@ fn summarize(runs: &[Run]) -> Summary {
                 let kt = lat(&|r| &r.tcp_lat, p);
                 let ru = med(&|r| lat_of(f(r, i), p) / lat_of(&r.udp_lat, p));
                 let rt = med(&|r| lat_of(f(r, i), p) / lat_of(&r.tcp_lat, p));
+                let kr = lat(&|r| &r.raw_lat[i], p);
+                let rr = med(&|r| lat_of(f(r, i), p) / lat_of(&r.raw_lat[i], p));
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs raw AF_XDP ping-pong {pl} ({SEND8_FRAME}-byte frames, {threads}; one-way) | {u:.1} us | {kr:.1} us | {rr:.2} |");
                 let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {ru:.2} |");
                 let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {rt:.2} |");
             }
@@ -600,6 +694,8 @@ fn summarize(runs: &[Run]) -> Summary {
         ("URNIC SEND, 2 CORES".to_string(), pool(&|r| &r.urnic[1].send_lat)),
         ("URNIC WRITE, 1 CORE".to_string(), pool(&|r| &r.urnic[0].write_lat)),
         ("URNIC WRITE, 2 CORES".to_string(), pool(&|r| &r.urnic[1].write_lat)),
+        ("RAW AF_XDP, 1 CORE".to_string(), pool(&|r| &r.raw_lat[0])),
+        ("RAW AF_XDP, 2 CORES".to_string(), pool(&|r| &r.raw_lat[1])),
         ("KERNEL UDP".to_string(), pool(&|r| &r.udp_lat)),
         ("KERNEL TCP".to_string(), pool(&|r| &r.tcp_lat)),
     ];
