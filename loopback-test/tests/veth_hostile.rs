@@ -63,7 +63,7 @@ impl Target {
             ip: IpRepr::V4(Ipv4Repr { src: self.src_ip, dst: self.dst_ip, dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
             udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
             transport: TransportRepr {
-                bth: BthRepr { opcode: op, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: qpn, ack_req: true, resv7: 0, psn: Psn::new(psn) },
+                bth: BthRepr { ack_req: true, ..BthRepr::new(op, qpn, Psn::new(psn)) },
                 deth: l.deth.then_some(DethRepr { qkey: 0x1111_1111, resv8: 0, src_qp: 0x99 }),
                 reth: if l.reth { reth } else { None },
                 atomic_eth: None,

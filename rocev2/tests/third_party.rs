@@ -35,19 +35,10 @@ fn frames() -> Vec<(FrameRepr, Vec<u8>)> {
                 udp: UdpRepr { src_port: sport::rc_sport(k, 0x11), dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
                 transport: TransportRepr {
                     bth: BthRepr {
-                        opcode: op,
                         solicited: k.is_multiple_of(3),
-                        mig_req: false,
-                        pad_count: 0,
-                        tver: 0,
-                        pkey: 0xffff,
-                        fecn: false,
                         becn: op == Opcode::CNP,
-                        resv6: 0,
-                        dest_qp: 0x100 + k,
                         ack_req: k.is_multiple_of(2),
-                        resv7: 0,
-                        psn: Psn::new(0xff_fff0 + k),
+                        ..BthRepr::new(op, 0x100 + k, Psn::new(0xff_fff0 + k))
                     },
                     deth: layout.deth.then_some(DethRepr { qkey: 0x1111_1111, resv8: 0, src_qp: 0x20 + k }),
                     reth: layout.reth.then_some(RethRepr { va: 0x7f00_0000_1000 + u64::from(k), rkey: 0xabc0 + k, dma_len: 4096 + k }),

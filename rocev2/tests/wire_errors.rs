@@ -16,7 +16,7 @@ fn repr(op: Opcode) -> FrameRepr {
         ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
         udp: UdpRepr { src_port: 49441, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr {
-            bth: BthRepr { opcode: op, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x11, ack_req: true, resv7: 0, psn: Psn::new(7) },
+            bth: BthRepr { ack_req: true, ..BthRepr::new(op, 0x11, Psn::new(7)) },
             deth: l.deth.then_some(DethRepr { qkey: 0x1111_1111, resv8: 0, src_qp: 0x11 }),
             reth: l.reth.then_some(RethRepr { va: 0x1000, rkey: 0x42, dma_len: 8 }),
             atomic_eth: None,

@@ -997,21 +997,7 @@ impl Engine {
 /// ECT(0), UDP source port 0, BECN set, PSN 0, 16 reserved bytes).
 fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8]) -> Option<usize> {
     use crate::wire::{BthRepr, IpRepr, TransportRepr};
-    let mut f = path.frame(TransportRepr::bth_only(BthRepr {
-        opcode: Opcode::CNP,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: true,
-        resv6: 0,
-        dest_qp,
-        ack_req: false,
-        resv7: 0,
-        psn: Psn::new(0),
-    }));
+    let mut f = path.frame(TransportRepr::bth_only(BthRepr { becn: true, ..BthRepr::new(Opcode::CNP, dest_qp, Psn::new(0)) }));
     match &mut f.ip {
         IpRepr::V4(v4) => {
             v4.dscp = dscp & 0x3f;

@@ -376,21 +376,7 @@ impl Requester {
         let i = self.cur;
         let w = &self.wqes[i];
         let first_psn = w.first_psn.expect("assigned above");
-        let mut bth = BthRepr {
-            opcode: Opcode::RC_SEND_ONLY,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: PKEY,
-            fecn: false,
-            becn: false,
-            resv6: 0,
-            dest_qp: ctx.dest_qpn,
-            ack_req: false,
-            resv7: 0,
-            psn: first_psn,
-        };
+        let mut bth = BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, first_psn) };
         let mut t = TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None };
         let (payload_off, payload_len, last) = match w.kind {
             Kind::Send | Kind::Write => {

@@ -988,21 +988,7 @@ fn packets_for(len: u32, pmtu: Mtu) -> u32 {
 
 fn response(opcode: Opcode, dest_qpn: u32, psn: Psn, aeth: Option<AethRepr>, atomic_ack: Option<u64>) -> TransportRepr {
     TransportRepr {
-        bth: BthRepr {
-            opcode,
-            solicited: false,
-            mig_req: false,
-            pad_count: 0,
-            tver: 0,
-            pkey: DEFAULT_PKEY,
-            fecn: false,
-            becn: false,
-            resv6: 0,
-            dest_qp: dest_qpn & 0x00ff_ffff,
-            ack_req: false,
-            resv7: 0,
-            psn,
-        },
+        bth: BthRepr { pkey: DEFAULT_PKEY, ..BthRepr::new(opcode, dest_qpn & 0x00ff_ffff, psn) },
         deth: None,
         reth: None,
         atomic_eth: None,

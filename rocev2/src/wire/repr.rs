@@ -231,6 +231,30 @@ pub struct TransportRepr {
     pub invalidate_rkey: Option<u32>,
 }
 
+impl BthRepr {
+    /// A BTH for `opcode` to `dest_qp` at `psn` with everything else at its
+    /// usual value: the default P_Key 0xffff, transport version 0, no pad,
+    /// no flags (solicited, MigReq, FECN, BECN, AckReq), reserved bits zero.
+    /// Set the rest with struct update syntax.
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            resv6: 0,
+            dest_qp,
+            ack_req: false,
+            resv7: 0,
+            psn,
+        }
+    }
+}
+
 impl TransportRepr {
     /// A BTH with no extension headers (SEND/WRITE MIDDLE, CNP, and the
     /// start that parsing fills in).

@@ -117,7 +117,7 @@ mod tests {
             eth: EthernetRepr { dst: [2; 6], src: [4; 6], vlan: Some(VlanTag { pcp: 3, dei: false, vid: 7 }), ethertype: 0x0800 },
             ip: IpRepr::V4(Ipv4Repr { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], dscp: 26, ecn: 2, ident: 9, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
             udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
-            transport: TransportRepr::bth_only(BthRepr { opcode: Opcode::RC_SEND_ONLY, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0xabcdef, ack_req: true, resv7: 0, psn: Psn::new(0x123456) }),
+            transport: TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(Opcode::RC_SEND_ONLY, 0xabcdef, Psn::new(0x123456)) }),
         };
         let mut buf = vec![0u8; 256];
         let n = repr.emit(b"hello", &mut buf).unwrap();

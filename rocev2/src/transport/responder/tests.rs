@@ -194,21 +194,7 @@ impl Harness {
 }
 
 fn tr(op: Opcode, psn: u32, ack_req: bool) -> TransportRepr {
-    TransportRepr::bth_only(BthRepr {
-        opcode: op,
-        solicited: false,
-        mig_req: false,
-        pad_count: 0,
-        tver: 0,
-        pkey: 0xffff,
-        fecn: false,
-        becn: false,
-        resv6: 0,
-        dest_qp: QPN,
-        ack_req,
-        resv7: 0,
-        psn: Psn::new(psn),
-    })
+    TransportRepr::bth_only(BthRepr { ack_req, ..BthRepr::new(op, QPN, Psn::new(psn)) })
 }
 
 fn with_reth(mut t: TransportRepr, va: u64, rkey: u32, dma_len: u32) -> TransportRepr {
