@@ -294,13 +294,12 @@ fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
 fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<u8>, String> {
     use rocev2::wire::*;
     let payload = frame_len.checked_sub(58).ok_or("raw frame shorter than its headers")?;
-    let to = 1 - from.min(1);
-    let from = 1 - to;
+    let (from, to) = if from == 0 { (0, 1) } else { (1, 0) };
     let repr = FrameRepr {
         eth: EthernetRepr { dst: pair.mac[to], src: pair.mac[from], vlan: None, ethertype: 0x0800 },
         ip: IpRepr::V4(Ipv4Repr { src: pair.ipv4[from], dst: pair.ipv4[to], dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
         udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
-        transport: TransportRepr::bth_only(BthRepr { opcode: Opcode::RC_WRITE_MIDDLE, solicited: false, mig_req: false, pad_count: 0, tver: 0, pkey: 0xffff, fecn: false, becn: false, resv6: 0, dest_qp: 0x77, ack_req: false, resv7: 0, psn: rocev2::Psn::new(1) }),
+        transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_WRITE_MIDDLE, 0x77, rocev2::Psn::new(1))),
     };
     let mut f = vec![0u8; repr.frame_len(payload)];
     repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
@@ -412,25 +411,29 @@ fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec
     let (mut a, mut b) = raw_ports(pair)?;
     let len = ping.len();
     let got = move |port: &mut XskPort| received_of_len(port, 64, len);
-    let lost = || "raw AF_XDP ping-pong: no answer in 2 s".to_string();
+    let send = |port: &mut XskPort, frame: &[u8]| -> Result<(), String> {
+        if send_one(port, frame) {
+            Ok(())
+        } else {
+            Err("raw AF_XDP ping-pong: no transmit buffer".into())
+        }
+    };
+    // Poll `port` until a frame of the ping's length arrives (2 s at most).
+    let answer = move |port: &mut XskPort| -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while got(port) == 0 {
+            if Instant::now() > deadline {
+                return Err("raw AF_XDP ping-pong: no answer in 2 s".into());
+            }
+        }
+        Ok(())
+    };
     match cores {
         Cores::One => timed_rounds(iters, || {
-            let deadline = Instant::now() + Duration::from_secs(2);
-            if !send_one(&mut a, &ping) {
-                return Err("raw AF_XDP ping-pong: no transmit buffer".into());
-            }
-            while got(&mut b) == 0 {
-                if Instant::now() > deadline {
-                    return Err(lost());
-                }
-            }
-            send_one(&mut b, &pong);
-            while got(&mut a) == 0 {
-                if Instant::now() > deadline {
-                    return Err(lost());
-                }
-            }
-            Ok(())
+            send(&mut a, &ping)?;
+            answer(&mut b)?;
+            send(&mut b, &pong)?;
+            answer(&mut a)
         }),
         Cores::Two => {
             let stop = Arc::new(AtomicBool::new(false));
@@ -443,14 +446,8 @@ fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec
                 }
             });
             let samples = timed_rounds(iters, || {
-                let deadline = Instant::now() + Duration::from_secs(2);
-                send_one(&mut a, &ping);
-                while got(&mut a) == 0 {
-                    if Instant::now() > deadline {
-                        return Err(lost());
-                    }
-                }
-                Ok(())
+                send(&mut a, &ping)?;
+                answer(&mut a)
             });
             stop.store(true, Ordering::Relaxed);
             let _ = echo.join();
@@ -616,8 +613,7 @@ fn one_run() -> Result<Run, String> {
         r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
         (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) =
             bracketed(|| urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs), || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0))?;
-        let (rate, send, write) = urnic_small(&pair, cores)?;
-        (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = (rate, send, write);
+        (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
     }
