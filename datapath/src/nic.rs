@@ -277,19 +277,7 @@ impl Nic {
     /// Engine-wide counters summed over the shards.
     pub fn engine_stats(&self) -> rocev2::transport::engine::EngineStats {
         let mut total = rocev2::transport::engine::EngineStats::default();
-        self.for_each_engine(|e| {
-            let s = e.stats();
-            total.rx_frames += s.rx_frames;
-            total.rx_unknown_qpn += s.rx_unknown_qpn;
-            total.rx_wrong_service += s.rx_wrong_service;
-            total.rx_bad_pkey += s.rx_bad_pkey;
-            total.rx_wrong_state += s.rx_wrong_state;
-            total.rx_cnps += s.rx_cnps;
-            total.tx_frames += s.tx_frames;
-            for (k, v) in &s.rx_bad_frame {
-                *total.rx_bad_frame.entry(*k).or_insert(0) += v;
-            }
-        });
+        self.for_each_engine(|e| total.add(e.stats()));
         total
     }
 

@@ -101,7 +101,7 @@ struct Region {
 
 impl HostMem {
     fn new(rng: &mut ChaCha8Rng, sizes: &[usize]) -> HostMem {
-        let table = Arc::new(MemoryTable::new());
+        let table = Arc::new(MemoryTable::with_seed(rng.gen()));
         let mut mrs = Vec::new();
         for &size in sizes {
             let words = size.div_ceil(8).max(1);
@@ -472,18 +472,14 @@ fn plan(seed: u64) -> (Plan, [HostMem; 2]) {
                     Kind::SendImm => (SendOp::SendWithImm { imm }, None),
                     _ => {
                         // A key for the responder to invalidate: a type-2 window
-                        // bound to the receiving QP (bound once QPNs are known),
-                        // or a dedicated MR.
-                        let key = if rng.gen_bool(0.5) {
+                        // bound to the receiving QP (bound once QPNs are known).
+                        // Only windows may be invalidated remotely (rxe
+                        // invalidate_rkey); an MR key is refused, which
+                        // transport_rules checks.
+                        let key = {
                             let rkey = mem[r].table.alloc_mw(PD, MwType::Type2).expect("alloc MW");
                             invalidated.push((r, d.qp, rkey | 0x8000_0000));
                             rkey
-                        } else {
-                            let buf = Box::into_raw(vec![0u64; 8].into_boxed_slice()) as *mut u64;
-                            // SAFETY: 64 bytes leaked for the whole test; never freed.
-                            let keys = unsafe { mem[r].table.register(PD, buf as *mut u8, 64, 0x4000, ALL_ACCESS) }.expect("register");
-                            invalidated.push((r, d.qp, keys.rkey));
-                            keys.rkey
                         };
                         (SendOp::SendWithInv { rkey: key }, Some(key))
                     }

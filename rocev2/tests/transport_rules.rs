@@ -583,10 +583,15 @@ fn dcqcn_off_for_a_qp_counts_cnps_without_limiting() {
     let hex = text.lines().find(|l| l.starts_with("cx4lx_cnp")).unwrap().split_whitespace().nth(2).unwrap().to_string();
     let mut cnp: Vec<u8> = (0..hex.len()).step_by(2).map(|i| u8::from_str_radix(&hex[i..i + 2], 16).unwrap()).collect();
     p.a.engine.handle_frame(Instant::ZERO, &cnp);
-    assert_eq!(p.a.engine.stats().rx_cnps, 1, "the hardware CNP parses (QP 0x118 is not ours)");
-    // Point it at our QP and reseal the ICRC.
+    assert_eq!(p.a.engine.stats().rx_unknown_qpn, 1, "the hardware CNP parses (QP 0x118 is not ours)");
+    assert_eq!(p.a.engine.stats().rx_cnps, 0);
+    // Point it at our QP, from our peer's address (rxe check_addr: a CNP
+    // from anyone else is refused), and reseal the checksums.
     let at = 14 + 20 + 8 + 5;
     cnp[at..at + 3].copy_from_slice(&qa.to_be_bytes()[1..]);
+    cnp[14 + 12..14 + 16].copy_from_slice(&[10, 0, 0, 2]);
+    cnp[14 + 16..14 + 20].copy_from_slice(&[10, 0, 0, 1]);
+    rocev2::wire::packet::Ipv4Packet::new_unchecked(&mut cnp[14..34]).fill_checksum();
     rocev2::wire::icrc::fill_frame(&mut cnp).unwrap();
     p.a.engine.handle_frame(Instant::from_nanos(10_000), &cnp);
     let s = *p.a.engine.qp_stats(qa).unwrap();

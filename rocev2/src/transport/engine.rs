@@ -137,9 +137,14 @@ pub struct EngineStats {
     pub rx_wrong_service: u64,
     /// Dropped: the P_Key does not match ours.
     pub rx_bad_pkey: u64,
+    /// Dropped: an RC/UC frame (request, response or CNP) not from the QP's
+    /// peer: IP source is not its destination GID, or IP destination is not
+    /// its source GID (rxe `check_addr`).
+    pub rx_wrong_peer: u64,
     /// Dropped: the QP's state does not accept this packet.
     pub rx_wrong_state: u64,
-    /// Congestion notification packets received.
+    /// Congestion notification packets accepted (from a QP's peer, for a
+    /// connected QP in RTR or later); refused ones are counted by reason.
     pub rx_cnps: u64,
     /// Frames sent.
     pub tx_frames: u64,
@@ -195,6 +200,32 @@ impl WireErrorKind {
 }
 
 impl EngineStats {
+    /// Add `other`'s counters to these (summing a device's shards).
+    pub fn add(&mut self, other: &EngineStats) {
+        let EngineStats {
+            rx_frames,
+            rx_bad_frame,
+            rx_unknown_qpn,
+            rx_wrong_service,
+            rx_bad_pkey,
+            rx_wrong_peer,
+            rx_wrong_state,
+            rx_cnps,
+            tx_frames,
+        } = other;
+        self.rx_frames += rx_frames;
+        self.rx_unknown_qpn += rx_unknown_qpn;
+        self.rx_wrong_service += rx_wrong_service;
+        self.rx_bad_pkey += rx_bad_pkey;
+        self.rx_wrong_peer += rx_wrong_peer;
+        self.rx_wrong_state += rx_wrong_state;
+        self.rx_cnps += rx_cnps;
+        self.tx_frames += tx_frames;
+        for (k, v) in rx_bad_frame {
+            *self.rx_bad_frame.entry(*k).or_insert(0) += v;
+        }
+    }
+
     /// Every counter with its name (bad frames one per reason).
     pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
         let fixed = [
@@ -202,6 +233,7 @@ impl EngineStats {
             ("rx_unknown_qpn", self.rx_unknown_qpn),
             ("rx_wrong_service", self.rx_wrong_service),
             ("rx_bad_pkey", self.rx_bad_pkey),
+            ("rx_wrong_peer", self.rx_wrong_peer),
             ("rx_wrong_state", self.rx_wrong_state),
             ("rx_cnps", self.rx_cnps),
             ("tx_frames", self.tx_frames),
@@ -741,38 +773,65 @@ impl Engine {
             }
         };
         let bth = p.repr.transport.bth;
-        if bth.opcode == Opcode::CNP {
-            self.stats.rx_cnps += 1;
-            // DCQCN reaction point: a CNP for one of our QPs cuts its rate.
-            if let Some(qp) = self.qps.get_mut(&bth.dest_qp) {
-                qp.stats.rp_cnps_received += 1;
-                qp.rp.on_cnp(now);
-                self.arm(bth.dest_qp);
-                self.wake(bth.dest_qp);
-            }
-            return;
-        }
         let qpn = bth.dest_qp;
-        // Whatever this frame does to the QP (ACK, request, NAK), it may
-        // have something to send afterwards.
-        self.wake(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qpn += 1;
             return;
         };
-        // IBTA 9.6.1.1 (C9-42): the P_Key must match the QP's partition (0xffff;
-        // the membership bit is ignored).
+        // The checks of rxe_recv.c `hdr_check`, in its order: service and
+        // state (`check_type_state`), addresses (`check_addr`), keys
+        // (`check_keys`). A frame refused here changes nothing but a counter.
+        let is_cnp = bth.opcode == Opcode::CNP;
+        let service_ok = match (qp.init.qp_type, bth.opcode.service()) {
+            // DCQCN runs per connected QP: a UD QP has no peer a CNP could
+            // come from, so a CNP for it is refused like any wrong service.
+            (QpType::Rc | QpType::Uc, _) if is_cnp => true,
+            (QpType::Rc, Service::Rc) | (QpType::Uc, Service::Uc) | (QpType::Ud, Service::Ud) => !is_cnp,
+            _ => false,
+        };
+        if !service_ok {
+            self.stats.rx_wrong_service += 1;
+            return;
+        }
+        // rxe check_type_state: requests (and CNPs) from RTR on, responses
+        // only once we send (RTS, SQD, SQE); nothing in RESET, INIT or ERR.
+        let state_ok = if bth.opcode.is_response() {
+            matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+        } else {
+            matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
+        };
+        if !state_ok {
+            self.stats.rx_wrong_state += 1;
+            return;
+        }
+        // rxe check_addr: a connected QP hears only its peer. The IP source
+        // must be the QP's destination GID and the IP destination its source
+        // GID, so a stranger on the segment cannot inject requests, responses
+        // or CNPs even with the right QPN, PSN and keys.
+        if qp.init.qp_type != QpType::Ud && !from_peer(qp.attr.ah_attr.as_ref(), &p.repr.ip) {
+            self.stats.rx_wrong_peer += 1;
+            return;
+        }
+        // IBTA 9.6.1.1 (C9-42), rxe check_keys: the P_Key must match the QP's
+        // partition (0xffff; the membership bit is ignored).
         if bth.pkey & 0x7fff != 0x7fff {
             self.stats.rx_bad_pkey += 1;
             return;
         }
-        let service_ok = matches!(
-            (qp.init.qp_type, bth.opcode.service()),
-            (QpType::Rc, Service::Rc) | (QpType::Uc, Service::Uc) | (QpType::Ud, Service::Ud)
-        );
-        if !service_ok {
-            self.stats.rx_wrong_service += 1;
+        if is_cnp {
+            // DCQCN reaction point: a CNP from the peer cuts this QP's rate.
+            self.stats.rx_cnps += 1;
+            qp.stats.rp_cnps_received += 1;
+            qp.rp.on_cnp(now);
+            self.arm(qpn);
+            self.wake(qpn);
             return;
+        }
+        // Whatever this frame does to the QP (ACK, request, NAK), it may
+        // have something to send afterwards.
+        if !qp.ready {
+            qp.ready = true;
+            self.ready.push_back(qpn);
         }
         qp.stats.rx_packets += 1;
         qp.stats.rx_bytes += frame.len() as u64;
@@ -790,10 +849,6 @@ impl Engine {
             }
         }
         if bth.opcode.is_response() {
-            if !matches!(qp.state, QpState::Rts | QpState::Sqd | QpState::Sqe) {
-                self.stats.rx_wrong_state += 1;
-                return;
-            }
             let r = {
                 let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
                 requester.handle_response(now, &mut ctx, &p)
@@ -804,10 +859,6 @@ impl Engine {
             self.arm(qpn);
             self.note_drained(qpn);
         } else {
-            if !matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) {
-                self.stats.rx_wrong_state += 1;
-                return;
-            }
             let out = {
                 let mut ctx = match resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) {
                     Some(c) => c,
@@ -1007,6 +1058,30 @@ fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8]) -> Optio
     }
     f.udp.src_port = 0;
     f.emit(&[], buf).ok()
+}
+
+/// Whether a frame with IP header `ip` comes from the peer of a connected QP
+/// whose address vector is `av` (rxe `check_addr`): source = `dgid`,
+/// destination = `sgid`. An IPv4 frame matches IPv4-mapped GIDs
+/// (::ffff:a.b.c.d, the RoCEv2 GID of an IPv4 address). No address vector
+/// (not yet connected): nobody is the peer.
+fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
+    let Some(av) = av else { return false };
+    match ip {
+        crate::wire::IpRepr::V4(v4) => {
+            av.sgid == ipv4_mapped(v4.dst) && av.dgid == ipv4_mapped(v4.src)
+        }
+        crate::wire::IpRepr::V6(v6) => av.sgid == v6.dst && av.dgid == v6.src,
+    }
+}
+
+/// The IPv4-mapped IPv6 address (GID) of `a`.
+fn ipv4_mapped(a: [u8; 4]) -> [u8; 16] {
+    let mut g = [0u8; 16];
+    g[10] = 0xff;
+    g[11] = 0xff;
+    g[12..].copy_from_slice(&a);
+    g
 }
 
 /// The UDP source port of an RC/UC path: Linux's flow-label port from the

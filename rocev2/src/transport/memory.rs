@@ -22,10 +22,14 @@
 //! (they are rare control operations).
 //!
 //! MRs and MWs share one index space (index 0 is never used, so key 0 is never
-//! valid). A slot's key byte is bumped whenever the slot gets a new object or an
-//! MR is re-registered, and set to the caller's byte on an MW bind; freed
-//! indices are reused first-in first-out, so a stale key only matches again
-//! after its slot went through 256 key bytes.
+//! valid). A slot's key byte is drawn at random, different from its previous
+//! one, whenever the slot gets a new object or an MR is re-registered (rxe
+//! `rxe_get_next_key`), and set to the caller's byte on an MW bind. The
+//! generator is seeded from the operating system's randomness for every table
+//! ([`MemoryTable::new`]), so no two devices hand out the same key sequence and
+//! a peer cannot predict a key from the order of registrations;
+//! [`MemoryTable::with_seed`] makes it repeatable for simulations. Freed
+//! indices are reused first-in first-out.
 //!
 //! Atomics are real `AtomicU64` operations on the registered memory, so they
 //! are atomic against every other QP and thread using this table (rxe uses a
@@ -274,6 +278,8 @@ struct Table {
     slots: Vec<Slot>,
     free: VecDeque<u32>,
     max_index: u32,
+    /// State of the key byte generator (splitmix64).
+    rng: u64,
 }
 
 fn key_of(index: u32, key: u8) -> u32 {
@@ -281,6 +287,23 @@ fn key_of(index: u32, key: u8) -> u32 {
 }
 
 impl Table {
+    /// A random key byte other than `last` (rxe `rxe_get_next_key`: a slot
+    /// never gets the same key byte twice in a row, so the previous key of a
+    /// reused or re-registered slot always fails).
+    fn next_key_byte(&mut self, last: u8) -> u8 {
+        loop {
+            // splitmix64 (Steele, Lea, Flood 2014).
+            self.rng = self.rng.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            let mut z = self.rng;
+            z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+            let b = (z ^ (z >> 31)) as u8;
+            if b != last {
+                return b;
+            }
+        }
+    }
+
     /// The object whose current key is `key`.
     fn get(&self, key: u32) -> Option<&Object> {
         let slot = self.slots.get((key >> 8) as usize)?;
@@ -314,16 +337,15 @@ impl Table {
                 if next > self.max_index {
                     return Err(RegError::NoResources);
                 }
-                // Arbitrary but index-dependent first key byte, as rxe's
-                // `rxe_get_next_key` hands out varying bytes.
-                self.slots.push(Slot { key: (next as u8).wrapping_mul(0x9d), obj: None });
+                self.slots.push(Slot { key: 0, obj: None });
                 next
             }
         };
+        let key = self.next_key_byte(self.slots[index as usize].key);
         let slot = &mut self.slots[index as usize];
-        slot.key = slot.key.wrapping_add(1);
+        slot.key = key;
         slot.obj = Some(obj);
-        Ok(key_of(index, slot.key))
+        Ok(key_of(index, key))
     }
 
     /// Put `obj` into the slot `key >> 8` with key byte `key as u8` (see
@@ -338,7 +360,7 @@ impl Table {
         }
         while self.slots.len() as u32 <= index {
             let next = self.slots.len() as u32;
-            self.slots.push(Slot { key: (next as u8).wrapping_mul(0x9d), obj: None });
+            self.slots.push(Slot { key: 0, obj: None });
             if next != index {
                 self.free.push_back(next);
             }
@@ -497,6 +519,17 @@ impl Table {
     }
 }
 
+/// A seed from the operating system's randomness: std's `RandomState` keys
+/// come from the OS (getrandom) once per thread and differ for every
+/// instance, so hashing nothing with a fresh one gives an unpredictable,
+/// per-table value without any I/O of our own.
+fn os_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0x7572_6e69_632d_6b65); // "urnic-ke"
+    h.finish()
+}
+
 /// The device's registered memory: MRs and MWs, keys, checks and data movement.
 #[derive(Debug)]
 pub struct MemoryTable {
@@ -510,18 +543,32 @@ impl Default for MemoryTable {
 }
 
 impl MemoryTable {
-    /// An empty table (up to 2^24 - 1 MRs and MWs together).
+    /// An empty table (up to 2^24 - 1 MRs and MWs together) whose key bytes
+    /// come from a generator seeded from the operating system's randomness.
     pub fn new() -> MemoryTable {
         MemoryTable::with_max_entries(MAX_INDEX)
     }
 
-    /// An empty table holding at most `max` MRs and MWs together (capped at 2^24 - 1).
+    /// An empty table holding at most `max` MRs and MWs together (capped at
+    /// 2^24 - 1), keys seeded from the operating system's randomness.
     pub fn with_max_entries(max: u32) -> MemoryTable {
+        MemoryTable::build(max, os_seed())
+    }
+
+    /// An empty table whose key bytes follow a fixed sequence given by
+    /// `seed`: for seeded simulations and tests that must repeat exactly.
+    /// A device must not use this (its keys would be predictable).
+    pub fn with_seed(seed: u64) -> MemoryTable {
+        MemoryTable::build(MAX_INDEX, seed)
+    }
+
+    fn build(max: u32, seed: u64) -> MemoryTable {
         MemoryTable {
             inner: RwLock::new(Table {
                 slots: vec![Slot { key: 0, obj: None }],
                 free: VecDeque::new(),
                 max_index: max.min(MAX_INDEX),
+                rng: seed,
             }),
         }
     }
@@ -629,9 +676,10 @@ impl MemoryTable {
                 *r = region;
             }
         }
-        let slot = &mut t.slots[index as usize];
-        slot.key = slot.key.wrapping_add(1);
-        let key = key_of(index, slot.key);
+        let last = t.slots[index as usize].key;
+        let byte = t.next_key_byte(last);
+        t.slots[index as usize].key = byte;
+        let key = key_of(index, byte);
         Ok(MrKeys { lkey: key, rkey: key })
     }
 
@@ -774,16 +822,33 @@ impl MemoryTable {
         Ok(key_of(index, new_key))
     }
 
-    /// Invalidate `rkey` for the QP `qpn` of `pd` (LOCAL_INV, or a received
-    /// SEND with invalidate).
+    /// Invalidate `rkey` for the QP `qpn` of `pd` (LOCAL_INV).
     /// - A type-2 window goes back to the free state; it must be bound, to
     ///   `qpn`, in `pd`. Type-1 windows cannot be invalidated (o10-37.2.26).
     /// - An MR becomes unusable until re-registered; refused while windows are
     ///   bound to it (rxe `rxe_invalidate_mr`: -EINVAL when `num_mw > 0`).
     pub fn invalidate(&self, pd: PdId, qpn: u32, rkey: u32) -> Result<(), AccessError> {
+        self.invalidate_key(pd, qpn, rkey, false)
+    }
+
+    /// Invalidate `rkey` for a received SEND with Invalidate, on QP `qpn` of
+    /// `pd`. Only a type-2 memory window can be invalidated by the peer
+    /// (same rules as [`MemoryTable::invalidate`]); an ordinary registered
+    /// MR is refused with [`AccessError::AccessDenied`], which the responder
+    /// answers as an invalid request (rxe `invalidate_rkey` →
+    /// `rxe_invalidate_mr` accepts only fast-registered MRs,
+    /// `IB_MR_TYPE_MEM_REG`, which urnic does not have; IBTA 10.6.6: remote
+    /// invalidation applies to windows and fast-registered regions).
+    /// Otherwise any peer that learned an rkey could revoke the region.
+    pub fn invalidate_remote(&self, pd: PdId, qpn: u32, rkey: u32) -> Result<(), AccessError> {
+        self.invalidate_key(pd, qpn, rkey, true)
+    }
+
+    fn invalidate_key(&self, pd: PdId, qpn: u32, rkey: u32, remote: bool) -> Result<(), AccessError> {
         let mut t = self.write();
         let mr_to_release = match t.get_mut(rkey) {
             None => return Err(AccessError::InvalidKey),
+            Some(Object::Mr(_)) if remote => return Err(AccessError::AccessDenied),
             Some(Object::Mr(r)) => {
                 if r.pd != pd {
                     return Err(AccessError::PdMismatch);

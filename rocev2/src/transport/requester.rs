@@ -126,6 +126,11 @@ pub(crate) struct Requester {
     /// responses: later out-of-order responses of the old stream must not
     /// re-request it again (each would start one more full response stream).
     read_retry_from: Option<Psn>,
+    /// A go-back-N retry started by a PSN sequence error NAK is under way
+    /// and nothing was acknowledged since: a repeat of that NAK (a duplicate
+    /// on the link, or a copy forged from a capture) neither rewinds again
+    /// nor uses up `retry_cnt` (rxe `comp.started_retry`).
+    seq_retry_started: bool,
     ident: u16,
 }
 
@@ -150,6 +155,7 @@ impl Requester {
             rnr_until: None,
             pkts_since_ack_req: 0,
             read_retry_from: None,
+            seq_retry_started: false,
             ident: 0,
         }
     }
@@ -565,6 +571,7 @@ impl Requester {
     }
 
     fn progress(&mut self, now: Instant, ctx: &RequesterCtx<'_>) {
+        self.seq_retry_started = false;
         self.retry_left = ctx.retry_cnt;
         self.rnr_left = ctx.rnr_retry;
         self.timer = local_timeout(ctx.timeout).map(|d| now + d);
@@ -580,6 +587,19 @@ impl Requester {
         if !psn.is_before(self.next_psn) {
             ctx.stats.req_ghost_responses += 1;
             return Ok(());
+        }
+        // A response is valid only for a PSN still outstanding; anything
+        // older is a duplicate or a stale (or forged) copy and changes
+        // nothing (rxe_comp.c `check_psn`: a PSN before `comp.psn` is
+        // dropped, except a READ response restarting the current READ,
+        // which `oldest_outstanding` covers). Without this an old error NAK
+        // would fail whatever WQE came later, or an idle QP.
+        match self.oldest_outstanding(pmtu) {
+            Some(oldest) if !psn.is_before(oldest) => {}
+            _ => {
+                ctx.stats.req_stale_responses += 1;
+                return Ok(());
+            }
         }
         let result = if op == Opcode::RC_ACK {
             let aeth = t.aeth.expect("ACK carries an AETH");
@@ -630,6 +650,14 @@ impl Requester {
                     // message, and resets the retry budget and the timer.
                     if progressed || advanced {
                         self.progress(now, ctx);
+                    } else if self.seq_retry_started {
+                        // The same NAK again with nothing acknowledged since:
+                        // the retry it asks for is already under way (rxe
+                        // `started_retry`: ignored). Only timeouts and NAKs
+                        // that rewind work count against retry_cnt.
+                        ctx.stats.req_duplicate_naks += 1;
+                        self.reap(ctx);
+                        return Ok(());
                     }
                     // IBTA 9.7.5.2.1: go back to the NAKed PSN; counts against retry_cnt.
                     if self.retry_left == 0 {
@@ -637,6 +665,7 @@ impl Requester {
                         return self.fail_at(i, WcStatus::RetryExcErr, ctx);
                     }
                     self.retry_left -= 1;
+                    self.seq_retry_started = true;
                     ctx.stats.req_retransmits += 1;
                     self.rewind(psn, pmtu);
                     Ok(())
@@ -674,11 +703,32 @@ impl Requester {
         self.wqes.iter().position(|w| w.done.is_none() && w.is_remote() && w.last_psn().is_some_and(|l| !l.is_before(psn)))
     }
 
+    /// Fail the WQE `i` fatally. `None` (no outstanding WQE holds the PSN;
+    /// `handle_response` lets only outstanding PSNs this far, so this is a
+    /// safety net) fails nothing: the response is counted as stale.
     fn fail_at(&mut self, i: Option<usize>, status: WcStatus, ctx: &mut RequesterCtx<'_>) -> Result<(), SqFatal> {
         match i {
             Some(i) => Err(self.fatal(i, status, ctx)),
-            None => Err(SqFatal(status)),
+            None => {
+                ctx.stats.req_stale_responses += 1;
+                Ok(())
+            }
         }
+    }
+
+    /// The oldest PSN a response may still name, `None` when nothing is
+    /// outstanding (no WQE sent and not yet complete): the oldest
+    /// unacknowledged PSN, or, when a later ACK covered a READ/ATOMIC whose
+    /// response never came, where that READ/ATOMIC resumes.
+    fn oldest_outstanding(&self, pmtu: u64) -> Option<Psn> {
+        let w = self.wqes.iter().find(|w| w.done.is_none() && w.is_remote() && w.first_psn.is_some())?;
+        let first = w.first_psn?;
+        let resume = match w.kind {
+            Kind::Read => first.add((w.read_done / pmtu) as u32),
+            Kind::Atomic => first,
+            _ => self.una,
+        };
+        Some(if self.una.is_before(resume) { self.una } else { resume })
     }
 
     fn handle_read_response(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, frame: &ParsedFrame<'_>, pmtu: u64) -> Result<(), SqFatal> {
@@ -782,6 +832,7 @@ impl Requester {
         }
         self.timer = None;
         self.read_retry_from = None;
+        self.seq_retry_started = false;
         let Some(i) = self.wqes.iter().position(|w| w.done.is_none() && w.is_remote() && w.first_psn.is_some()) else {
             return Ok(());
         };

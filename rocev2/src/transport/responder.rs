@@ -19,9 +19,6 @@
 //!   ([`ResponderOutcome::QpError`]);
 //! - class D (duplicate READ/atomic without a saved resource): silent drop.
 
-// The QP/engine (qp.rs, engine.rs) drives the responder; until that code is in
-// the crate nothing outside the tests calls it. Remove this once it is.
-
 use std::collections::VecDeque;
 
 use crate::psn::Psn;
@@ -573,8 +570,11 @@ impl Responder {
         }
         let mut invalidated = None;
         if let Some(rkey) = t.invalidate_rkey {
-            // SEND with invalidate (IBTA 9.4.? / rxe invalidate_rkey).
-            if ctx.memory.invalidate(ctx.pd, ctx.qpn, rkey).is_err() {
+            // SEND with Invalidate (IBTA 9.4.4 IETH, rxe `invalidate_rkey`):
+            // only a memory window may be invalidated remotely; an MR key or
+            // any other failure is an invalid request (rxe
+            // RESPST_ERR_INVALIDATE_RKEY: REM_INV_REQ_ERR, class J).
+            if ctx.memory.invalidate_remote(ctx.pd, ctx.qpn, rkey).is_err() {
                 self.msg = MsgState::Send { wr, offset: end };
                 return Err(Fault::Invalidate);
             }

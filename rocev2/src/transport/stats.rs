@@ -67,6 +67,13 @@ pub struct QpStats {
     pub req_duplicate_acks: u64,
     /// Requester: responses for PSNs never sent (ignored).
     pub req_ghost_responses: u64,
+    /// Requester: responses for PSNs no longer outstanding (older than the
+    /// oldest unacknowledged PSN, or nothing outstanding): duplicates or
+    /// forgeries, ignored.
+    pub req_stale_responses: u64,
+    /// Requester: PSN sequence error NAKs repeating a retry already under
+    /// way (ignored; they do not use up retry_cnt).
+    pub req_duplicate_naks: u64,
     /// Requester: RNR NAKs received.
     pub req_rnr_naks_received: u64,
     /// Requester: PSN sequence error NAKs received.
@@ -120,6 +127,8 @@ impl QpStats {
             ("req_acks_received", self.req_acks_received),
             ("req_duplicate_acks", self.req_duplicate_acks),
             ("req_ghost_responses", self.req_ghost_responses),
+            ("req_stale_responses", self.req_stale_responses),
+            ("req_duplicate_naks", self.req_duplicate_naks),
             ("req_rnr_naks_received", self.req_rnr_naks_received),
             ("req_naks_seq_received", self.req_naks_seq_received),
             ("req_naks_error_received", self.req_naks_error_received),
