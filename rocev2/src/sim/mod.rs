@@ -7,10 +7,15 @@
 //! discrete-event loop: no threads, no clocks, no I/O, so a run is a pure
 //! function of its seeds and any failure replays exactly.
 //!
+//! [`forge`] builds the frames of a hostile third host on the segment
+//! (forged requests and responses with a valid ICRC) and says how a receiver
+//! counts each.
+//!
 //! The crate's randomized transport tests, the benches crate and the verbs
 //! layer's tests build on it.
 
 pub mod dcqcn;
+pub mod forge;
 pub mod link;
 pub mod network;
 pub mod rc;
