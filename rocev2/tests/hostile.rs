@@ -1,0 +1,441 @@
+//! Hostile peers: frames forged by a third party on the segment, each with a
+//! correct ICRC, against two engines connected by RC (and UC) QPs. Every
+//! forged frame must change nothing but a drop counter; the real traffic
+//! around it must still complete with its data.
+//!
+//! One test per rule; each failed on the engine before the rule existed.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rocev2::psn::Psn;
+use rocev2::sim::rc::{bring_up_rc, HostAddr, RcParams};
+use rocev2::time::Instant;
+use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpState, QpType};
+use rocev2::transport::engine::{Engine, EngineConfig};
+use rocev2::transport::memory::{Access, MemoryTable, PdId};
+use rocev2::transport::packet::PathHeaders;
+use rocev2::transport::wr::*;
+use rocev2::wire::{parse_frame, AckSyndrome, AethRepr, BthRepr, NakCode, Opcode, RethRepr, TransportRepr};
+
+const PD: PdId = PdId(1);
+const BUF: usize = 64 * 1024;
+const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+
+struct Host {
+    engine: Engine,
+    mem: Box<[u8]>,
+    key: u32,
+    qpn: u32,
+    addr: HostAddr,
+}
+
+impl Host {
+    fn new(addr: HostAddr, first_qpn: u32) -> Host {
+        let table = Arc::new(MemoryTable::new());
+        let mut mem = vec![0u8; BUF].into_boxed_slice();
+        // SAFETY: `mem` lives beside the engine that uses the table, for the whole test.
+        let keys = unsafe { table.register(PD, mem.as_mut_ptr(), BUF, mem.as_ptr() as u64, ALL) }.unwrap();
+        let engine = Engine::new(EngineConfig { first_qpn, ..EngineConfig::default() }, table);
+        Host { engine, mem, key: keys.lkey, qpn: 0, addr }
+    }
+    fn va(&self, off: usize) -> u64 {
+        self.mem.as_ptr() as u64 + off as u64
+    }
+    fn sge(&self, off: usize, len: u32) -> Sge {
+        Sge { addr: self.va(off), length: len, lkey: self.key }
+    }
+    fn remote(&self, off: usize) -> RemoteAddr {
+        RemoteAddr { addr: self.va(off), rkey: self.key }
+    }
+    fn completions(&mut self) -> Vec<WorkCompletion> {
+        std::iter::from_fn(|| self.engine.poll_completion()).map(|c| c.wc).collect()
+    }
+    fn state(&self) -> QpState {
+        self.engine.qp_state(self.qpn).unwrap()
+    }
+    /// The PSN this QP's responder expects next.
+    fn rq_psn(&self) -> Psn {
+        self.engine.query_qp(self.qpn).unwrap().rq_psn
+    }
+    /// The PSN this QP's requester uses next.
+    fn sq_psn(&self) -> Psn {
+        self.engine.query_qp(self.qpn).unwrap().sq_psn
+    }
+}
+
+struct Pair {
+    a: Host,
+    b: Host,
+    now: Instant,
+}
+
+const A_PSN: u32 = 100;
+const B_PSN: u32 = 5000;
+
+fn pair(ty: QpType, ipv6: bool) -> Pair {
+    let host = |n| if ipv6 { HostAddr::ipv6(n) } else { HostAddr::ipv4(n) };
+    let mut a = Host::new(host(1), 0x11);
+    let mut b = Host::new(host(2), 0x40);
+    let cap = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
+    let init = QpInitAttr { qp_type: ty, pd: PD, send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: true };
+    a.qpn = a.engine.create_qp(&init).unwrap();
+    b.qpn = b.engine.create_qp(&init).unwrap();
+    let p = |psn| RcParams { sq_psn: Psn::new(psn), retry_cnt: 7, ..RcParams::default() };
+    let (aa, ba) = (a.addr, b.addr);
+    if ty == QpType::Rc {
+        bring_up_rc(&mut a.engine, a.qpn, &aa, &ba, b.qpn, Psn::new(B_PSN), &p(A_PSN)).unwrap();
+        bring_up_rc(&mut b.engine, b.qpn, &ba, &aa, a.qpn, Psn::new(A_PSN), &p(B_PSN)).unwrap();
+    } else {
+        bring_up_uc(&mut a, &ba, b.qpn, A_PSN, B_PSN);
+        bring_up_uc(&mut b, &aa, a.qpn, B_PSN, A_PSN);
+    }
+    Pair { a, b, now: Instant::ZERO }
+}
+
+fn bring_up_uc(h: &mut Host, remote: &HostAddr, remote_qpn: u32, sq_psn: u32, rq_psn: u32) {
+    use rocev2::transport::attr::{QpAttr, QpAttrMask as M};
+    let e = &mut h.engine;
+    let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ALL, ..QpAttr::default() };
+    e.modify_qp(h.qpn, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).unwrap();
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: Some(h.addr.path_to(remote)),
+        path_mtu: Mtu::Mtu1024,
+        dest_qp_num: remote_qpn,
+        rq_psn: Psn::new(rq_psn),
+        ..QpAttr::default()
+    };
+    e.modify_qp(h.qpn, &rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN).unwrap();
+    let rts = QpAttr { qp_state: QpState::Rts, sq_psn: Psn::new(sq_psn), ..QpAttr::default() };
+    e.modify_qp(h.qpn, &rts, M::STATE | M::SQ_PSN).unwrap();
+}
+
+impl Pair {
+    /// Move frames both ways until quiet, firing timers; `keep(from_a,
+    /// transport)` false drops a frame (and hands it to the caller through
+    /// `dropped`). Bounded by one virtual minute.
+    fn run_filtered(&mut self, keep: impl FnMut(bool, &TransportRepr) -> bool) -> Vec<Vec<u8>> {
+        self.run_for(Duration::from_secs(60), keep)
+    }
+
+    /// `run_filtered` for at most `max` of virtual time (no timer later
+    /// than that fires).
+    fn run_for(&mut self, max: Duration, mut keep: impl FnMut(bool, &TransportRepr) -> bool) -> Vec<Vec<u8>> {
+        let mut buf = vec![0u8; 9000];
+        let mut dropped = Vec::new();
+        let end = self.now + max;
+        loop {
+            let mut moved = false;
+            for from_a in [true, false] {
+                let (from, to) =
+                    if from_a { (&mut self.a.engine, &mut self.b.engine) } else { (&mut self.b.engine, &mut self.a.engine) };
+                while let Some(len) = from.poll_transmit(self.now, &mut buf) {
+                    moved = true;
+                    let t = parse_frame(&buf[..len]).expect("engines emit valid frames").repr.transport;
+                    if keep(from_a, &t) {
+                        to.handle_frame(self.now, &buf[..len]);
+                    } else {
+                        dropped.push(buf[..len].to_vec());
+                    }
+                    self.now += Duration::from_nanos(100);
+                }
+            }
+            if moved {
+                continue;
+            }
+            match [self.a.engine.next_timeout(), self.b.engine.next_timeout()].into_iter().flatten().min() {
+                Some(t) if t < end => {
+                    self.now = self.now.max(t);
+                    self.a.engine.handle_timeout(self.now);
+                    self.b.engine.handle_timeout(self.now);
+                }
+                _ => return dropped,
+            }
+        }
+    }
+
+    fn run(&mut self) {
+        self.run_filtered(|_, _| true);
+    }
+}
+
+/// A well-formed frame with a correct ICRC from `from` to `to`.
+fn forge(from: &HostAddr, to: &HostAddr, t: TransportRepr, payload: &[u8]) -> Vec<u8> {
+    let mut buf = vec![0u8; 9000];
+    let n = PathHeaders::new(&from.path_to(to), 0xc000).frame(t).emit(payload, &mut buf).unwrap();
+    buf.truncate(n);
+    parse_frame(&buf).expect("forged frames are valid RoCEv2");
+    buf
+}
+
+fn stranger(ipv6: bool) -> HostAddr {
+    if ipv6 {
+        HostAddr::ipv6(66)
+    } else {
+        HostAddr::ipv4(66)
+    }
+}
+
+fn write_only(dest_qp: u32, psn: Psn, remote: RemoteAddr, len: u32) -> TransportRepr {
+    TransportRepr {
+        reth: Some(RethRepr { va: remote.addr, rkey: remote.rkey, dma_len: len }),
+        ..TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(Opcode::RC_WRITE_ONLY, dest_qp, psn) })
+    }
+}
+
+fn ack(dest_qp: u32, psn: Psn, syndrome: AckSyndrome) -> TransportRepr {
+    TransportRepr { aeth: Some(AethRepr { syndrome, msn: 1 }), ..TransportRepr::bth_only(BthRepr::new(Opcode::RC_ACK, dest_qp, psn)) }
+}
+
+fn send_wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
+    SendWr { wr_id: id, op, payload: Payload::Sgl(sgl), flags: SendFlags::SIGNALED, ud: None }
+}
+
+/// Rule 1 (rxe `check_addr`): a SEND and a WRITE at the expected PSN, with a
+/// valid rkey and VA, from a stranger's address (or to an address that is
+/// not the QP's) place nothing, complete nothing, move no PSN. The real
+/// peer's SEND at that same PSN then succeeds. RC and UC, IPv4 and IPv6.
+#[test]
+fn requests_from_a_stranger_change_nothing() {
+    for ty in [QpType::Rc, QpType::Uc] {
+        for ipv6 in [false, true] {
+            let mut p = pair(ty, ipv6);
+            let (a_addr, b_addr, x) = (p.a.addr, p.b.addr, stranger(ipv6));
+            let (send_op, write_op) = if ty == QpType::Rc {
+                (Opcode::RC_SEND_ONLY, Opcode::RC_WRITE_ONLY)
+            } else {
+                (Opcode::UC_SEND_ONLY, Opcode::UC_WRITE_ONLY)
+            };
+            p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 4096)] }).unwrap();
+            let psn = p.b.rq_psn();
+            let bad = [0xeeu8; 512];
+            let mut send = TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(send_op, p.b.qpn, psn) });
+            let mut write = write_only(p.b.qpn, psn, p.b.remote(8192), 512);
+            write.bth.opcode = write_op;
+            // From a stranger.
+            p.b.engine.handle_frame(p.now, &forge(&x, &b_addr, send, &bad));
+            p.b.engine.handle_frame(p.now, &forge(&x, &b_addr, write, &bad));
+            // From the peer's address but to an address that is not B's.
+            p.b.engine.handle_frame(p.now, &forge(&a_addr, &x, send, &bad));
+            // From the stranger, spoofing B's own address as destination and
+            // A's MAC: only the IP source tells it apart.
+            let mut spoof = forge(&x, &b_addr, write, &bad);
+            spoof[6..12].copy_from_slice(&a_addr.mac);
+            rocev2::wire::icrc::fill_frame(&mut spoof).unwrap();
+            p.b.engine.handle_frame(p.now, &spoof);
+            assert_eq!(p.b.engine.stats().rx_wrong_peer, 4, "{ty:?} ipv6={ipv6}");
+            assert!(p.b.mem.iter().all(|&b| b == 0), "{ty:?} ipv6={ipv6}: no byte placed");
+            assert!(p.b.completions().is_empty(), "{ty:?} ipv6={ipv6}: no completion");
+            assert_eq!(p.b.rq_psn(), psn, "the expected PSN did not move");
+            assert_eq!(p.b.state(), QpState::Rts);
+            assert_eq!(p.b.engine.qp_stats(p.b.qpn).unwrap().rx_packets, 0, "refused before the QP saw it");
+            // The real SEND at the same PSN goes through.
+            p.a.mem[..300].fill(0x5a);
+            let sge = p.a.sge(0, 300);
+            p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::Send, vec![sge])).unwrap();
+            p.run();
+            let c = p.b.completions();
+            assert_eq!(c.len(), 1, "{ty:?} ipv6={ipv6}: {c:?}");
+            assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (7, WcStatus::Success, 300));
+            assert!(p.b.mem[..300].iter().all(|&b| b == 0x5a));
+            assert!(p.b.mem[300..].iter().all(|&b| b == 0));
+            assert_eq!(p.b.engine.stats().rx_wrong_peer, 4, "real traffic is never refused");
+        }
+    }
+}
+
+/// Rule 2 (rxe_comp.c `check_psn`): responses for PSNs that are not
+/// outstanding — stale ones, copies of old ones, or any while the QP is idle
+/// — are dropped and counted. One InvalidRequest NAK naming an old PSN used
+/// to move a QP that had finished its work to ERR.
+#[test]
+fn stale_and_ghost_responses_do_not_touch_the_send_queue() {
+    for ipv6 in [false, true] {
+        let mut p = pair(QpType::Rc, ipv6);
+        let (a_addr, b_addr) = (p.a.addr, p.b.addr);
+        let remote = p.b.remote(0);
+        let sge = p.a.sge(0, 100);
+        p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+        p.run();
+        assert_eq!(p.a.completions().len(), 1);
+        let qa = p.a.qpn;
+        // Idle: an error NAK for the PSN just acknowledged, and one far back,
+        // both from the peer's (spoofed) address.
+        let old = Psn::new(A_PSN);
+        for (psn, code) in [(old, NakCode::InvalidRequest), (old.add(0xff_0000), NakCode::RemoteAccessError)] {
+            p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, psn, AckSyndrome::Nak(code)), &[]));
+        }
+        // A positive ACK and a READ response for an old PSN.
+        p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, old, AckSyndrome::Ack { credits: 31 }), &[]));
+        let rr = TransportRepr {
+            aeth: Some(AethRepr { syndrome: AckSyndrome::Ack { credits: 31 }, msn: 1 }),
+            ..TransportRepr::bth_only(BthRepr::new(Opcode::RC_READ_RESPONSE_ONLY, qa, old))
+        };
+        p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, rr, &[1; 64]));
+        let s = *p.a.engine.qp_stats(qa).unwrap();
+        assert_eq!(s.req_stale_responses, 4, "{s:?}");
+        assert_eq!(s.req_naks_error_received, 0, "stale NAKs are not acted on");
+        assert_eq!(p.a.state(), QpState::Rts);
+        assert!(p.a.completions().is_empty());
+        // A ghost: beyond anything sent.
+        let ghost = p.a.sq_psn().add(10);
+        p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, ghost, AckSyndrome::Nak(NakCode::InvalidRequest)), &[]));
+        assert_eq!(p.a.engine.qp_stats(qa).unwrap().req_ghost_responses, 1);
+        assert_eq!(p.a.state(), QpState::Rts);
+        // With work outstanding, a stale error NAK does not fail the WQE in
+        // flight: hold B's answers back, inject, then let them through.
+        let remote = p.b.remote(4096);
+        let sge = p.a.sge(0, 3000);
+        p.a.mem[..3000].fill(0x33);
+        p.a.engine.post_send(p.a.qpn, send_wr(2, SendOp::Write { remote }, vec![sge])).unwrap();
+        let held = p.run_for(Duration::from_millis(1), |from_a, _| from_a);
+        assert!(!held.is_empty());
+        p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, old, AckSyndrome::Nak(NakCode::RemoteOperationalError)), &[]));
+        assert_eq!(p.a.engine.qp_stats(qa).unwrap().req_stale_responses, 5);
+        for f in held {
+            p.a.engine.handle_frame(p.now, &f);
+        }
+        p.run();
+        let c = p.a.completions();
+        assert_eq!(c.len(), 1, "{c:?}");
+        assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::Success));
+        assert!(p.b.mem[4096..4096 + 3000].iter().all(|&b| b == 0x33));
+        assert_eq!(p.a.state(), QpState::Rts);
+    }
+}
+
+/// Rule 3 (rxe `comp.started_retry`): copies of a PSN sequence error NAK
+/// that make no progress neither rewind again nor use up retry_cnt. Eight
+/// copies of the peer's own NAK used to put a QP with retry_cnt 7 in ERR; a
+/// link that duplicates packets does this with no attacker.
+#[test]
+fn duplicated_sequence_naks_do_not_use_up_the_retry_budget() {
+    let mut p = pair(QpType::Rc, false);
+    let remote = p.b.remote(0);
+    for (i, b) in p.a.mem[..3000].iter_mut().enumerate() {
+        *b = i as u8;
+    }
+    let sge = p.a.sge(0, 3000);
+    p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+    // Lose the first of the three packets: B answers the second with a NAK.
+    let mut first = true;
+    let mut nak = None;
+    // Well before the retransmission timer (4.096 µs × 2^14 = 67 ms).
+    p.run_for(Duration::from_millis(1), |from_a, t| {
+        if from_a && first {
+            first = false;
+            return false;
+        }
+        if !from_a && matches!(t.aeth.map(|a| a.syndrome), Some(AckSyndrome::Nak(NakCode::PsnSequenceError))) && nak.is_none() {
+            nak = Some(*t);
+            // Delivered below, with its copies.
+            return false;
+        }
+        true
+    });
+    let nak = nak.expect("B sent a sequence NAK");
+    let f = forge(&p.b.addr, &p.a.addr, nak, &[]);
+    for _ in 0..10 {
+        p.a.engine.handle_frame(p.now, &f);
+    }
+    let s = *p.a.engine.qp_stats(p.a.qpn).unwrap();
+    assert_eq!(s.req_naks_seq_received, 10);
+    assert_eq!(s.req_duplicate_naks, 9, "{s:?}");
+    assert_eq!(p.a.state(), QpState::Rts);
+    p.run();
+    let c = p.a.completions();
+    assert_eq!(c.len(), 1);
+    assert_eq!(c[0].status, WcStatus::Success);
+    assert_eq!(&p.b.mem[..3000], &p.a.mem[..3000]);
+}
+
+/// Rule 4 (rxe `invalidate_rkey`): SEND with Invalidate naming an ordinary
+/// registered MR is an invalid request; the MR stays usable.
+#[test]
+fn send_with_invalidate_cannot_revoke_an_ordinary_mr() {
+    let mut p = pair(QpType::Rc, false);
+    let rkey = p.b.key;
+    p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 9, sgl: vec![p.b.sge(0, 1024)] }).unwrap();
+    let sge = p.a.sge(0, 16);
+    p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::SendWithInv { rkey }, vec![sge])).unwrap();
+    p.run();
+    let c = p.a.completions();
+    assert_eq!(c[0].status, WcStatus::RemInvReqErr, "{c:?}");
+    let c = p.b.completions();
+    assert_eq!((c[0].wr_id, c[0].status), (9, WcStatus::RemInvReqErr), "{c:?}");
+    assert_eq!(p.b.engine.qp_stats(p.b.qpn).unwrap().resp_naks_inv_req_sent, 1);
+    // The MR still serves remote access.
+    let va = p.b.va(0);
+    p.b.engine.memory().remote_check(PD, p.b.qpn, rkey, va, 8, Access::REMOTE_WRITE).unwrap();
+}
+
+/// Rule 5 (rxe `rxe_get_next_key`): the key byte is random per
+/// registration, seeded from the OS per table: two devices do not hand out
+/// the same keys, a re-registered or reused slot never gets its old key
+/// back, and only `with_seed` repeats a sequence.
+#[test]
+fn keys_are_not_predictable() {
+    let mut buf = vec![0u8; 4096];
+    let keys = |t: &MemoryTable, buf: &mut Vec<u8>| -> Vec<u32> {
+        (0..8)
+            // SAFETY: `buf` outlives the table's use in this test (nothing moves data).
+            .map(|i| unsafe { t.register(PD, buf.as_mut_ptr().add(i * 16), 16, 0, Access::LOCAL_WRITE) }.unwrap().rkey)
+            .collect()
+    };
+    let (t1, t2) = (MemoryTable::new(), MemoryTable::new());
+    let (k1, k2) = (keys(&t1, &mut buf), keys(&t2, &mut buf));
+    // Equal by chance with probability 2^-64.
+    assert_ne!(k1, k2, "two devices must not hand out the same key sequence");
+    assert_ne!(k1.iter().map(|k| k & 0xff).collect::<Vec<_>>(), (1..=8u32).map(|i| (i as u8).wrapping_mul(0x9d).wrapping_add(1) as u32).collect::<Vec<_>>());
+    // A freed slot reused (the only free one: first in, first out) and a
+    // re-registration never give the slot's previous key.
+    let mut prev = k1[0];
+    t1.deregister(prev).unwrap();
+    for _ in 0..200 {
+        // SAFETY: as above.
+        let again = unsafe { t1.register(PD, buf.as_mut_ptr(), 16, 0, Access::LOCAL_WRITE) }.unwrap().rkey;
+        assert_eq!(again >> 8, prev >> 8, "the freed index is reused");
+        assert_ne!(again, prev, "with a new key byte");
+        t1.deregister(again).unwrap();
+        prev = again;
+    }
+    let mut k = k2[2];
+    for _ in 0..200 {
+        // SAFETY: as above.
+        let n = unsafe { t2.reregister(k, PD, buf.as_mut_ptr(), 16, 0, Access::LOCAL_WRITE) }.unwrap().rkey;
+        assert_eq!(n >> 8, k >> 8, "same index");
+        assert_ne!(n, k, "a new key byte");
+        k = n;
+    }
+    let (s1, s2) = (MemoryTable::with_seed(7), MemoryTable::with_seed(7));
+    assert_eq!(keys(&s1, &mut buf), keys(&s2, &mut buf), "with_seed repeats");
+}
+
+/// Rule 6: a CNP counts only from the QP's peer, with a valid P_Key, for a
+/// QP in RTR or later; anyone else's CNP used to cut the QP's rate.
+#[test]
+fn cnps_only_from_the_peer() {
+    let mut p = pair(QpType::Rc, false);
+    let (a_addr, b_addr, x) = (p.a.addr, p.b.addr, stranger(false));
+    let qa = p.a.qpn;
+    let cnp = |qpn: u32, pkey: u16| TransportRepr::bth_only(BthRepr { becn: true, pkey, ..BthRepr::new(Opcode::CNP, qpn, Psn::new(0)) });
+    let t = Instant::from_nanos(1000);
+    p.a.engine.handle_frame(t, &forge(&x, &a_addr, cnp(qa, 0xffff), &[]));
+    assert_eq!(p.a.engine.stats().rx_wrong_peer, 1);
+    p.a.engine.handle_frame(t, &forge(&b_addr, &a_addr, cnp(qa, 0x1234), &[]));
+    assert_eq!(p.a.engine.stats().rx_bad_pkey, 1);
+    // A second QP of A's, still in RESET.
+    let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: true };
+    let idle = p.a.engine.create_qp(&init).unwrap();
+    p.a.engine.handle_frame(t, &forge(&b_addr, &a_addr, cnp(idle, 0xffff), &[]));
+    assert_eq!(p.a.engine.stats().rx_wrong_state, 1);
+    assert_eq!(p.a.engine.stats().rx_cnps, 0);
+    assert_eq!(p.a.engine.qp_stats(qa).unwrap().rp_cnps_received, 0);
+    assert!(!p.a.engine.qp_dcqcn(qa).unwrap().is_limited(), "no stranger slows the QP down");
+    // The peer's CNP does.
+    p.a.engine.handle_frame(t, &forge(&b_addr, &a_addr, cnp(qa, 0xffff), &[]));
+    assert_eq!(p.a.engine.stats().rx_cnps, 1);
+    assert!(p.a.engine.qp_dcqcn(qa).unwrap().is_limited());
+}
