@@ -3,8 +3,8 @@
 use bitflags::bitflags;
 
 use crate::psn::Psn;
-use crate::transport::memory::{Access, PdId};
-use crate::transport::wr::CqId;
+pub use crate::transport::ids::SrqId;
+use crate::transport::ids::{Access, CqId, PdId};
 use crate::wire::repr::{MacAddr, VlanTag};
 
 /// Transport service of a QP (`enum ibv_qp_type`).
@@ -319,9 +319,6 @@ impl Default for QpCaps {
     }
 }
 
-/// Identifies a shared receive queue.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct SrqId(pub u32);
 
 /// Arguments of QP creation (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

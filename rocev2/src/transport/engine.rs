@@ -9,22 +9,23 @@
 use std::cmp::Reverse;
 
 use crate::hash::IntMap;
-use crate::transport::dcqcn::{DcqcnParams, NotificationPoint, ReactionPoint};
-use std::collections::{BinaryHeap, HashMap, VecDeque};
-use std::fmt;
+use crate::transport::dcqcn::{DcqcnParams, ReactionPoint};
+use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, resp_ctx, Qp, UNUSED_PATH};
+pub use crate::transport::events::{AsyncEvent, EngineError, EngineStats, WireErrorKind};
+use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
-use crate::psn::Psn;
 use crate::time::Instant;
-use crate::transport::attr::{AddressVector, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
-use crate::transport::memory::{Access, MemoryTable, PdId};
+use crate::transport::attr::{QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
+use crate::transport::ids::PdId;
+use crate::transport::memory::MemoryTable;
 use crate::transport::packet::PathHeaders;
 use crate::transport::recv::RecvQueue;
-use crate::transport::requester::{Requester, RequesterCtx, SqFatal};
-use crate::transport::responder::{Responder, ResponderCtx, ResponderOutcome};
+use crate::transport::requester::SqFatal;
+use crate::transport::responder::ResponderOutcome;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, CqId, RecvWr, SendWr, WcOpcode, WcStatus};
-use crate::wire::{parse_frame, sport, Opcode, Service, WireError};
+use crate::transport::wr::{Completion, RecvWr, SendWr, WcOpcode};
+use crate::wire::{parse_frame, Opcode, Service};
 
 /// Engine configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -57,241 +58,6 @@ impl EngineConfig {
     }
 }
 
-/// Why an engine call failed. Nothing changed when one is returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum EngineError {
-    /// No QP with this number.
-    NoSuchQp(u32),
-    /// No SRQ with this id.
-    NoSuchSrq(SrqId),
-    /// QP or SRQ limit reached.
-    TooMany,
-    /// The QP's state does not allow the call (e.g. post_send before RTS).
-    WrongState(QpState),
-    /// `ibv_modify_qp`: a transition the state machine does not have.
-    BadTransition {
-        /// Current state.
-        from: QpState,
-        /// Requested state.
-        to: QpState,
-    },
-    /// `ibv_modify_qp`: a required attribute is missing from the mask.
-    MissingAttr(QpAttrMask),
-    /// `ibv_modify_qp`: an attribute not allowed for this transition / QP type.
-    ExtraAttr(QpAttrMask),
-    /// An attribute value is out of range (named).
-    BadValue(&'static str),
-    /// The send or receive queue is full.
-    QueueFull,
-    /// A WR is not valid for this QP (type, SGE count, ...).
-    BadWr(&'static str),
-    /// The SRQ is still used by QPs.
-    Busy,
-}
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::NoSuchQp(q) => write!(f, "no QP {q:#x}"),
-            EngineError::NoSuchSrq(s) => write!(f, "no SRQ {}", s.0),
-            EngineError::TooMany => write!(f, "resource limit reached"),
-            EngineError::WrongState(s) => write!(f, "not allowed in state {s:?}"),
-            EngineError::BadTransition { from, to } => write!(f, "no transition {from:?} -> {to:?}"),
-            EngineError::MissingAttr(m) => write!(f, "required attributes missing: {m:?}"),
-            EngineError::ExtraAttr(m) => write!(f, "attributes not allowed here: {m:?}"),
-            EngineError::BadValue(w) => write!(f, "bad value: {w}"),
-            EngineError::QueueFull => write!(f, "queue full"),
-            EngineError::BadWr(w) => write!(f, "bad work request: {w}"),
-            EngineError::Busy => write!(f, "still in use"),
-        }
-    }
-}
-
-impl std::error::Error for EngineError {}
-
-/// Asynchronous events (`enum ibv_event_type`, the ones urnic raises).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum AsyncEvent {
-    /// `IBV_EVENT_QP_FATAL`: the QP entered ERR on its own.
-    QpFatal(u32),
-    /// `IBV_EVENT_SQ_DRAINED`: an SQD QP finished its outstanding work.
-    SqDrained(u32),
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit.
-    SrqLimitReached(SrqId),
-    /// `IBV_EVENT_PORT_ACTIVE`: the link came up (raised by the datapath).
-    PortActive,
-    /// `IBV_EVENT_PORT_ERR`: the link went down (raised by the datapath).
-    PortError,
-}
-
-/// Engine-wide counters: frames dropped before reaching a QP, by reason.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct EngineStats {
-    /// Frames handed to `handle_frame`.
-    pub rx_frames: u64,
-    /// Dropped: the wire layer refused the frame (by reason).
-    pub rx_bad_frame: HashMap<WireErrorKind, u64>,
-    /// Dropped: DestQP names no QP.
-    pub rx_unknown_qpn: u64,
-    /// Dropped: the opcode's service does not match the QP type.
-    pub rx_wrong_service: u64,
-    /// Dropped: the P_Key does not match ours.
-    pub rx_bad_pkey: u64,
-    /// Dropped: an RC/UC frame (request, response or CNP) not from the QP's
-    /// peer: IP source is not its destination GID, or IP destination is not
-    /// its source GID (rxe `check_addr`).
-    pub rx_wrong_peer: u64,
-    /// Dropped: the QP's state does not accept this packet.
-    pub rx_wrong_state: u64,
-    /// Congestion notification packets accepted (from a QP's peer, for a
-    /// connected QP in RTR or later); refused ones are counted by reason.
-    pub rx_cnps: u64,
-    /// Frames sent.
-    pub tx_frames: u64,
-}
-
-/// A [`WireError`] without its details, for counting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WireErrorKind {
-    /// Truncated header.
-    Truncated,
-    /// Not IPv4/IPv6, bad IP version, IHL, length or checksum, fragments.
-    BadIp,
-    /// Not UDP, bad UDP length.
-    BadUdp,
-    /// UDP port not 4791.
-    NotRoce,
-    /// Unknown opcode or TVer.
-    BadOpcode,
-    /// Bad pad or payload where none is allowed.
-    BadLayout,
-    /// ICRC mismatch.
-    BadIcrc,
-    /// Anything else.
-    Other,
-}
-
-impl WireErrorKind {
-    /// A short name for counters (`bad_icrc`).
-    pub fn name(self) -> &'static str {
-        match self {
-            WireErrorKind::Truncated => "truncated",
-            WireErrorKind::BadIp => "bad_ip",
-            WireErrorKind::BadUdp => "bad_udp",
-            WireErrorKind::NotRoce => "not_roce",
-            WireErrorKind::BadOpcode => "bad_opcode",
-            WireErrorKind::BadLayout => "bad_layout",
-            WireErrorKind::BadIcrc => "bad_icrc",
-            WireErrorKind::Other => "other",
-        }
-    }
-
-    /// Every kind.
-    pub const ALL: [WireErrorKind; 8] = [
-        WireErrorKind::Truncated,
-        WireErrorKind::BadIp,
-        WireErrorKind::BadUdp,
-        WireErrorKind::NotRoce,
-        WireErrorKind::BadOpcode,
-        WireErrorKind::BadLayout,
-        WireErrorKind::BadIcrc,
-        WireErrorKind::Other,
-    ];
-}
-
-impl EngineStats {
-    /// Add `other`'s counters to these (summing a device's shards).
-    pub fn add(&mut self, other: &EngineStats) {
-        let EngineStats {
-            rx_frames,
-            rx_bad_frame,
-            rx_unknown_qpn,
-            rx_wrong_service,
-            rx_bad_pkey,
-            rx_wrong_peer,
-            rx_wrong_state,
-            rx_cnps,
-            tx_frames,
-        } = other;
-        self.rx_frames += rx_frames;
-        self.rx_unknown_qpn += rx_unknown_qpn;
-        self.rx_wrong_service += rx_wrong_service;
-        self.rx_bad_pkey += rx_bad_pkey;
-        self.rx_wrong_peer += rx_wrong_peer;
-        self.rx_wrong_state += rx_wrong_state;
-        self.rx_cnps += rx_cnps;
-        self.tx_frames += tx_frames;
-        for (k, v) in rx_bad_frame {
-            *self.rx_bad_frame.entry(*k).or_insert(0) += v;
-        }
-    }
-
-    /// Every counter with its name (bad frames one per reason).
-    pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
-        let fixed = [
-            ("rx_frames", self.rx_frames),
-            ("rx_unknown_qpn", self.rx_unknown_qpn),
-            ("rx_wrong_service", self.rx_wrong_service),
-            ("rx_bad_pkey", self.rx_bad_pkey),
-            ("rx_wrong_peer", self.rx_wrong_peer),
-            ("rx_wrong_state", self.rx_wrong_state),
-            ("rx_cnps", self.rx_cnps),
-            ("tx_frames", self.tx_frames),
-        ];
-        fixed.into_iter().map(|(k, v)| (k.to_string(), v)).chain(
-            WireErrorKind::ALL
-                .into_iter()
-                .map(|k| (format!("rx_drop_{}", k.name()), self.rx_bad_frame.get(&k).copied().unwrap_or(0))),
-        )
-    }
-}
-
-impl From<WireError> for WireErrorKind {
-    fn from(e: WireError) -> Self {
-        match e {
-            WireError::Truncated(_) => WireErrorKind::Truncated,
-            WireError::NotIp { .. }
-            | WireError::BadIpVersion(_)
-            | WireError::BadIhl(_)
-            | WireError::BadIpLength
-            | WireError::BadIpv4Checksum
-            | WireError::Fragmented => WireErrorKind::BadIp,
-            WireError::NotUdp { .. } | WireError::BadUdpLength => WireErrorKind::BadUdp,
-            WireError::NotRoce { .. } => WireErrorKind::NotRoce,
-            WireError::UnknownOpcode(_) | WireError::BadTver(_) => WireErrorKind::BadOpcode,
-            WireError::BadPad { .. } | WireError::UnexpectedPayload => WireErrorKind::BadLayout,
-            WireError::BadIcrc { .. } => WireErrorKind::BadIcrc,
-            _ => WireErrorKind::Other,
-        }
-    }
-}
-
-struct Qp {
-    qpn: u32,
-    init: QpInitAttr,
-    attr: QpAttr,
-    state: QpState,
-    requester: Requester,
-    responder: Responder,
-    /// Own receive queue (None when the QP uses an SRQ).
-    rq: Option<RecvQueue>,
-    path: Option<PathHeaders>,
-    stats: QpStats,
-    /// The responder hit a fatal error: flush it once its NAK is out.
-    responder_flush_pending: bool,
-    drained_reported: bool,
-    /// Deadline of this QP's newest entry in the engine's timer queue.
-    timer_at: Option<Instant>,
-    /// DCQCN reaction point (paces our requests after CNPs).
-    rp: ReactionPoint,
-    /// DCQCN notification point (CNPs for CE-marked packets we receive).
-    np: NotificationPoint,
-    /// A CNP is due to the peer QP.
-    cnp_due: bool,
-    /// In the engine's ready list.
-    ready: bool,
-}
-
 /// A device's transport engine.
 pub struct Engine {
     config: EngineConfig,
@@ -318,57 +84,6 @@ pub struct Engine {
     /// frame, a timer, a state change) and leaves when it has nothing to
     /// send: transmit costs O(active QPs), not O(all QPs).
     ready: VecDeque<u32>,
-}
-
-/// (required, optional) attribute masks of a transition, IBTA 11.2.4.2 /
-/// `ibv_modify_qp(3)`. `None`: no such transition.
-fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMask, QpAttrMask)> {
-    use QpAttrMask as M;
-    use QpState::*;
-    let none = M::empty();
-    Some(match (from, to) {
-        (_, Reset) | (_, Err) => (none, none),
-        (Reset, Init) | (Init, Init) => {
-            let base = M::PKEY_INDEX | M::PORT;
-            let k = match ty {
-                QpType::Ud => M::QKEY,
-                _ => M::ACCESS_FLAGS,
-            };
-            if from == Reset {
-                (base | k, none)
-            } else {
-                (none, base | k)
-            }
-        }
-        (Init, Rtr) => match ty {
-            QpType::Rc => (
-                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER,
-                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-            ),
-            QpType::Uc => (M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN, M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX),
-            QpType::Ud => (none, M::PKEY_INDEX | M::QKEY),
-        },
-        (Rtr, Rts) => match ty {
-            QpType::Rc => (
-                M::SQ_PSN | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::MAX_QP_RD_ATOMIC,
-                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
-            ),
-            QpType::Uc => (M::SQ_PSN, M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE),
-            QpType::Ud => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
-        },
-        (Rts, Rts) | (Sqe, Rts) => match ty {
-            QpType::Rc => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER),
-            QpType::Uc => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE),
-            QpType::Ud => (none, M::CUR_STATE | M::QKEY),
-        },
-        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Rts) => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER | M::QKEY),
-        (Sqd, Sqd) => (
-            none,
-            M::AV | M::MAX_QP_RD_ATOMIC | M::MAX_DEST_RD_ATOMIC | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::ACCESS_FLAGS | M::QKEY | M::PKEY_INDEX | M::MIN_RNR_TIMER | M::PATH_MIG_STATE | M::ALT_PATH,
-        ),
-        _ => return None,
-    })
 }
 
 impl Engine {
@@ -460,29 +175,7 @@ impl Engine {
         if init.cap.max_send_wr == 0 {
             return Err(EngineError::BadValue("max_send_wr must be at least 1"));
         }
-        let rq = init.srq.is_none().then(|| RecvQueue::new(init.pd, init.cap.max_recv_wr.max(1), init.cap.max_recv_sge));
-        let attr = QpAttr { cap: init.cap, ..QpAttr::default() };
-        self.qps.insert(
-            qpn,
-            Qp {
-                qpn,
-                init: *init,
-                attr,
-                state: QpState::Reset,
-                requester: Requester::new(init.cap.max_send_wr, Psn::new(0)),
-                responder: Responder::new(Psn::new(0)),
-                rq,
-                path: None,
-                stats: QpStats::default(),
-                responder_flush_pending: false,
-                drained_reported: false,
-                timer_at: None,
-                rp: ReactionPoint::new(self.config.dcqcn),
-                np: NotificationPoint::default(),
-                cnp_due: false,
-                ready: false,
-            },
-        );
+        self.qps.insert(qpn, Qp::new(qpn, init, self.config.dcqcn));
         self.order.push(qpn);
         Ok(())
     }
@@ -497,14 +190,7 @@ impl Engine {
 
     /// `ibv_query_qp`.
     pub fn query_qp(&self, qpn: u32) -> Result<QpAttr, EngineError> {
-        let qp = self.qps.get(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
-        let mut a = qp.attr;
-        a.qp_state = qp.state;
-        a.cur_qp_state = qp.state;
-        a.sq_psn = qp.requester.next_psn();
-        a.rq_psn = qp.responder.expected_psn();
-        a.sq_draining = qp.state == QpState::Sqd && qp.requester.outstanding() > 0;
-        Ok(a)
+        self.qps.get(&qpn).map(Qp::query).ok_or(EngineError::NoSuchQp(qpn))
     }
 
     /// The QP's state.
@@ -523,121 +209,9 @@ impl Engine {
 
     fn modify_qp_inner(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
-        let from = qp.state;
-        if mask.contains(QpAttrMask::CUR_STATE) && attr.cur_qp_state != from {
-            return Err(EngineError::BadValue("cur_qp_state does not match the QP's state"));
-        }
-        let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
-        let (required, optional) =
-            transition_masks(qp.init.qp_type, from, to).ok_or(EngineError::BadTransition { from, to })?;
-        let given = mask - QpAttrMask::STATE;
-        if !given.contains(required) {
-            return Err(EngineError::MissingAttr(required - given));
-        }
-        let extra = given - required - optional;
-        if !extra.is_empty() {
-            return Err(EngineError::ExtraAttr(extra));
-        }
-        // Values.
-        if mask.contains(QpAttrMask::PORT) && attr.port_num != 1 {
-            return Err(EngineError::BadValue("port_num must be 1"));
-        }
-        if mask.contains(QpAttrMask::PKEY_INDEX) && attr.pkey_index != 0 {
-            return Err(EngineError::BadValue("pkey_index must be 0 (one P_Key, 0xffff)"));
-        }
-        if mask.contains(QpAttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
-            return Err(EngineError::BadValue("min_rnr_timer is a 5-bit code"));
-        }
-        if mask.contains(QpAttrMask::TIMEOUT) && attr.timeout > 31 {
-            return Err(EngineError::BadValue("timeout is a 5-bit exponent"));
-        }
-        if mask.contains(QpAttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
-            return Err(EngineError::BadValue("retry_cnt is 0..=7"));
-        }
-        if mask.contains(QpAttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
-            return Err(EngineError::BadValue("rnr_retry is 0..=7"));
-        }
-        if mask.contains(QpAttrMask::DEST_QPN) && attr.dest_qp_num > 0x00ff_ffff {
-            return Err(EngineError::BadValue("dest_qp_num is 24 bits"));
-        }
-        if mask.contains(QpAttrMask::AV) && attr.ah_attr.is_none() {
-            return Err(EngineError::BadValue("IBV_QP_AV without ah_attr"));
-        }
-        if mask.contains(QpAttrMask::ACCESS_FLAGS)
-            && !(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE | Access::MW_BIND).contains(attr.qp_access_flags)
-        {
-            return Err(EngineError::BadValue("qp_access_flags has unknown bits"));
-        }
-        // Apply.
-        let a = &mut qp.attr;
-        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
-            a.qp_access_flags = attr.qp_access_flags;
-        }
-        if mask.contains(QpAttrMask::QKEY) {
-            a.qkey = attr.qkey;
-        }
-        if mask.contains(QpAttrMask::PATH_MTU) {
-            a.path_mtu = attr.path_mtu;
-        }
-        if mask.contains(QpAttrMask::DEST_QPN) {
-            a.dest_qp_num = attr.dest_qp_num;
-        }
-        if mask.contains(QpAttrMask::MAX_DEST_RD_ATOMIC) {
-            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::MAX_QP_RD_ATOMIC) {
-            a.max_rd_atomic = attr.max_rd_atomic;
-        }
-        if mask.contains(QpAttrMask::MIN_RNR_TIMER) {
-            a.min_rnr_timer = attr.min_rnr_timer;
-        }
-        if mask.contains(QpAttrMask::TIMEOUT) {
-            a.timeout = attr.timeout;
-        }
-        if mask.contains(QpAttrMask::RETRY_CNT) {
-            a.retry_cnt = attr.retry_cnt;
-        }
-        if mask.contains(QpAttrMask::RNR_RETRY) {
-            a.rnr_retry = attr.rnr_retry;
-        }
-        if mask.contains(QpAttrMask::AV) {
-            a.ah_attr = attr.ah_attr;
-        }
-        if mask.contains(QpAttrMask::RQ_PSN) {
-            a.rq_psn = attr.rq_psn;
-            qp.responder = Responder::new(attr.rq_psn);
-        }
-        if mask.contains(QpAttrMask::SQ_PSN) {
-            a.sq_psn = attr.sq_psn;
-        }
-        if let (true, Some(av)) = (mask.contains(QpAttrMask::AV) || to == QpState::Rtr, qp.attr.ah_attr) {
-            let mut path = PathHeaders::new(&av, rc_port(&av, qpn, qp.attr.dest_qp_num));
-            // DCQCN: our packets are ECN-capable (ECT(0)) so switches mark
-            // them instead of dropping, unless the path says otherwise.
-            if av.traffic_class & 3 == 0 {
-                path.set_ecn(2);
-            }
-            qp.path = Some(path);
-        }
-        qp.state = to;
-        match (from, to) {
-            (_, QpState::Reset) => {
-                let cap = qp.init.cap;
-                qp.requester = Requester::new(cap.max_send_wr, Psn::new(0));
-                qp.responder = Responder::new(Psn::new(0));
-                if let Some(rq) = &mut qp.rq {
-                    let _ = rq.flush().count();
-                }
-                qp.path = None;
-            }
-            (QpState::Rtr, QpState::Rts) => {
-                qp.requester.start(qp.attr.sq_psn, qp.attr.retry_cnt, qp.attr.rnr_retry);
-            }
-            (f, QpState::Err) if f != QpState::Err => {
-                self.enter_error(qpn, false);
-            }
-            (_, QpState::Sqd) => qp.drained_reported = !mask.contains(QpAttrMask::EN_SQD_ASYNC_NOTIFY),
-            _ => {}
+        let (from, to) = qp.modify(attr, mask)?;
+        if from != QpState::Err && to == QpState::Err {
+            self.enter_error(qpn, false);
         }
         Ok(())
     }
@@ -1044,131 +618,3 @@ impl Engine {
     }
 }
 
-/// A CNP to `dest_qp` along `path` (as ConnectX sends them: DSCP `dscp`,
-/// ECT(0), UDP source port 0, BECN set, PSN 0, 16 reserved bytes).
-fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8]) -> Option<usize> {
-    use crate::wire::{BthRepr, IpRepr, TransportRepr};
-    let mut f = path.frame(TransportRepr::bth_only(BthRepr { becn: true, ..BthRepr::new(Opcode::CNP, dest_qp, Psn::new(0)) }));
-    match &mut f.ip {
-        IpRepr::V4(v4) => {
-            v4.dscp = dscp & 0x3f;
-            v4.ecn = 2;
-        }
-        IpRepr::V6(v6) => v6.traffic_class = (dscp << 2) | 2,
-    }
-    f.udp.src_port = 0;
-    f.emit(&[], buf).ok()
-}
-
-/// Whether a frame with IP header `ip` comes from the peer of a connected QP
-/// whose address vector is `av` (rxe `check_addr`): source = `dgid`,
-/// destination = `sgid`. An IPv4 frame matches IPv4-mapped GIDs
-/// (::ffff:a.b.c.d, the RoCEv2 GID of an IPv4 address). No address vector
-/// (not yet connected): nobody is the peer.
-fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
-    let Some(av) = av else { return false };
-    match ip {
-        crate::wire::IpRepr::V4(v4) => {
-            av.sgid == ipv4_mapped(v4.dst) && av.dgid == ipv4_mapped(v4.src)
-        }
-        crate::wire::IpRepr::V6(v6) => av.sgid == v6.dst && av.dgid == v6.src,
-    }
-}
-
-/// The IPv4-mapped IPv6 address (GID) of `a`.
-fn ipv4_mapped(a: [u8; 4]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&a);
-    g
-}
-
-/// The UDP source port of an RC/UC path: Linux's flow-label port from the
-/// two QPNs unless the path names one.
-fn rc_port(av: &AddressVector, qpn: u32, dest: u32) -> u16 {
-    av.udp_sport.unwrap_or_else(|| sport::rc_sport(qpn, dest))
-}
-
-const UNUSED_PATH: AddressVector = AddressVector {
-    dmac: [0; 6],
-    smac: [0; 6],
-    vlan: None,
-    sgid: [0; 16],
-    dgid: [0; 16],
-    traffic_class: 0,
-    hop_limit: 0,
-    flow_label: 0,
-    udp_sport: None,
-};
-
-/// The requester and its context, borrowed out of a QP.
-fn req_ctx<'a>(qp: &'a mut Qp, memory: &'a MemoryTable, completions: &'a mut VecDeque<Completion>) -> (&'a mut Requester, RequesterCtx<'a>) {
-    (&mut qp.requester, RequesterCtx {
-        memory,
-        pd: qp.init.pd,
-        qpn: qp.qpn,
-        qp_type: qp.init.qp_type,
-        dest_qpn: qp.attr.dest_qp_num,
-        pmtu: qp.attr.path_mtu,
-        qkey: qp.attr.qkey,
-        send_cq: qp.init.send_cq,
-        completions,
-        stats: &mut qp.stats,
-        timeout: qp.attr.timeout,
-        retry_cnt: qp.attr.retry_cnt,
-        rnr_retry: qp.attr.rnr_retry,
-        max_rd_atomic: qp.attr.max_rd_atomic,
-        draining: qp.state == QpState::Sqd,
-    })
-}
-
-/// The responder and its context, borrowed out of a QP (its own RQ or its SRQ).
-fn resp_ctx<'a>(
-    qp: &'a mut Qp,
-    memory: &'a MemoryTable,
-    srqs: &'a mut IntMap<SrqId, RecvQueue>,
-    completions: &'a mut VecDeque<Completion>,
-    events: &'a mut VecDeque<crate::transport::engine::AsyncEvent>,
-) -> Option<(&'a mut Responder, ResponderCtx<'a>)> {
-    let recv_queue = match (&mut qp.rq, qp.init.srq) {
-        (Some(rq), _) => rq,
-        (None, Some(id)) => srqs.get_mut(&id)?,
-        (None, None) => return None,
-    };
-    Some((
-        &mut qp.responder,
-        ResponderCtx {
-            memory,
-            pd: qp.init.pd,
-            qpn: qp.qpn,
-            qp_type: qp.init.qp_type,
-            access: qp.attr.qp_access_flags,
-            pmtu: qp.attr.path_mtu,
-            qkey: qp.attr.qkey,
-            recv_queue,
-            recv_cq: qp.init.recv_cq,
-            completions,
-            events,
-            min_rnr_timer: qp.attr.min_rnr_timer,
-            max_dest_rd_atomic: qp.attr.max_dest_rd_atomic,
-            stats: &mut qp.stats,
-        },
-    ))
-}
-
-fn flush_responder(
-    qp: &mut Qp,
-    memory: &MemoryTable,
-    srqs: &mut IntMap<SrqId, RecvQueue>,
-    completions: &mut VecDeque<Completion>,
-    events: &mut VecDeque<AsyncEvent>,
-) {
-    if let Some((responder, mut ctx)) = resp_ctx(qp, memory, srqs, completions, events) {
-        responder.flush(&mut ctx);
-    }
-}
-
-fn flush_completion(cq: CqId, qpn: u32, wr_id: u64, opcode: WcOpcode) -> Completion {
-    Completion::error(cq, qpn, wr_id, opcode, WcStatus::WrFlushErr)
-}

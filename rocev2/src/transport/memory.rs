@@ -46,33 +46,11 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-use bitflags::bitflags;
-
-use crate::transport::wr::Sge;
+use crate::transport::ids::Sge;
+pub use crate::transport::ids::{Access, PdId};
 use crate::wire::crc;
 
-bitflags! {
-    /// Access rights (`enum ibv_access_flags`).
-    #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-    pub struct Access: u32 {
-        /// `IBV_ACCESS_LOCAL_WRITE`: the HCA may write (receives, READ responses, atomics results).
-        const LOCAL_WRITE = 1 << 0;
-        /// `IBV_ACCESS_REMOTE_WRITE`.
-        const REMOTE_WRITE = 1 << 1;
-        /// `IBV_ACCESS_REMOTE_READ`.
-        const REMOTE_READ = 1 << 2;
-        /// `IBV_ACCESS_REMOTE_ATOMIC`.
-        const REMOTE_ATOMIC = 1 << 3;
-        /// `IBV_ACCESS_MW_BIND`.
-        const MW_BIND = 1 << 4;
-        /// `IBV_ACCESS_ZERO_BASED`: addresses are offsets from the start.
-        const ZERO_BASED = 1 << 5;
-    }
-}
 
-/// Identifies a protection domain.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct PdId(pub u32);
 
 /// Memory-window type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -8,8 +8,11 @@
 pub mod attr;
 pub mod dcqcn;
 pub mod engine;
+pub mod events;
+pub mod ids;
 pub mod memory;
 pub mod packet;
+mod qp;
 pub mod recv;
 pub mod requester;
 pub mod responder;

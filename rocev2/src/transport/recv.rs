@@ -18,8 +18,7 @@ use std::collections::vec_deque::Drain;
 use std::collections::VecDeque;
 use std::fmt;
 
-use crate::transport::attr::SrqId;
-use crate::transport::memory::PdId;
+use crate::transport::ids::{PdId, SrqId};
 use crate::transport::wr::RecvWr;
 
 /// Why a receive-queue operation was refused (nothing was changed).

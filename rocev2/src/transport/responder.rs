@@ -24,12 +24,13 @@ use std::collections::VecDeque;
 use crate::psn::Psn;
 use crate::time::Instant;
 use crate::transport::attr::{Mtu, QpType};
-use crate::transport::engine::AsyncEvent;
-use crate::transport::memory::{sgl_len, Access, AccessError, AtomicOp, MemoryTable, PdId};
+use crate::transport::events::AsyncEvent;
+use crate::transport::ids::{Access, CqId, PdId};
+use crate::transport::memory::{sgl_len, AccessError, AtomicOp, MemoryTable};
 use crate::transport::packet::PathHeaders;
 use crate::transport::recv::RecvQueue;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, CqId, RecvWr, WcOpcode, WcStatus, WorkCompletion};
+use crate::transport::wr::{Completion, RecvWr, WcOpcode, WcStatus, WorkCompletion};
 use crate::wire::repr::{AckSyndrome, AethRepr, BthRepr, IpRepr, NakCode, TransportRepr};
 use crate::wire::{Opcode, ParsedFrame, Segment, Service};
 

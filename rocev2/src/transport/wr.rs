@@ -2,17 +2,8 @@
 
 use bitflags::bitflags;
 
-/// One scatter/gather element: `length` bytes at local address `addr` of the
-/// memory region whose local key is `lkey` (`struct ibv_sge`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
-pub struct Sge {
-    /// Address in the region's address space (the registered IOVA).
-    pub addr: u64,
-    /// Length in bytes.
-    pub length: u32,
-    /// Local key of the region.
-    pub lkey: u32,
-}
+pub use crate::transport::ids::{CqId, Sge};
+
 
 bitflags! {
     /// `IBV_SEND_*` flags.
@@ -104,7 +95,7 @@ pub enum SendOp {
         /// Length of the window.
         length: u64,
         /// Remote access rights of the window.
-        access: crate::transport::memory::Access,
+        access: crate::transport::ids::Access,
     },
 }
 
@@ -281,10 +272,6 @@ impl Default for WorkCompletion {
     }
 }
 
-/// Identifies a completion queue. The engine does not own CQs: it tags each
-/// completion with the CQ the QP was created with and the caller delivers it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Default)]
-pub struct CqId(pub u32);
 
 impl Completion {
     /// A completion carrying only an error `status` (no data moved), for `cq`.

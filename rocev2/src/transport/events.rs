@@ -1,0 +1,220 @@
+//! What the engine reports besides completions: errors of its calls,
+//! asynchronous events (`enum ibv_event_type`) and device-wide counters of
+//! frames dropped before they reach a QP.
+
+use std::collections::HashMap;
+use std::fmt;
+
+use crate::transport::attr::{QpAttrMask, QpState};
+use crate::transport::ids::SrqId;
+use crate::wire::WireError;
+
+/// Why an engine call failed. Nothing changed when one is returned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    /// No QP with this number.
+    NoSuchQp(u32),
+    /// No SRQ with this id.
+    NoSuchSrq(SrqId),
+    /// QP or SRQ limit reached.
+    TooMany,
+    /// The QP's state does not allow the call (e.g. post_send before RTS).
+    WrongState(QpState),
+    /// `ibv_modify_qp`: a transition the state machine does not have.
+    BadTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+    },
+    /// `ibv_modify_qp`: a required attribute is missing from the mask.
+    MissingAttr(QpAttrMask),
+    /// `ibv_modify_qp`: an attribute not allowed for this transition / QP type.
+    ExtraAttr(QpAttrMask),
+    /// An attribute value is out of range (named).
+    BadValue(&'static str),
+    /// The send or receive queue is full.
+    QueueFull,
+    /// A WR is not valid for this QP (type, SGE count, ...).
+    BadWr(&'static str),
+    /// The SRQ is still used by QPs.
+    Busy,
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::NoSuchQp(q) => write!(f, "no QP {q:#x}"),
+            EngineError::NoSuchSrq(s) => write!(f, "no SRQ {}", s.0),
+            EngineError::TooMany => write!(f, "resource limit reached"),
+            EngineError::WrongState(s) => write!(f, "not allowed in state {s:?}"),
+            EngineError::BadTransition { from, to } => write!(f, "no transition {from:?} -> {to:?}"),
+            EngineError::MissingAttr(m) => write!(f, "required attributes missing: {m:?}"),
+            EngineError::ExtraAttr(m) => write!(f, "attributes not allowed here: {m:?}"),
+            EngineError::BadValue(w) => write!(f, "bad value: {w}"),
+            EngineError::QueueFull => write!(f, "queue full"),
+            EngineError::BadWr(w) => write!(f, "bad work request: {w}"),
+            EngineError::Busy => write!(f, "still in use"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+/// Asynchronous events (`enum ibv_event_type`, the ones urnic raises).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_QP_FATAL`: the QP entered ERR on its own.
+    QpFatal(u32),
+    /// `IBV_EVENT_SQ_DRAINED`: an SQD QP finished its outstanding work.
+    SqDrained(u32),
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: the SRQ fell below its armed limit.
+    SrqLimitReached(SrqId),
+    /// `IBV_EVENT_PORT_ACTIVE`: the link came up (raised by the datapath).
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`: the link went down (raised by the datapath).
+    PortError,
+}
+
+/// Engine-wide counters: frames dropped before reaching a QP, by reason.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EngineStats {
+    /// Frames handed to `handle_frame`.
+    pub rx_frames: u64,
+    /// Dropped: the wire layer refused the frame (by reason).
+    pub rx_bad_frame: HashMap<WireErrorKind, u64>,
+    /// Dropped: DestQP names no QP.
+    pub rx_unknown_qpn: u64,
+    /// Dropped: the opcode's service does not match the QP type.
+    pub rx_wrong_service: u64,
+    /// Dropped: the P_Key does not match ours.
+    pub rx_bad_pkey: u64,
+    /// Dropped: an RC/UC frame (request, response or CNP) not from the QP's
+    /// peer: IP source is not its destination GID, or IP destination is not
+    /// its source GID (rxe `check_addr`).
+    pub rx_wrong_peer: u64,
+    /// Dropped: the QP's state does not accept this packet.
+    pub rx_wrong_state: u64,
+    /// Congestion notification packets accepted (from a QP's peer, for a
+    /// connected QP in RTR or later); refused ones are counted by reason.
+    pub rx_cnps: u64,
+    /// Frames sent.
+    pub tx_frames: u64,
+}
+
+/// A [`WireError`] without its details, for counting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WireErrorKind {
+    /// Truncated header.
+    Truncated,
+    /// Not IPv4/IPv6, bad IP version, IHL, length or checksum, fragments.
+    BadIp,
+    /// Not UDP, bad UDP length.
+    BadUdp,
+    /// UDP port not 4791.
+    NotRoce,
+    /// Unknown opcode or TVer.
+    BadOpcode,
+    /// Bad pad or payload where none is allowed.
+    BadLayout,
+    /// ICRC mismatch.
+    BadIcrc,
+    /// Anything else.
+    Other,
+}
+
+impl WireErrorKind {
+    /// A short name for counters (`bad_icrc`).
+    pub fn name(self) -> &'static str {
+        match self {
+            WireErrorKind::Truncated => "truncated",
+            WireErrorKind::BadIp => "bad_ip",
+            WireErrorKind::BadUdp => "bad_udp",
+            WireErrorKind::NotRoce => "not_roce",
+            WireErrorKind::BadOpcode => "bad_opcode",
+            WireErrorKind::BadLayout => "bad_layout",
+            WireErrorKind::BadIcrc => "bad_icrc",
+            WireErrorKind::Other => "other",
+        }
+    }
+
+    /// Every kind.
+    pub const ALL: [WireErrorKind; 8] = [
+        WireErrorKind::Truncated,
+        WireErrorKind::BadIp,
+        WireErrorKind::BadUdp,
+        WireErrorKind::NotRoce,
+        WireErrorKind::BadOpcode,
+        WireErrorKind::BadLayout,
+        WireErrorKind::BadIcrc,
+        WireErrorKind::Other,
+    ];
+}
+
+impl EngineStats {
+    /// Add `other`'s counters to these (summing a device's shards).
+    pub fn add(&mut self, other: &EngineStats) {
+        let EngineStats {
+            rx_frames,
+            rx_bad_frame,
+            rx_unknown_qpn,
+            rx_wrong_service,
+            rx_bad_pkey,
+            rx_wrong_peer,
+            rx_wrong_state,
+            rx_cnps,
+            tx_frames,
+        } = other;
+        self.rx_frames += rx_frames;
+        self.rx_unknown_qpn += rx_unknown_qpn;
+        self.rx_wrong_service += rx_wrong_service;
+        self.rx_bad_pkey += rx_bad_pkey;
+        self.rx_wrong_peer += rx_wrong_peer;
+        self.rx_wrong_state += rx_wrong_state;
+        self.rx_cnps += rx_cnps;
+        self.tx_frames += tx_frames;
+        for (k, v) in rx_bad_frame {
+            *self.rx_bad_frame.entry(*k).or_insert(0) += v;
+        }
+    }
+
+    /// Every counter with its name (bad frames one per reason).
+    pub fn iter(&self) -> impl Iterator<Item = (String, u64)> + '_ {
+        let fixed = [
+            ("rx_frames", self.rx_frames),
+            ("rx_unknown_qpn", self.rx_unknown_qpn),
+            ("rx_wrong_service", self.rx_wrong_service),
+            ("rx_bad_pkey", self.rx_bad_pkey),
+            ("rx_wrong_peer", self.rx_wrong_peer),
+            ("rx_wrong_state", self.rx_wrong_state),
+            ("rx_cnps", self.rx_cnps),
+            ("tx_frames", self.tx_frames),
+        ];
+        fixed.into_iter().map(|(k, v)| (k.to_string(), v)).chain(
+            WireErrorKind::ALL
+                .into_iter()
+                .map(|k| (format!("rx_drop_{}", k.name()), self.rx_bad_frame.get(&k).copied().unwrap_or(0))),
+        )
+    }
+}
+
+impl From<WireError> for WireErrorKind {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::Truncated(_) => WireErrorKind::Truncated,
+            WireError::NotIp { .. }
+            | WireError::BadIpVersion(_)
+            | WireError::BadIhl(_)
+            | WireError::BadIpLength
+            | WireError::BadIpv4Checksum
+            | WireError::Fragmented => WireErrorKind::BadIp,
+            WireError::NotUdp { .. } | WireError::BadUdpLength => WireErrorKind::BadUdp,
+            WireError::NotRoce { .. } => WireErrorKind::NotRoce,
+            WireError::UnknownOpcode(_) | WireError::BadTver(_) => WireErrorKind::BadOpcode,
+            WireError::BadPad { .. } | WireError::UnexpectedPayload => WireErrorKind::BadLayout,
+            WireError::BadIcrc { .. } => WireErrorKind::BadIcrc,
+            _ => WireErrorKind::Other,
+        }
+    }
+}
+
