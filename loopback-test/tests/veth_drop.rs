@@ -66,9 +66,9 @@ fn run_with_drop(drop: f64, big: usize, small_msgs: u64) {
     let mut w = expected(big, 1);
     let v = u64::from_ne_bytes(w[8..16].try_into().unwrap()).wrapping_add(3);
     w[8..16].copy_from_slice(&v.to_ne_bytes());
-    assert!(b.mr.as_slice()[..big] == w[..], "WRITE payload");
-    assert!(a.mr.as_slice()[big..2 * big] == expected(big, 2)[..], "READ payload");
-    assert!(b.mr.as_slice()[3 * big..4 * big] == expected(big, 1)[..], "SEND payload");
+    assert!(bytes(&b.mr, 0..big) == w[..], "WRITE payload");
+    assert!(bytes(&a.mr, big..2 * big) == expected(big, 2)[..], "READ payload");
+    assert!(bytes(&b.mr, 3 * big..4 * big) == expected(big, 1)[..], "SEND payload");
     let _ = &mut b;
     let sa = qa.stats().unwrap();
     let dropped = counter(&ca, "xdp_impair_dropped") + counter(&cb, "xdp_impair_dropped");

@@ -181,8 +181,8 @@ fn hostile_frames_are_counted_by_reason_while_traffic_completes() {
         );
         let r = wait(&b.cq, 1);
         assert_eq!((r[0].wr_id, r[0].status, r[0].byte_len as usize), (rounds, WcStatus::Success, len));
-        assert_eq!(&b.mr.as_slice()[..len], &expected(len, rounds as u8)[..]);
-        assert_eq!(&b.mr.as_slice()[1 << 20..(1 << 20) + len], &expected(len, rounds as u8)[..]);
+        assert_eq!(bytes(&b.mr, 0..len), &expected(len, rounds as u8)[..]);
+        assert_eq!(bytes(&b.mr, 1 << 20..(1 << 20) + len), &expected(len, rounds as u8)[..]);
         rounds += 1;
     }
     shooter.join().expect("the raw sender");

@@ -58,6 +58,18 @@ fn memory_windows_bind_use_and_invalidate() {
 }
 
 #[test]
+fn dereg_with_a_bound_window_is_busy_and_changes_nothing() {
+    setup();
+    cases::dereg_with_a_bound_window_is_busy_and_changes_nothing();
+}
+
+#[test]
+fn dropping_a_region_with_bound_windows_defers_its_release() {
+    setup();
+    cases::dropping_a_region_with_bound_windows_defers_its_release();
+}
+
+#[test]
 fn type2_window_bound_by_wr_and_invalidated_by_send() {
     setup();
     cases::type2_window_bound_by_wr_and_invalidated_by_send();

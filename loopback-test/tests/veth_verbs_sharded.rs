@@ -129,7 +129,7 @@ fn qps_spread_over_shards_and_frames_are_handed_over() {
         assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
         let r = wait(&b.cq, 1);
         assert_eq!((r[0].wr_id, r[0].status, r[0].byte_len), (k as u64, WcStatus::Success, 1000));
-        assert_eq!(&b.mr.as_slice()[off as usize..off as usize + len], &expected(len, k as u8)[..]);
+        assert_eq!(bytes(&b.mr, off as usize..off as usize + len), &expected(len, k as u8)[..]);
     }
     for ctx in [&ca, &cb] {
         let s = &ctx.nic().stats;

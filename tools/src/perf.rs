@@ -153,11 +153,10 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
         BwOp::Read => (&mut *b, 0),
         BwOp::Send => (&mut *a, half),
     };
-    for (i, byte) in src.mr.as_mut_slice()[..size].iter_mut().enumerate() {
-        *byte = pattern(i);
-    }
+    let data: Vec<u8> = (0..size).map(pattern).collect();
+    src.mr.write_at(0, &data).map_err(e("write_at"))?;
     let dst: &mut Endpoint = if op == BwOp::Read { &mut *a } else { &mut *b };
-    dst.mr.as_mut_slice()[dst_at..dst_at + size].fill(0);
+    dst.mr.fill_at(dst_at, size, 0).map_err(e("fill_at"))?;
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
     let sge = a.mr.sge(0, size as u32);
     let opcode = match op {
@@ -224,7 +223,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     let secs = start.elapsed().as_secs_f64();
     let avg = (iters * size) as f64 / secs / 1e6;
     let dst: &Endpoint = if op == BwOp::Read { a } else { b };
-    if dst.mr.as_slice()[dst_at..dst_at + size].iter().enumerate().any(|(i, &v)| v != pattern(i)) {
+    if dst.mr.read_vec(dst_at, size).map_err(e("read_at"))?.iter().enumerate().any(|(i, &v)| v != pattern(i)) {
         return Err(format!("data check failed: the {} destination does not hold what was sent", op.name()));
     }
     Ok(BwResult { bytes: size, iters, peak_mbs: peak.max(avg), avg_mbs: avg })
@@ -261,7 +260,7 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
     a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
     for i in 0..iters {
         let tag = (i % 251) as u8;
-        a.mr.as_mut_slice()[..size].fill(tag);
+        a.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let t0 = Instant::now();
         a.qp.post_send(&send(a, 2)).map_err(e("post_send"))?;
@@ -271,11 +270,11 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
             let wc = b.wait_one(deadline)?;
             got_recv = wc.opcode == urnic::WcOpcode::Recv;
         }
-        if b.mr.as_slice()[half..half + size].iter().any(|&v| v != tag) {
+        if b.mr.read_vec(half, size).map_err(e("read_at"))?.iter().any(|&v| v != tag) {
             return Err(format!("data check failed on ping {i}"));
         }
         b.qp.post_recv(&recv(b, 1)).map_err(e("post_recv"))?;
-        b.mr.as_mut_slice()[..size].fill(tag);
+        b.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
         b.qp.post_send(&send(b, 2)).map_err(e("post_send"))?;
         // a: wait for the pong (and its own send completion)
         let mut got_pong = false;
@@ -304,15 +303,15 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
     // Each side sends from the lower half and is written into the upper half.
     let half_a = a.mr.len() / 2;
     let half_b = b.mr.len() / 2;
-    a.mr.as_mut_slice()[half_a..half_a + size].fill(0);
-    b.mr.as_mut_slice()[half_b..half_b + size].fill(0);
+    a.mr.fill_at(half_a, size, 0).map_err(e("fill_at"))?;
+    b.mr.fill_at(half_b, size, 0).map_err(e("fill_at"))?;
     let to_b = RemoteAddr { addr: b.mr.addr() + half_b as u64, rkey: b.mr.rkey() };
     let to_a = RemoteAddr { addr: a.mr.addr() + half_a as u64, rkey: a.mr.rkey() };
     let mut samples = Vec::with_capacity(iters);
     let mut wcs = [WorkCompletion::default(); 8];
     // Spin until the last byte of `ep`'s landing area reads `tag`.
     let spin = |ep: &Endpoint, half: usize, tag: u8, deadline: Instant| -> PerfResult<()> {
-        let at = ep.mr.as_slice().as_ptr().wrapping_add(half + size - 1);
+        let at = ep.mr.as_ptr().wrapping_add(half + size - 1);
         // SAFETY: `at` is inside the registered buffer, which the datapath
         // writes concurrently: hence the volatile read.
         while unsafe { std::ptr::read_volatile(at) } != tag {
@@ -335,8 +334,8 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
     };
     for i in 0..iters {
         let tag = (i % 255 + 1) as u8;
-        a.mr.as_mut_slice()[..size].fill(tag);
-        b.mr.as_mut_slice()[..size].fill(tag);
+        a.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
+        b.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let t0 = Instant::now();
         let wr = |ep: &Endpoint, remote| SendWr {

@@ -437,9 +437,8 @@ fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res, String> {
     let mut mr = pd.alloc_mr(2 * half, access).map_err(e("Couldn't register MR"))?;
     // perftest fills its buffer with random bytes; a fixed pattern lets the
     // data be checked where the test allows.
-    for (i, b) in mr.as_mut_slice().iter_mut().enumerate() {
-        *b = (i % 251) as u8;
-    }
+    let pattern: Vec<u8> = (0..mr.len()).map(|i| (i % 251) as u8).collect();
+    mr.write_at(0, &pattern).map_err(e("Couldn't fill the MR"))?;
     let qp = pd
         .create_qp(&QpInit {
             qp_type: QpType::Rc,
@@ -662,8 +661,8 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
             // Each side writes `size` bytes whose last byte counts the
             // iterations into the peer's buffer and spins on its own.
             let poll_at = half + size - 1;
-            let base = r.mr.as_slice().as_ptr();
-            let post_ptr = r.mr.as_slice().as_ptr().wrapping_add(size - 1) as *mut u8;
+            let base = r.mr.as_ptr();
+            let post_ptr = r.mr.as_ptr().wrapping_add(size - 1);
             let mut t = Instant::now();
             let (mut scnt, mut rcnt) = (0u64, 0u64);
             while scnt < iters as u64 || rcnt < iters as u64 {

@@ -151,7 +151,7 @@ impl Ctx {
         let pd = ctx.alloc_pd().map_err(verr("Couldn't allocate PD"))?;
         let cq = ctx.create_cq(rx_depth + 1, None).map_err(verr("Couldn't create CQ"))?;
         let mut mr = pd.alloc_mr(buf, urnic::Access::LOCAL_WRITE).map_err(verr("Couldn't register MR"))?;
-        mr.as_mut_slice().fill(0x7b);
+        mr.fill_at(0, buf, 0x7b).map_err(verr("Couldn't fill the MR"))?;
         let qp = pd
             .create_qp(&QpInit {
                 qp_type,
@@ -265,7 +265,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
     println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            c.mr.as_mut_slice()[i] = 0;
+            c.mr.write_at(i, &[0]).map_err(verr("write_at"))?;
         }
     }
     let qp = &c.qp;
@@ -278,7 +278,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            if c.mr.as_slice()[i] != 0 {
+            if c.mr.read_vec(i, 1).map_err(verr("read_at"))?[0] != 0 {
                 println!("invalid data in page {}", i / page);
             }
         }
@@ -332,7 +332,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<(), String> {
     println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            c.mr.as_mut_slice()[i + GRH] = 0;
+            c.mr.write_at(i + GRH, &[0]).map_err(verr("write_at"))?;
         }
     }
     let qp = &c.qp;
@@ -345,7 +345,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<(), String> {
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            if c.mr.as_slice()[i + GRH] != 0 {
+            if c.mr.read_vec(i + GRH, 1).map_err(verr("read_at"))?[0] != 0 {
                 println!("invalid data in page {}", i / page);
             }
         }

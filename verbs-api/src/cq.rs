@@ -87,6 +87,11 @@ impl Cq {
         if n == 0 && ring.overflowed() {
             return Err(Error::new(ErrorKind::NoResources, format!("CQ {} overran: completions were lost", self.id())));
         }
+        if n > 0 {
+            // A completion may report a window's invalidation (LOCAL_INV,
+            // SEND with invalidate) that lets a dropped region go.
+            self.ctx.inner.reclaim_deferred();
+        }
         Ok(n)
     }
 

@@ -282,6 +282,10 @@ pub(crate) struct DeviceInner {
     pub(crate) qp_count: AtomicU32,
     pub(crate) cq_count: AtomicU32,
     pub(crate) srq_count: AtomicU32,
+    /// Regions dropped with windows still bound, waiting to be deregistered.
+    /// Declared after `nic` and `memory`: what is left here when the device
+    /// closes is freed after the NIC (and with it the datapath) is gone.
+    pub(crate) deferred: crate::mr::DeferredDeregs,
     // Declared last: dropped last would be wrong — the runner must stop before
     // the NIC goes away, and `Drop for Context` stops it explicitly.
     pub(crate) runner: std::sync::Mutex<Vec<Runner>>,
@@ -290,6 +294,11 @@ pub(crate) struct DeviceInner {
 impl DeviceInner {
     pub(crate) fn alloc_id(&self) -> u32 {
         self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// Retry deregistering regions dropped while windows were bound.
+    pub(crate) fn reclaim_deferred(&self) {
+        self.deferred.reclaim(&self.keys, &self.memory);
     }
 
     /// Resolve `dgid` into a full path from our GID at `sgid_index`.
@@ -408,6 +417,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             qp_count: AtomicU32::new(0),
             cq_count: AtomicU32::new(0),
             srq_count: AtomicU32::new(0),
+            deferred: Default::default(),
             runner: std::sync::Mutex::new(runners),
         }),
     })
@@ -491,6 +501,17 @@ impl Context {
     pub fn alloc_pd(&self) -> Result<crate::Pd> {
         Ok(crate::Pd::new(self.clone()))
     }
+
+    /// Memory regions dropped while memory windows were still bound to
+    /// them, and still registered because of it (after retrying now). Their
+    /// memory is held by the device and freed once the windows are unbound,
+    /// invalidated or deallocated, or when the device closes. Memory
+    /// registered with [`crate::Pd::reg_mr_raw`] must stay valid while its
+    /// region is counted here.
+    pub fn deferred_deregistrations(&self) -> usize {
+        self.inner.reclaim_deferred();
+        self.inner.deferred.pending()
+    }
 }
 
 impl Drop for DeviceInner {
@@ -499,6 +520,10 @@ impl Drop for DeviceInner {
         if let Ok(mut r) = self.runner.lock() {
             r.clear();
         }
+        // Regions still registered because windows stay bound: freed after
+        // the NIC (field order) if nothing else holds it, else leaked.
+        let datapath_gone = Arc::strong_count(&self.nic) == 1 && Arc::weak_count(&self.nic) == 0;
+        self.deferred.close(&self.keys, &self.memory, datapath_gone);
     }
 }
 

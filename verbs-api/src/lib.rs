@@ -6,7 +6,7 @@
 //! | `ibv_open_device` | [`open_device`] → [`Context`] |
 //! | `ibv_query_device` / `_port` / `_gid` | [`Context::query_device`], [`Context::query_port`], [`Context::query_gid`] |
 //! | `ibv_alloc_pd` | [`Context::alloc_pd`] → [`Pd`] |
-//! | `ibv_reg_mr` / `ibv_dereg_mr` / `ibv_rereg_mr` | [`Pd::reg_mr`], [`Pd::alloc_mr`], [`Pd::reg_mr_raw`] → [`Mr`]; drop or [`Mr::dereg`]; [`Mr::rereg_access`] |
+//! | `ibv_reg_mr` / `ibv_dereg_mr` / `ibv_rereg_mr` | [`Pd::reg_mr`], [`Pd::alloc_mr`], [`Pd::reg_mr_raw`] → [`Mr`]; drop or [`Mr::dereg`] (`EBUSY`: [`DeregError`]); [`Mr::rereg_access`]; data: [`Mr::read_at`], [`Mr::write_at`] |
 //! | `ibv_alloc_mw` / `ibv_bind_mw` | [`Pd::alloc_mw`] → [`Mw`], [`Mw::bind`]; type 2: `SendOp::BindMw` |
 //! | `ibv_create_comp_channel` / `ibv_get_cq_event` | [`Context::create_comp_channel`] → [`CompChannel::get_cq_event`] |
 //! | `ibv_create_cq` / `ibv_poll_cq` / `ibv_req_notify_cq` / `ibv_resize_cq` | [`Context::create_cq`] → [`Cq::poll`], [`Cq::req_notify`], [`Cq::resize`] |
@@ -33,7 +33,7 @@ pub use device::{
 };
 pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
-pub use mr::{Mr, Mw, Pd};
+pub use mr::{DeregError, Mr, Mw, Pd};
 pub use stats::DeviceCounters;
 pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
 

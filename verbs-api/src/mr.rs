@@ -1,12 +1,42 @@
 //! Protection domains, memory regions and memory windows:
 //! `ibv_alloc_pd`, `ibv_reg_mr`, `ibv_rereg_mr`, `ibv_dereg_mr`, `ibv_alloc_mw`.
+//!
+//! # Region memory is shared with the datapath
+//!
+//! Once registered, a region's bytes are written and read by the datapath
+//! threads (receives, READ responses, a peer's WRITEs and atomics) whenever
+//! the application has posted work or exposed an rkey, as a NIC's DMA would.
+//! So the API never hands out a safe `&[u8]` / `&mut [u8]` over them (the
+//! compiler may assume such a borrow's bytes do not change, or are not read,
+//! while it lives): [`Mr::read_at`] and [`Mr::write_at`] copy through raw
+//! pointers, and [`Mr::as_slice`] / [`Mr::as_mut_slice`] are `unsafe` with the
+//! ibverbs contract (no WR or remote access in flight) as their condition,
+//! like the posting calls of rust-ibverbs.
+//!
+//! # Deregistration is one step
+//!
+//! `ibv_dereg_mr` either removes a region completely or leaves it as it was:
+//! [`Mr::dereg`] first asks the memory table (which refuses with
+//! [`ErrorKind::Busy`], `EBUSY`, while memory windows are bound to the
+//! region) and only then forgets the lkey for post-time checks; on failure
+//! the region is handed back still registered, usable locally and remotely.
+//! `Drop` cannot return the error: a dropped region with windows still bound
+//! stays registered and its memory stays allocated, held by the device,
+//! until the windows are unbound, invalidated or deallocated (retried then,
+//! and whenever completions are polled), and is freed at the latest when
+//! the device closes. The counters `verbs.mr_dereg_deferred`,
+//! `verbs.mr_dereg_pending` and `verbs.mr_deferred_freed` tell how often
+//! that happened.
 
 use std::collections::HashMap;
+use std::mem::ManuallyDrop;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use arc_swap::ArcSwap;
-use memmap2::MmapMut;
-use rocev2::transport::memory::{Access, MwType, PdId};
+use memmap2::{MmapMut, MmapRaw};
+use rocev2::transport::memory::{Access, MemoryTable, MrKeys, MwType, PdId, RegError};
 use rocev2::transport::wr::Sge;
 
 use crate::device::Context;
@@ -23,7 +53,10 @@ pub(crate) struct KeyInfo {
     pub(crate) access: Access,
 }
 
-/// Lock-free lookup of live lkeys (writers serialize on a mutex).
+/// Lock-free lookup of live lkeys. Writers serialize on a mutex, and every
+/// change of the memory table's MRs (register, re-register, deregister) is
+/// made under it together with the directory's, so the two never disagree
+/// for another writer.
 #[derive(Default)]
 pub(crate) struct KeyDirectory {
     snapshot: ArcSwap<HashMap<u32, KeyInfo>>,
@@ -31,20 +64,70 @@ pub(crate) struct KeyDirectory {
 }
 
 impl KeyDirectory {
-    pub(crate) fn insert(&self, info: KeyInfo) {
-        let _g = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+    /// Apply `f` to a copy of the directory and publish it. Call with `writer` held.
+    fn publish(&self, f: impl FnOnce(&mut HashMap<u32, KeyInfo>)) {
         let mut m = HashMap::clone(&self.snapshot.load());
-        m.insert(info.key >> 8, info);
+        f(&mut m);
         self.snapshot.store(Arc::new(m));
     }
 
-    pub(crate) fn remove(&self, key: u32) {
-        let _g = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        let mut m = HashMap::clone(&self.snapshot.load());
-        if m.get(&(key >> 8)).is_some_and(|i| i.key == key) {
-            m.remove(&(key >> 8));
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.writer.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Register `[ptr, ptr + len)` in `memory` (IOVA = host address) and
+    /// publish its lkey.
+    ///
+    /// # Safety
+    /// As [`MemoryTable::register`]: the memory stays valid for reads and
+    /// writes until its deregistration succeeds.
+    unsafe fn register(&self, memory: &MemoryTable, pd: PdId, ptr: *mut u8, len: usize, access: Access) -> core::result::Result<MrKeys, RegError> {
+        let _g = self.lock();
+        // SAFETY: the caller's promise.
+        let keys = unsafe { memory.register(pd, ptr, len, ptr as u64, access) }?;
+        self.publish(|m| {
+            m.insert(keys.lkey >> 8, KeyInfo { key: keys.lkey, pd, iova: ptr as u64, len: len as u64, access });
+        });
+        Ok(keys)
+    }
+
+    /// Re-register `lkey` with new access rights: the memory table keeps the
+    /// index and changes the key byte in one step (refusing with `Busy` while
+    /// windows are bound, leaving everything as it was); the directory
+    /// follows only on success.
+    ///
+    /// # Safety
+    /// As [`KeyDirectory::register`], for the same memory.
+    unsafe fn reregister(
+        &self,
+        memory: &MemoryTable,
+        lkey: u32,
+        pd: PdId,
+        ptr: *mut u8,
+        len: usize,
+        access: Access,
+    ) -> core::result::Result<MrKeys, RegError> {
+        let _g = self.lock();
+        // SAFETY: the caller's promise.
+        let keys = unsafe { memory.reregister(lkey, pd, ptr, len, ptr as u64, access) }?;
+        self.publish(|m| {
+            remove_key(m, lkey);
+            m.insert(keys.lkey >> 8, KeyInfo { key: keys.lkey, pd, iova: ptr as u64, len: len as u64, access });
+        });
+        Ok(keys)
+    }
+
+    /// Deregister `lkey` (`ibv_dereg_mr`) as one step: the memory table
+    /// first, which refuses with `Busy` while windows are bound (then nothing
+    /// changes: the region stays usable locally and remotely), then the
+    /// directory. A key the table no longer knows leaves the directory too.
+    pub(crate) fn deregister(&self, memory: &MemoryTable, lkey: u32) -> core::result::Result<(), RegError> {
+        let _g = self.lock();
+        let r = memory.deregister(lkey);
+        if matches!(r, Ok(()) | Err(RegError::InvalidKey)) {
+            self.publish(|m| remove_key(m, lkey));
         }
-        self.snapshot.store(Arc::new(m));
+        r
     }
 
     /// Check an SGE list against live keys of `pd`, needing `access` locally.
@@ -76,6 +159,23 @@ impl KeyDirectory {
     }
 }
 
+fn remove_key(m: &mut HashMap<u32, KeyInfo>, key: u32) {
+    if m.get(&(key >> 8)).is_some_and(|i| i.key == key) {
+        m.remove(&(key >> 8));
+    }
+}
+
+/// The verbs error for a failed registration-side call of the memory table.
+fn reg_error(e: RegError, what: &str) -> Error {
+    let kind = match e {
+        // ibv_dereg_mr(3) / ibv_rereg_mr(3): EBUSY while windows are bound.
+        RegError::Busy => ErrorKind::Busy,
+        RegError::NoResources => ErrorKind::NoResources,
+        RegError::InvalidArgument | RegError::InvalidKey => ErrorKind::InvalidArgument,
+    };
+    Error::new(kind, format!("{what}: {e}"))
+}
+
 /// A protection domain (`struct ibv_pd`).
 #[derive(Clone)]
 pub struct Pd {
@@ -83,32 +183,244 @@ pub struct Pd {
     pub(crate) id: PdId,
 }
 
-enum Backing {
-    /// urnic-allocated anonymous memory (hugepages when available).
-    Mapped(MmapMut),
-    /// A caller buffer the MR owns.
-    Owned(Box<[u8]>),
-    /// Caller memory registered with `reg_mr_raw`.
-    Raw { ptr: *mut u8, len: usize },
+/// Who releases the memory behind a region.
+enum Owner {
+    /// urnic-allocated anonymous memory (hugepages when available); held
+    /// as `MmapRaw`, which never makes a slice of it.
+    Mapped(#[allow(dead_code)] MmapRaw),
+    /// A caller buffer the MR owns, turned into its raw pointer
+    /// (`Box::into_raw`) so that moving the `Mr` asserts nothing about
+    /// memory the datapath reaches by pointer; rebuilt to be freed.
+    Boxed,
+    /// Caller memory registered with `reg_mr_raw`: nothing to free.
+    Caller,
 }
 
-// SAFETY: the raw backing is only reachable through `&self`/`&mut self` on
-// `Mr`, and the caller of `reg_mr_raw` promised the memory is valid for the
-// MR's life from any thread.
+/// A region's memory: after registration it is reached only through `ptr`.
+pub(crate) struct Backing {
+    ptr: NonNull<u8>,
+    len: usize,
+    owner: Owner,
+}
+
+// SAFETY: `Backing` is a pointer to memory valid from any thread (our own
+// mapping or box, or caller memory whose validity from any thread the caller
+// of `reg_mr_raw` promised) plus what frees it; moving it to another thread
+// moves no thread-bound state.
 unsafe impl Send for Backing {}
-// SAFETY: as above; shared access hands out `&[u8]` only.
+// SAFETY: through `&Backing` nothing is reachable but the pointer and length
+// (copies of them); every access to the bytes is an explicit raw-pointer
+// access with its own contract (`Mr::read_at` and friends).
 unsafe impl Sync for Backing {}
 
-/// A memory region (`struct ibv_mr`). Deregistered on drop.
+impl Backing {
+    fn mapped(map: MmapMut) -> Backing {
+        let map = MmapRaw::from(map);
+        let len = map.len();
+        match NonNull::new(map.as_mut_ptr()) {
+            Some(ptr) => Backing { ptr, len, owner: Owner::Mapped(map) },
+            // mmap never maps page 0; keep the mapping released properly anyway.
+            None => Backing { ptr: NonNull::dangling(), len: 0, owner: Owner::Mapped(map) },
+        }
+    }
+
+    fn boxed(buf: Box<[u8]>) -> Backing {
+        let len = buf.len();
+        let raw: *mut [u8] = Box::into_raw(buf);
+        // SAFETY: `Box::into_raw` never returns null.
+        let ptr = unsafe { NonNull::new_unchecked(raw.cast::<u8>()) };
+        Backing { ptr, len, owner: Owner::Boxed }
+    }
+
+    /// Nothing (what a deregistered `Mr` is left holding).
+    fn empty() -> Backing {
+        Backing { ptr: NonNull::dangling(), len: 0, owner: Owner::Caller }
+    }
+
+    /// Release the memory; the `Vec` a boxed backing was made from comes back.
+    fn into_vec(self) -> Option<Vec<u8>> {
+        let me = ManuallyDrop::new(self);
+        match me.owner {
+            Owner::Boxed => {
+                let raw = std::ptr::slice_from_raw_parts_mut(me.ptr.as_ptr(), me.len);
+                // SAFETY: `raw` is what `Box::into_raw` returned in `boxed`, and
+                // `me` is not dropped, so it is rebuilt exactly once.
+                Some(unsafe { Box::from_raw(raw) }.into_vec())
+            }
+            _ => {
+                drop(ManuallyDrop::into_inner(me));
+                None
+            }
+        }
+    }
+}
+
+impl Drop for Backing {
+    fn drop(&mut self) {
+        if let Owner::Boxed = self.owner {
+            let raw = std::ptr::slice_from_raw_parts_mut(self.ptr.as_ptr(), self.len);
+            // SAFETY: as in `into_vec`; `Drop` runs once.
+            drop(unsafe { Box::from_raw(raw) });
+        }
+        // `Owner::Mapped` unmaps when the field drops; `Caller` frees nothing.
+    }
+}
+
+/// Regions dropped while still registered (windows bound), held by the
+/// device until their deregistration succeeds.
+#[derive(Default)]
+pub(crate) struct DeferredDeregs {
+    list: Mutex<Vec<(u32, Backing)>>,
+    /// `list.len()`, readable without the lock.
+    pending: AtomicUsize,
+    /// Regions ever dropped while busy.
+    deferred: AtomicU64,
+    /// Of those, freed once their windows were gone.
+    freed: AtomicU64,
+}
+
+impl DeferredDeregs {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<(u32, Backing)>> {
+        self.list.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Hold `backing` (still registered as `lkey`) until it can be deregistered.
+    fn push(&self, lkey: u32, backing: Backing) {
+        let mut l = self.lock();
+        l.push((lkey, backing));
+        self.pending.store(l.len(), Ordering::SeqCst);
+        self.deferred.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Regions waiting.
+    pub(crate) fn pending(&self) -> usize {
+        self.pending.load(Ordering::SeqCst)
+    }
+
+    /// Retry the deregistration of every waiting region; free those that
+    /// succeed. Cheap when none waits (one atomic load).
+    pub(crate) fn reclaim(&self, keys: &KeyDirectory, memory: &MemoryTable) {
+        if self.pending() == 0 {
+            return;
+        }
+        let released: Vec<Backing> = {
+            let mut l = self.lock();
+            let mut keep = Vec::with_capacity(l.len());
+            let mut released = Vec::new();
+            for (lkey, b) in l.drain(..) {
+                match keys.deregister(memory, lkey) {
+                    // InvalidKey: the table does not know it any more either.
+                    Ok(()) | Err(RegError::InvalidKey) => released.push(b),
+                    Err(_) => keep.push((lkey, b)),
+                }
+            }
+            *l = keep;
+            self.pending.store(l.len(), Ordering::SeqCst);
+            released
+        };
+        self.freed.fetch_add(released.len() as u64, Ordering::Relaxed);
+        drop(released);
+    }
+
+    /// The device is closing (its datapath threads have stopped). Retry
+    /// once; what still cannot be deregistered stays in the list to be freed
+    /// with it if `datapath_gone` (nothing can reach the memory any more once
+    /// the NIC, the only holder of the memory table besides the device, is
+    /// dropped, which happens first), else is leaked, loudly: someone else
+    /// still holds the NIC and could move data into it.
+    pub(crate) fn close(&self, keys: &KeyDirectory, memory: &MemoryTable, datapath_gone: bool) {
+        self.reclaim(keys, memory);
+        if datapath_gone {
+            return;
+        }
+        let l = std::mem::take(&mut *self.lock());
+        if !l.is_empty() {
+            let bytes: usize = l.iter().map(|(_, b)| b.len).sum();
+            eprintln!(
+                "urnic: device closed while {} dropped memory region(s) ({bytes} bytes) still had memory windows bound \
+                 and its NIC is still shared: leaking them rather than freeing memory a peer can reach",
+                l.len()
+            );
+            std::mem::forget(l);
+        }
+    }
+
+    /// `(deferred, pending, freed)` for the counters.
+    pub(crate) fn counts(&self) -> (u64, u64, u64) {
+        (self.deferred.load(Ordering::Relaxed), self.pending() as u64, self.freed.load(Ordering::Relaxed))
+    }
+}
+
+/// A memory region (`struct ibv_mr`). Deregistered on drop (see the
+/// module documentation for a region with windows still bound).
 ///
 /// The remote peer and the datapath write this memory asynchronously, as a
-/// NIC's DMA would: read what arrived after its completion was polled.
+/// NIC's DMA would: read what arrived after its completion was polled, with
+/// [`Mr::read_at`] (or the `unsafe` [`Mr::as_slice`]).
 pub struct Mr {
     pd: Pd,
     backing: Backing,
     lkey: u32,
     rkey: u32,
     access: Access,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &format_args!("{:#x}", self.addr()))
+            .field("len", &self.len())
+            .field("lkey", &format_args!("{:#x}", self.lkey))
+            .field("rkey", &format_args!("{:#x}", self.rkey))
+            .field("access", &self.access)
+            .finish()
+    }
+}
+
+/// A failed [`Mr::dereg`] (`ibv_dereg_mr` returning an error): the region,
+/// still registered and usable, and why. Converting it into an [`Error`]
+/// (as `?` does) drops the region, whose deregistration is then deferred
+/// (module documentation).
+#[derive(Debug)]
+pub struct DeregError {
+    mr: Mr,
+    error: Error,
+}
+
+impl DeregError {
+    /// Why (kind [`ErrorKind::Busy`] while memory windows are bound).
+    pub fn error(&self) -> &Error {
+        &self.error
+    }
+
+    /// The error's kind.
+    pub fn kind(&self) -> ErrorKind {
+        self.error.kind()
+    }
+
+    /// The region back, still registered.
+    pub fn into_mr(self) -> Mr {
+        self.mr
+    }
+
+    /// The region and the error.
+    pub fn into_parts(self) -> (Mr, Error) {
+        (self.mr, self.error)
+    }
+}
+
+impl std::fmt::Display for DeregError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl std::error::Error for DeregError {}
+
+impl From<DeregError> for Error {
+    fn from(e: DeregError) -> Error {
+        e.error
+    }
 }
 
 impl Pd {
@@ -139,7 +451,7 @@ impl Pd {
             MmapMut::map_anon(len)
         }
         .map_err(|e| Error::new(ErrorKind::NoResources, format!("mmap of {len} bytes failed: {e}")))?;
-        self.register(Backing::Mapped(map), access)
+        self.register(Backing::mapped(map), access)
     }
 
     /// Register a buffer the MR takes ownership of (get it back with [`Mr::into_buffer`]).
@@ -147,41 +459,43 @@ impl Pd {
         if buf.is_empty() {
             return Err(Error::invalid("cannot register a zero-length buffer"));
         }
-        self.register(Backing::Owned(buf.into_boxed_slice()), access)
+        self.register(Backing::boxed(buf.into_boxed_slice()), access)
     }
 
     /// Register caller memory (`ibv_reg_mr`).
     ///
     /// # Safety
-    /// `[addr, addr + len)` must stay valid for reads and writes, and not be
-    /// freed or remapped, until the returned `Mr` is dropped (deregistered).
+    /// `[addr, addr + len)` must stay valid for reads and writes from any
+    /// thread, and not be freed or remapped, until the registration ends:
+    /// [`Mr::dereg`] returned `Ok`, or the `Mr` was dropped with no memory
+    /// window bound to it. (Dropped while windows are still bound, it stays
+    /// registered until they are unbound, invalidated or deallocated:
+    /// [`Context::deferred_deregistrations`] is then nonzero. Use
+    /// [`Mr::dereg`] and handle [`ErrorKind::Busy`] instead.) The caller
+    /// must not access the memory other than through the `Mr` while it is
+    /// registered except as [`Mr::as_slice`] allows.
     pub unsafe fn reg_mr_raw(&self, addr: *mut u8, len: usize, access: Access) -> Result<Mr> {
-        if addr.is_null() || len == 0 {
+        let Some(ptr) = NonNull::new(addr).filter(|_| len != 0) else {
             return Err(Error::invalid("null address or zero length"));
-        }
-        self.register(Backing::Raw { ptr: addr, len }, access)
+        };
+        self.register(Backing { ptr, len, owner: Owner::Caller }, access)
     }
 
-    fn register(&self, mut backing: Backing, access: Access) -> Result<Mr> {
+    fn register(&self, backing: Backing, access: Access) -> Result<Mr> {
         check_access(access)?;
-        let (ptr, len) = backing_ptr(&mut backing);
-        let iova = ptr as u64;
-        // SAFETY: the backing lives in the Mr, which deregisters before the
-        // backing is dropped (Drop for Mr); Raw memory is the caller's promise.
-        let keys = unsafe { self.ctx.inner.memory.register(self.id, ptr, len, iova, access) }
-            .map_err(|e| Error::new(ErrorKind::NoResources, format!("registration failed: {e:?}")))?;
-        self.ctx.inner.keys.insert(KeyInfo { key: keys.lkey, pd: self.id, iova, len: len as u64, access });
+        let inner = &self.ctx.inner;
+        // SAFETY: the backing lives in the Mr, whose memory is released only
+        // after deregistration succeeded (`Mr::dereg`, `Drop for Mr`,
+        // `DeferredDeregs`); Raw memory is the caller's promise.
+        let keys = unsafe { inner.keys.register(&inner.memory, self.id, backing.ptr.as_ptr(), backing.len, access) }
+            .map_err(|e| reg_error(e, "registration failed"))?;
+        inner.reclaim_deferred();
         Ok(Mr { pd: self.clone(), backing, lkey: keys.lkey, rkey: keys.rkey, access })
     }
 
     /// Allocate a memory window (`ibv_alloc_mw`).
     pub fn alloc_mw(&self, ty: MwType) -> Result<Mw> {
-        let rkey = self
-            .ctx
-            .inner
-            .memory
-            .alloc_mw(self.id, ty)
-            .map_err(|e| Error::new(ErrorKind::NoResources, format!("alloc_mw failed: {e:?}")))?;
+        let rkey = self.ctx.inner.memory.alloc_mw(self.id, ty).map_err(|e| reg_error(e, "alloc_mw failed"))?;
         Ok(Mw { pd: self.clone(), rkey, ty })
     }
 }
@@ -192,14 +506,6 @@ fn check_access(access: Access) -> Result<()> {
         return Err(Error::invalid("REMOTE_WRITE and REMOTE_ATOMIC require LOCAL_WRITE (ibv_reg_mr: EINVAL)"));
     }
     Ok(())
-}
-
-fn backing_ptr(b: &mut Backing) -> (*mut u8, usize) {
-    match b {
-        Backing::Mapped(m) => (m.as_mut_ptr(), m.len()),
-        Backing::Owned(v) => (v.as_mut_ptr(), v.len()),
-        Backing::Raw { ptr, len } => (*ptr, *len),
-    }
 }
 
 impl Mr {
@@ -215,20 +521,12 @@ impl Mr {
 
     /// Start address (the IOVA remote peers use with the rkey).
     pub fn addr(&self) -> u64 {
-        match &self.backing {
-            Backing::Mapped(m) => m.as_ptr() as u64,
-            Backing::Owned(v) => v.as_ptr() as u64,
-            Backing::Raw { ptr, .. } => *ptr as u64,
-        }
+        self.backing.ptr.as_ptr() as u64
     }
 
     /// Length in bytes.
     pub fn len(&self) -> usize {
-        match &self.backing {
-            Backing::Mapped(m) => m.len(),
-            Backing::Owned(v) => v.len(),
-            Backing::Raw { len, .. } => *len,
-        }
+        self.backing.len
     }
 
     /// Whether the region is empty (never: zero-length regions are refused).
@@ -251,82 +549,182 @@ impl Mr {
         Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey }
     }
 
-    /// The region's bytes.
-    pub fn as_slice(&self) -> &[u8] {
-        match &self.backing {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
-            // SAFETY: the caller of reg_mr_raw promised validity for the MR's life.
-            Backing::Raw { ptr, len } => unsafe { std::slice::from_raw_parts(*ptr, *len) },
+    /// A raw pointer to the first byte (the address [`Mr::addr`] gives), as
+    /// `AtomicU8::as_ptr` gives one from `&self`: for accesses the copying
+    /// calls do not cover, such as spinning with `ptr::read_volatile` on a
+    /// byte a peer's WRITE will change. Every dereference is `unsafe`: it
+    /// must stay within [`Mr::len`] bytes, happen while the `Mr` exists, and
+    /// not overlap bytes the datapath moves at the same time except for
+    /// single-byte volatile polls as above.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.backing.ptr.as_ptr()
+    }
+
+    /// The start of `[offset, offset + len)` if it lies in the region.
+    fn range(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(self.backing.ptr.as_ptr().wrapping_add(offset)),
+            _ => Err(Error::invalid(format!("[{offset}, +{len}) lies outside the {}-byte region", self.len()))),
         }
     }
 
-    /// The region's bytes, mutably.
-    pub fn as_mut_slice(&mut self) -> &mut [u8] {
-        match &mut self.backing {
-            Backing::Mapped(m) => m,
-            Backing::Owned(v) => v,
-            // SAFETY: as in `as_slice`, and `&mut self` makes this the only local view.
-            Backing::Raw { ptr, len } => unsafe { std::slice::from_raw_parts_mut(*ptr, *len) },
-        }
+    /// Copy `buf.len()` bytes from byte `offset` of the region into `buf`.
+    /// Fails with [`ErrorKind::InvalidArgument`] (copying nothing) if the
+    /// range does not lie in the region.
+    ///
+    /// Bytes the datapath is writing at the same moment (a receive or READ
+    /// response landing, a peer's WRITE) read as whatever mix of old and new
+    /// values the copy met, as with a NIC's DMA: read after the completion.
+    pub fn read_at(&self, offset: usize, buf: &mut [u8]) -> Result<()> {
+        let src = self.range(offset, buf.len())?;
+        // SAFETY: `[src, src + buf.len())` lies in the region (checked
+        // above), which is allocated and valid for reads while `self` lives:
+        // its memory is released only after deregistration, which needs the
+        // `Mr` by value (or the caller of `reg_mr_raw` promised as much). No
+        // reference to region memory is made: the bytes are read through the
+        // raw pointer, like the datapath's own copies (`MemoryTable`'s
+        // `ptr::copy` under its read guard), so no borrow's promise of
+        // immutability or exclusivity is broken by a concurrent datapath
+        // write; every bit pattern is a valid `u8`. `buf` is a distinct
+        // exclusive borrow; `copy` would tolerate overlap anyway.
+        unsafe { std::ptr::copy(src, buf.as_mut_ptr(), buf.len()) };
+        Ok(())
+    }
+
+    /// The `len` bytes from byte `offset` of the region, copied into a new
+    /// `Vec` ([`Mr::read_at`]).
+    pub fn read_vec(&self, offset: usize, len: usize) -> Result<Vec<u8>> {
+        self.range(offset, len)?;
+        let mut v = vec![0u8; len];
+        self.read_at(offset, &mut v)?;
+        Ok(v)
+    }
+
+    /// Copy `data` into the region at byte `offset`. Fails with
+    /// [`ErrorKind::InvalidArgument`] (copying nothing) if the range does
+    /// not lie in the region.
+    ///
+    /// Write before posting the work that sends these bytes (or before
+    /// telling a peer to READ them): a WR or remote access in flight over
+    /// the same bytes reads a mix of old and new values.
+    pub fn write_at(&mut self, offset: usize, data: &[u8]) -> Result<()> {
+        let dst = self.range(offset, data.len())?;
+        // SAFETY: as in `read_at`, for writes: the range lies in the region,
+        // valid for writes while `self` lives; only raw-pointer accesses
+        // reach region memory, so no borrow is invalidated; `&mut self`
+        // keeps this thread's other local accessors out meanwhile.
+        unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Set `len` bytes from byte `offset` to `value` (as [`Mr::write_at`]).
+    pub fn fill_at(&mut self, offset: usize, len: usize, value: u8) -> Result<()> {
+        let dst = self.range(offset, len)?;
+        // SAFETY: as in `write_at`.
+        unsafe { std::ptr::write_bytes(dst, value, len) };
+        Ok(())
+    }
+
+    /// The region's bytes, borrowed in place.
+    ///
+    /// # Safety
+    /// While the returned slice lives, nothing may write the region: no
+    /// posted WR that writes it (a receive, a READ or atomic landing in it)
+    /// may be outstanding, and no remote peer may WRITE or atomically update
+    /// it (no rkey of it or of a window into it in a peer's hands, or the
+    /// application's protocol guarantees the peer is quiet). This is the
+    /// ibverbs rule that the application does not touch memory of a WR
+    /// between posting it and polling its completion, made a condition of
+    /// the borrow. [`Mr::read_at`] has no such condition.
+    pub unsafe fn as_slice(&self) -> &[u8] {
+        // SAFETY: the region is valid for reads for `self`'s life; the
+        // caller guarantees no concurrent writer for the borrow's.
+        unsafe { std::slice::from_raw_parts(self.backing.ptr.as_ptr(), self.len()) }
+    }
+
+    /// The region's bytes, borrowed mutably in place.
+    ///
+    /// # Safety
+    /// As [`Mr::as_slice`], and moreover nothing may read the region while
+    /// the slice lives: no posted WR that reads it (a SEND, WRITE or READ
+    /// response sourced from it) may be outstanding, and no remote peer may
+    /// READ it. [`Mr::write_at`] has no such condition.
+    pub unsafe fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: valid for reads and writes for `self`'s life; `&mut self`
+        // excludes other local borrows, the caller excludes the datapath.
+        unsafe { std::slice::from_raw_parts_mut(self.backing.ptr.as_ptr(), self.len()) }
     }
 
     /// Change the access rights (`ibv_rereg_mr` with `IBV_REREG_MR_CHANGE_ACCESS`).
-    /// The keys change: old keys stop working.
+    /// The keys change: old keys stop working. One step: refused with
+    /// [`ErrorKind::Busy`] while memory windows are bound (the region keeps
+    /// its keys and rights), else the new keys replace the old at once.
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
         check_access(access)?;
         let inner = &self.pd.ctx.inner;
-        let (ptr, len) = backing_ptr(&mut self.backing);
-        inner.memory.deregister(self.lkey).map_err(|e| Error::new(ErrorKind::Busy, format!("rereg: {e:?}")))?;
-        inner.keys.remove(self.lkey);
-        // SAFETY: same backing, same guarantee as at registration.
-        let keys = unsafe { inner.memory.register(self.pd.id, ptr, len, ptr as u64, access) }
-            .map_err(|e| Error::new(ErrorKind::NoResources, format!("rereg failed: {e:?}")))?;
-        inner.keys.insert(KeyInfo { key: keys.lkey, pd: self.pd.id, iova: ptr as u64, len: len as u64, access });
+        // SAFETY: same memory, same guarantee as at registration.
+        let keys = unsafe {
+            inner.keys.reregister(&inner.memory, self.lkey, self.pd.id, self.backing.ptr.as_ptr(), self.backing.len, access)
+        }
+        .map_err(|e| reg_error(e, &format!("rereg of lkey {:#x}", self.lkey)))?;
         self.lkey = keys.lkey;
         self.rkey = keys.rkey;
         self.access = access;
         Ok(())
     }
 
-    /// Deregister now (`ibv_dereg_mr`), reporting failure (e.g. windows still
-    /// bound: `Busy`) instead of the best effort of `Drop`.
-    pub fn dereg(mut self) -> Result<Option<Vec<u8>>> {
-        self.try_dereg()?;
-        let backing = std::mem::replace(&mut self.backing, Backing::Owned(Box::new([])));
-        self.lkey = 0;
-        Ok(match backing {
-            Backing::Owned(v) => Some(v.into_vec()),
-            _ => None,
-        })
-    }
-
-    /// Deregister and return the buffer given to [`Pd::reg_mr`].
-    pub fn into_buffer(self) -> Result<Vec<u8>> {
-        self.dereg()?.ok_or_else(|| Error::invalid("this region does not own a Vec buffer"))
-    }
-
-    fn try_dereg(&mut self) -> Result<()> {
-        if self.lkey == 0 {
-            return Ok(());
-        }
+    /// Deregister now (`ibv_dereg_mr`), in one step. On success the region
+    /// is gone (its keys fail locally and remotely) and the buffer given to
+    /// [`Pd::reg_mr`] comes back (`None` for other regions). On failure
+    /// (kind [`ErrorKind::Busy`], `EBUSY`, while memory windows are bound)
+    /// nothing changed: the region comes back in the error, still
+    /// registered and usable.
+    pub fn dereg(self) -> core::result::Result<Option<Vec<u8>>, DeregError> {
         let inner = &self.pd.ctx.inner;
-        inner.keys.remove(self.lkey);
-        inner
-            .memory
-            .deregister(self.lkey)
-            .map_err(|e| Error::new(ErrorKind::Busy, format!("dereg of lkey {:#x} failed: {e:?}", self.lkey)))
+        if let Err(e) = inner.keys.deregister(&inner.memory, self.lkey) {
+            let error = reg_error(e, &format!("dereg of lkey {:#x}", self.lkey));
+            return Err(DeregError { mr: self, error });
+        }
+        let (backing, pd) = self.into_parts();
+        let buf = backing.into_vec();
+        pd.ctx.inner.reclaim_deferred();
+        Ok(buf)
+    }
+
+    /// Deregister and return the buffer given to [`Pd::reg_mr`]. Fails as
+    /// [`Mr::dereg`] does, and with [`ErrorKind::InvalidArgument`] (before
+    /// deregistering) for a region that does not own a `Vec`.
+    pub fn into_buffer(self) -> core::result::Result<Vec<u8>, DeregError> {
+        if !matches!(self.backing.owner, Owner::Boxed) {
+            return Err(DeregError { mr: self, error: Error::invalid("this region does not own a Vec buffer") });
+        }
+        // A boxed backing always gives its Vec back.
+        self.dereg().map(Option::unwrap_or_default)
+    }
+
+    /// Take the `Mr` apart without running its `Drop`.
+    fn into_parts(self) -> (Backing, Pd) {
+        let me = ManuallyDrop::new(self);
+        // SAFETY: each field is read once and `me` is never used or dropped
+        // again, so each is owned exactly once afterwards (the plain fields
+        // are `Copy`).
+        unsafe { (std::ptr::read(&me.backing), std::ptr::read(&me.pd)) }
     }
 }
 
 impl Drop for Mr {
     fn drop(&mut self) {
-        if self.try_dereg().is_err() {
-            // Still registered (windows bound): the memory must outlive the
-            // registration, so leak it rather than free memory a peer can reach.
-            let b = std::mem::replace(&mut self.backing, Backing::Owned(Box::new([])));
-            std::mem::forget(b);
+        let inner = &self.pd.ctx.inner;
+        if let Err(RegError::Busy | RegError::InvalidArgument | RegError::NoResources) = inner.keys.deregister(&inner.memory, self.lkey) {
+            // Still registered (windows bound): a peer can still reach the
+            // memory through them, so it must not be freed. The device holds
+            // it until the deregistration succeeds (module documentation).
+            let backing = std::mem::replace(&mut self.backing, Backing::empty());
+            inner.deferred.push(self.lkey, backing);
         }
+        // Retry what waits, this region included: a window unbound between
+        // the attempt above and the push must not leave it waiting.
+        inner.reclaim_deferred();
     }
 }
 
@@ -354,26 +752,201 @@ impl Mw {
     }
 
     /// Bind a type-1 window to `[addr, addr + len)` of `mr` (`ibv_bind_mw`):
-    /// returns (and records) the new rkey.
+    /// returns (and records) the new rkey. `len == 0` unbinds the window
+    /// (the old rkey stops working).
     pub fn bind(&mut self, mr: &Mr, addr: u64, len: u64, access: Access) -> Result<u32> {
         if self.ty != MwType::Type1 {
             return Err(Error::invalid("type-2 windows are bound with a BIND_MW work request"));
         }
         let key_byte = (self.rkey as u8).wrapping_add(1);
-        let rkey = self
-            .pd
-            .ctx
-            .inner
+        let inner = &self.pd.ctx.inner;
+        let rkey = inner
             .memory
             .bind_mw(self.pd.id, 0, self.rkey, key_byte, mr.lkey(), addr, len, access)
             .map_err(|e| Error::invalid(format!("bind_mw failed: {e:?}")))?;
         self.rkey = rkey;
+        // A rebind or unbind may have released the last window of a dropped region.
+        inner.reclaim_deferred();
         Ok(rkey)
     }
 }
 
 impl Drop for Mw {
     fn drop(&mut self) {
-        let _ = self.pd.ctx.inner.memory.dealloc_mw(self.rkey);
+        let inner = &self.pd.ctx.inner;
+        if inner.memory.dealloc_mw(self.rkey).is_err() {
+            // A type-2 window bound by a BIND_MW work request has a key byte
+            // this handle does not know unless `set_rkey` recorded it. Its
+            // index is still this window's alone (it is freed only here), so
+            // the one key byte that matches is this window's current key.
+            let index = self.rkey & !0xff;
+            for b in 0..=255u32 {
+                if inner.memory.dealloc_mw(index | b).is_ok() {
+                    break;
+                }
+            }
+        }
+        inner.reclaim_deferred();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{open_device, DatapathMode, DeviceConfig, MemHub};
+    use rocev2::transport::memory::AccessError;
+
+    const ALL: Access = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ)
+        .union(Access::REMOTE_ATOMIC)
+        .union(Access::MW_BIND);
+
+    fn device() -> Context {
+        let hub = MemHub::new(1);
+        let mut cfg = DeviceConfig::memory(&hub, "t0", [2, 0, 0, 0, 0, 9], [10, 0, 0, 9]);
+        cfg.datapath = DatapathMode::Manual;
+        open_device(cfg).unwrap()
+    }
+
+    /// Whether `mr`'s lkey passes the post-time check (the key directory).
+    fn locally_known(mr: &Mr) -> bool {
+        mr.pd.ctx.inner.keys.check_sgl(mr.pd.id, &[mr.sge(0, 8)], true).is_ok()
+    }
+
+    /// What the memory table says about a remote WRITE of 8 bytes at `mr`'s start with `rkey`.
+    fn remote(mr: &Mr, rkey: u32) -> core::result::Result<(), AccessError> {
+        mr.pd.ctx.inner.memory.remote_check(mr.pd.id, 0, rkey, mr.addr(), 8, Access::REMOTE_WRITE)
+    }
+
+    #[test]
+    fn read_and_write_at_copy_inside_the_region_and_refuse_the_rest() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let mut mr = pd.reg_mr(vec![0; 100], ALL).unwrap();
+        mr.write_at(10, b"hello").unwrap();
+        assert_eq!(mr.read_vec(10, 5).unwrap(), b"hello");
+        mr.fill_at(95, 5, 7).unwrap();
+        let mut end = [0u8; 5];
+        mr.read_at(95, &mut end).unwrap();
+        assert_eq!(end, [7; 5]);
+        // Out of range (or overflowing): InvalidArgument, nothing copied.
+        assert_eq!(mr.write_at(96, &[1; 5]).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(mr.fill_at(0, 101, 1).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        let mut buf = [9u8; 2];
+        assert_eq!(mr.read_at(99, &mut buf).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(buf, [9, 9], "a refused read leaves the buffer alone");
+        assert_eq!(mr.read_at(usize::MAX, &mut buf).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        assert_eq!(mr.read_vec(usize::MAX - 1, 4).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        mr.read_at(100, &mut []).unwrap();
+        assert_eq!(mr.read_at(101, &mut []).unwrap_err().kind(), ErrorKind::InvalidArgument);
+        // The buffer comes back with what was written, nothing else.
+        let mut want = vec![0u8; 100];
+        want[10..15].copy_from_slice(b"hello");
+        want[95..].fill(7);
+        assert_eq!(mr.into_buffer().unwrap(), want);
+    }
+
+    #[test]
+    fn into_buffer_hands_back_a_region_that_owns_no_vec() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.alloc_mr(4096, ALL).unwrap();
+        let (mr, e) = mr.into_buffer().unwrap_err().into_parts();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(locally_known(&mr) && remote(&mr, mr.rkey()).is_ok(), "still registered");
+        let rkey = mr.rkey();
+        let probe = pd.alloc_mr(4096, ALL).unwrap();
+        assert_eq!(mr.dereg().unwrap(), None);
+        assert_eq!(ctx.inner.memory.remote_check(pd.id, 0, rkey, probe.addr(), 8, Access::REMOTE_WRITE), Err(AccessError::InvalidKey));
+    }
+
+    #[test]
+    fn busy_dereg_and_rereg_leave_the_region_as_it_was() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.reg_mr(vec![5; 8192], ALL).unwrap();
+        let mut mw = pd.alloc_mw(MwType::Type1).unwrap();
+        let wkey = mw.bind(&mr, mr.addr(), 4096, Access::REMOTE_WRITE).unwrap();
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+
+        let err = mr.dereg().unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+        let mut mr = err.into_mr();
+        assert!(locally_known(&mr), "lkey dropped from the directory by a failed dereg");
+        assert_eq!((remote(&mr, rkey), remote(&mr, wkey)), (Ok(()), Ok(())));
+        assert_eq!(mr.rereg_access(ALL).unwrap_err().kind(), ErrorKind::Busy);
+        assert_eq!((mr.lkey(), mr.rkey()), (lkey, rkey));
+        assert!(locally_known(&mr) && remote(&mr, rkey).is_ok());
+        // `?` into a verbs Error keeps the kind and drops the region: deferred.
+        let mr2 = pd.alloc_mr(4096, ALL).unwrap();
+        let mut mw2 = pd.alloc_mw(MwType::Type1).unwrap();
+        mw2.bind(&mr2, mr2.addr(), 8, Access::REMOTE_READ).unwrap();
+        let e: Error = mr2.dereg().map(|_| ()).unwrap_err().into();
+        assert_eq!(e.kind(), ErrorKind::Busy);
+        assert_eq!(ctx.deferred_deregistrations(), 1);
+        drop(mw2);
+        assert_eq!(ctx.deferred_deregistrations(), 0);
+
+        // Unbound, rereg changes the keys in one step: old ones fail, new ones work.
+        mw.bind(&mr, 0, 0, Access::empty()).unwrap();
+        assert_eq!(remote(&mr, wkey), Err(AccessError::InvalidKey));
+        mr.rereg_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+        assert_ne!(mr.lkey(), lkey);
+        assert_eq!(remote(&mr, rkey), Err(AccessError::InvalidKey));
+        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr: mr.addr(), length: 8, lkey }], false).is_err(), "old lkey still known");
+        assert!(locally_known(&mr) && remote(&mr, mr.rkey()).is_ok());
+        let new_lkey = mr.lkey();
+        assert_eq!(mr.dereg().unwrap(), Some(vec![5; 8192]));
+        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr: 0, length: 8, lkey: new_lkey }], false).is_err());
+        assert_eq!(ctx.inner.memory.deregister(new_lkey), Err(RegError::InvalidKey), "deregistered in the table");
+    }
+
+    #[test]
+    fn a_region_dropped_while_busy_is_held_until_its_window_goes() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let pattern: Vec<u8> = (0..4096).map(|i| (i * 7) as u8).collect();
+        let mr = pd.reg_mr(pattern.clone(), ALL).unwrap();
+        let (addr, lkey) = (mr.addr(), mr.lkey());
+        // A type-2 window bound as a BIND_MW work request of QP 77 would
+        // bind it: the handle does not learn the new key byte.
+        let mw = pd.alloc_mw(MwType::Type2).unwrap();
+        let new_key = (mw.rkey() as u8).wrapping_add(3);
+        let wkey = ctx.inner.memory.bind_mw(pd.id, 77, mw.rkey(), new_key, lkey, addr, 4096, Access::REMOTE_READ).unwrap();
+        assert_ne!(wkey, mw.rkey());
+
+        drop(mr);
+        assert_eq!(ctx.deferred_deregistrations(), 1);
+        assert_eq!(ctx.inner.deferred.counts(), (1, 1, 0));
+        // Still registered, memory intact and reachable through the window.
+        let mut out = vec![0u8; 4096];
+        ctx.inner.memory.remote_read(pd.id, 77, wkey, addr, &mut out).unwrap();
+        assert_eq!(out, pattern);
+        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr, length: 8, lkey }], false).is_ok());
+
+        // Dropping the handle (stale rkey) still deallocates the window,
+        // which lets the region go.
+        drop(mw);
+        assert_eq!(ctx.deferred_deregistrations(), 0);
+        assert_eq!(ctx.inner.deferred.counts(), (1, 0, 1));
+        assert_eq!(ctx.inner.memory.remote_read(pd.id, 77, wkey, addr, &mut out), Err(AccessError::InvalidKey));
+        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr, length: 8, lkey }], false).is_err());
+        assert_eq!(ctx.inner.memory.deregister(lkey), Err(RegError::InvalidKey));
+    }
+
+    #[test]
+    fn a_region_still_held_when_the_device_closes_goes_with_it() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.alloc_mr(1 << 16, ALL).unwrap();
+        // A window no handle owns (so nothing keeps the device open) stays bound.
+        let mw = ctx.inner.memory.alloc_mw(pd.id, MwType::Type1).unwrap();
+        ctx.inner.memory.bind_mw(pd.id, 0, mw, 1, mr.lkey(), mr.addr(), 4096, Access::REMOTE_READ).unwrap();
+        drop(mr);
+        assert_eq!(ctx.deferred_deregistrations(), 1);
+        let weak = std::sync::Arc::downgrade(&ctx.inner);
+        drop((pd, ctx));
+        assert!(weak.upgrade().is_none(), "the device closed");
     }
 }

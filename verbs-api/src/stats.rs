@@ -24,6 +24,10 @@ pub struct DeviceCounters {
     /// Transport-wide: frames refused before reaching a QP, by reason
     /// (`rx_drop_bad_icrc`, `rx_unknown_qpn`, ...), CNPs.
     pub transport: Vec<(String, u64)>,
+    /// The verbs layer: memory regions dropped while memory windows were
+    /// bound to them (`mr_dereg_deferred`), of those still waiting to be
+    /// deregistered (`mr_dereg_pending`) and freed since (`mr_deferred_freed`).
+    pub verbs: Vec<(String, u64)>,
     /// Per QP: packets and bytes, retransmits, NAKs by kind, RNR.
     pub qps: Vec<(u32, QpStats)>,
 }
@@ -71,11 +75,18 @@ fn counters_of(inner: &DeviceInner) -> DeviceCounters {
     let mut qps: Vec<(u32, QpStats)> = Vec::new();
     nic.for_each_engine(|e| qps.extend(e.qpns().filter_map(|n| e.qp_stats(n).map(|s| (n, *s)))));
     qps.sort_by_key(|(n, _)| *n);
+    let (deferred, pending, freed) = inner.deferred.counts();
+    let verbs = vec![
+        ("mr_dereg_deferred".to_string(), deferred),
+        ("mr_dereg_pending".to_string(), pending),
+        ("mr_deferred_freed".to_string(), freed),
+    ];
     DeviceCounters {
         name: inner.name.clone(),
         datapath: nic.stats.iter().map(|(k, v)| (k.to_string(), v)).collect(),
         port: nic.port_counters(),
         transport,
+        verbs,
         qps,
     }
 }
@@ -83,7 +94,7 @@ fn counters_of(inner: &DeviceInner) -> DeviceCounters {
 impl DeviceCounters {
     /// The value of counter `name` in any of the device-wide groups.
     pub fn get(&self, name: &str) -> Option<u64> {
-        self.datapath.iter().chain(&self.port).chain(&self.transport).find(|(k, _)| k == name).map(|(_, v)| *v)
+        self.datapath.iter().chain(&self.port).chain(&self.transport).chain(&self.verbs).find(|(k, _)| k == name).map(|(_, v)| *v)
     }
 }
 
@@ -91,7 +102,7 @@ impl fmt::Display for DeviceCounters {
     /// `group.counter value` lines; zero QP counters are left out.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "device {}", self.name)?;
-        for (group, list) in [("datapath", &self.datapath), ("port", &self.port), ("transport", &self.transport)] {
+        for (group, list) in [("datapath", &self.datapath), ("port", &self.port), ("transport", &self.transport), ("verbs", &self.verbs)] {
             for (k, v) in list {
                 writeln!(f, "{group}.{k} {v}")?;
             }

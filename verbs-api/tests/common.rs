@@ -129,9 +129,12 @@ pub fn send_wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
 }
 
 pub fn fill(mr: &mut Mr, off: usize, len: usize, seed: u8) {
-    for (i, b) in mr.as_mut_slice()[off..off + len].iter_mut().enumerate() {
-        *b = seed.wrapping_add((i % 251) as u8).wrapping_mul(3);
-    }
+    mr.write_at(off, &expected(len, seed)).unwrap();
+}
+
+/// A copy of the region's bytes in `range` (`Mr::read_at`).
+pub fn bytes(mr: &Mr, range: std::ops::Range<usize>) -> Vec<u8> {
+    mr.read_vec(range.start, range.len()).unwrap()
 }
 
 pub fn expected(len: usize, seed: u8) -> Vec<u8> {

@@ -24,7 +24,7 @@ pub fn send_recv_across_sizes_with_imm() {
         assert_eq!(r[0].status, WcStatus::Success, "len {len}");
         assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len as usize), (1000 + i as u64, WcOpcode::Recv, len));
         assert_eq!(r[0].imm_data, if i % 2 == 0 { None } else { Some(0xabc0 + i as u32) });
-        assert_eq!(&b.mr.as_slice()[..len], &expected(len, i as u8)[..], "payload of {len} bytes");
+        assert_eq!(bytes(&b.mr, 0..len), &expected(len, i as u8)[..], "payload of {len} bytes");
     }
 }
 
@@ -37,7 +37,7 @@ pub fn write_and_write_with_imm() {
         let remote = RemoteAddr { addr: b.mr.addr() + off as u64, rkey: b.mr.rkey() };
         qa.post_send(&send_wr(i as u64, SendOp::Write { remote }, vec![a.mr.sge(0, len as u32)])).unwrap();
         assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
-        assert_eq!(&b.mr.as_slice()[off..off + len], &expected(len, 40 + i as u8)[..]);
+        assert_eq!(bytes(&b.mr, off..off + len), &expected(len, 40 + i as u8)[..]);
     }
     // WRITE with immediate consumes a receive and reports the DMA length.
     qb.post_recv(&RecvWr { wr_id: 77, sgl: vec![] }).unwrap();
@@ -46,7 +46,7 @@ pub fn write_and_write_with_imm() {
     qa.post_send(&send_wr(9, SendOp::WriteWithImm { remote, imm: 0x1234_5678 }, vec![a.mr.sge(0, 3000)])).unwrap();
     let r = wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].opcode, r[0].byte_len, r[0].imm_data), (77, WcOpcode::RecvRdmaWithImm, 3000, Some(0x1234_5678)));
-    assert_eq!(&b.mr.as_slice()[100..3100], &expected(3000, 9)[..]);
+    assert_eq!(bytes(&b.mr, 100..3100), &expected(3000, 9)[..]);
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
 }
 
@@ -66,10 +66,9 @@ pub fn read_across_sizes_and_sges() {
         let c = wait(&a.cq, 1);
         assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead), "len {len}");
         let want = expected(len, 80 + i as u8);
-        let m = a.mr.as_slice();
-        let mut got = m[base..base + l1].to_vec();
-        got.extend_from_slice(&m[base + l1 + 64..base + l1 + 64 + l2]);
-        got.extend_from_slice(&m[base + l1 + l2 + 128..base + l1 + l2 + 128 + l3]);
+        let mut got = bytes(&a.mr, base..base + l1);
+        got.extend_from_slice(&bytes(&a.mr, base + l1 + 64..base + l1 + 64 + l2));
+        got.extend_from_slice(&bytes(&a.mr, base + l1 + l2 + 128..base + l1 + l2 + 128 + l3));
         assert_eq!(got, want, "read of {len} bytes");
     }
 }
@@ -77,7 +76,7 @@ pub fn read_across_sizes_and_sges() {
 /// Shared case (in-memory hub and veth).
 pub fn atomics() {
     let (a, qa, mut b, _qb) = rc_pair(Impairments::default(), 64 * 1024);
-    b.mr.as_mut_slice()[64..72].copy_from_slice(&10u64.to_ne_bytes());
+    b.mr.write_at(64, &10u64.to_ne_bytes()).unwrap();
     let remote = RemoteAddr { addr: b.mr.addr() + 64, rkey: b.mr.rkey() };
     qa.post_send(&send_wr(1, SendOp::FetchAdd { remote, add: 5 }, vec![a.mr.sge(0, 8)])).unwrap();
     qa.post_send(&send_wr(2, SendOp::CmpSwap { remote, compare: 15, swap: 99 }, vec![a.mr.sge(8, 8)])).unwrap();
@@ -85,9 +84,9 @@ pub fn atomics() {
     let c = wait(&a.cq, 3);
     assert!(c.iter().all(|c| c.status == WcStatus::Success), "{c:?}");
     assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![1, 2, 3]);
-    let v = |o: usize| u64::from_ne_bytes(a.mr.as_slice()[o..o + 8].try_into().unwrap());
+    let v = |o: usize| u64::from_ne_bytes(bytes(&a.mr, o..o + 8).try_into().unwrap());
     assert_eq!((v(0), v(8), v(16)), (10, 15, 99));
-    assert_eq!(u64::from_ne_bytes(b.mr.as_slice()[64..72].try_into().unwrap()), 99);
+    assert_eq!(u64::from_ne_bytes(bytes(&b.mr, 64..72).try_into().unwrap()), 99);
 }
 
 /// Shared case (in-memory hub and veth).
@@ -104,7 +103,9 @@ pub fn srq_feeds_two_qps() {
     bring_up(&qb1, &cb, qa1.qp_num(), &ca, 2, 1);
     bring_up(&qa2, &ca, qb2.qp_num(), &cb, 3, 4);
     bring_up(&qb2, &cb, qa2.qp_num(), &ca, 4, 3);
-    assert!(qb1.post_recv(&RecvWr { wr_id: 1, sgl: vec![] }).is_err(), "QPs on an SRQ take no receives");
+    let e = qb1.post_recv(&RecvWr { wr_id: 1, sgl: vec![] }).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "QPs on an SRQ take no receives: {e}");
+    assert!(e.message().contains("SRQ"), "{e}");
     for i in 0..4u64 {
         srq.post_recv(&RecvWr { wr_id: 500 + i, sgl: vec![b.mr.sge(i as usize * 4096, 4096)] }).unwrap();
     }
@@ -156,26 +157,184 @@ pub fn ud_send_with_address_handle() {
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
     let r = wait(&b.cq, 1);
     assert_eq!((r[0].status, r[0].byte_len, r[0].src_qp, r[0].grh, r[0].imm_data), (WcStatus::Success, 512 + 40, qa.qp_num(), true, Some(42)));
-    assert_eq!(&b.mr.as_slice()[40..552], &expected(512, 3)[..]);
+    assert_eq!(bytes(&b.mr, 40..552), &expected(512, 3)[..]);
     // a UD QP refuses RDMA operations at post time
     let bad = SendWr { op: SendOp::Write { remote: RemoteAddr::default() }, ..wr };
     assert_eq!(qa.post_send(&bad).unwrap_err().kind(), ErrorKind::InvalidArgument);
 }
 
-/// Shared case (in-memory hub and veth).
+/// Shared case (in-memory hub and veth): both window types bound, used by
+/// remote WRITE and READ (data checked at both ends), then invalidated
+/// (type 2, LOCAL_INV on the binding QP) and unbound (type 1, a bind of
+/// length 0); afterwards their rkeys are refused with a remote access error
+/// and the memory behind them stays untouched.
 pub fn memory_windows_bind_use_and_invalidate() {
-    let (a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
-    // type 1: bound through the verbs call
+    let (mut a, qa, mut b, qb) = rc_pair(Impairments::default(), 65536);
+    // Each refused access below moves its requester QP to ERR: two more
+    // connections between the same sides for the later ones.
+    let connect = |lpsn: u32, rpsn: u32| {
+        let (x, y) = (rc_qp(&a, None), rc_qp(&b, None));
+        bring_up(&x, &a.ctx, y.qp_num(), &b.ctx, lpsn, rpsn);
+        bring_up(&y, &b.ctx, x.qp_num(), &a.ctx, rpsn, lpsn);
+        (x, y)
+    };
+    let (qa2, _qb2) = connect(300, 400);
+    let (qa3, _qb3) = connect(500, 600);
+    let rw = Access::REMOTE_WRITE | Access::REMOTE_READ;
+    let base = b.mr.addr();
+
+    // Type 1, bound through the verbs call to [4096, 8192) of b's region.
     let mut mw1 = b.pd.alloc_mw(MwType::Type1).unwrap();
-    let rkey1 = mw1.bind(&b.mr, b.mr.addr() + 4096, 4096, Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
-    let remote = RemoteAddr { addr: b.mr.addr() + 4096, rkey: rkey1 };
-    qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 100)])).unwrap();
+    let rkey1 = mw1.bind(&b.mr, base + 4096, 4096, rw).unwrap();
+    assert_ne!(rkey1, b.mr.rkey());
+    let in1 = RemoteAddr { addr: base + 4096 + 8, rkey: rkey1 };
+    fill(&mut a.mr, 0, 100, 1);
+    qa.post_send(&send_wr(1, SendOp::Write { remote: in1 }, vec![a.mr.sge(0, 100)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
-    // outside the window: refused
-    let outside = RemoteAddr { addr: b.mr.addr() + 8192, rkey: rkey1 };
-    qa.post_send(&send_wr(2, SendOp::Write { remote: outside }, vec![a.mr.sge(0, 100)])).unwrap();
-    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
-    let _ = (qb, mw1.rkey());
+    assert_eq!(bytes(&b.mr, 4096 + 8..4096 + 108), expected(100, 1), "WRITE through the type-1 window");
+    fill(&mut b.mr, 4096 + 1000, 200, 2);
+    let at1 = RemoteAddr { addr: base + 4096 + 1000, rkey: rkey1 };
+    qa.post_send(&send_wr(2, SendOp::Read { remote: at1 }, vec![a.mr.sge(8192, 200)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (2, WcStatus::Success, WcOpcode::RdmaRead));
+    assert_eq!(bytes(&a.mr, 8192..8392), expected(200, 2), "READ through the type-1 window");
+
+    // Type 2, bound by b's QP with a BIND_MW work request to [16384, 20480).
+    let mut mw2 = b.pd.alloc_mw(MwType::Type2).unwrap();
+    let new_key = (mw2.rkey() as u8).wrapping_add(0x11);
+    let bind = SendOp::BindMw { mw_rkey: mw2.rkey(), new_key, mr_lkey: b.mr.lkey(), addr: base + 16384, length: 4096, access: rw };
+    qb.post_send(&SendWr { wr_id: 10, op: bind, payload: Payload::Sgl(vec![]), flags: SendFlags::SIGNALED, ud: None }).unwrap();
+    let c = wait(&b.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (10, WcStatus::Success, WcOpcode::BindMw));
+    let rkey2 = (mw2.rkey() & !0xff) | u32::from(new_key);
+    mw2.set_rkey(rkey2);
+    let in2 = RemoteAddr { addr: base + 16384 + 64, rkey: rkey2 };
+    fill(&mut a.mr, 0, 300, 3);
+    qa.post_send(&send_wr(3, SendOp::Write { remote: in2 }, vec![a.mr.sge(0, 300)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(bytes(&b.mr, 16384 + 64..16384 + 364), expected(300, 3), "WRITE through the type-2 window");
+    fill(&mut b.mr, 16384 + 2000, 300, 4);
+    let at2 = RemoteAddr { addr: base + 16384 + 2000, rkey: rkey2 };
+    qa.post_send(&send_wr(4, SendOp::Read { remote: at2 }, vec![a.mr.sge(12288, 300)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (4, WcStatus::Success, WcOpcode::RdmaRead));
+    assert_eq!(bytes(&a.mr, 12288..12588), expected(300, 4), "READ through the type-2 window");
+
+    // Invalidate the type-2 window (LOCAL_INV on the QP it is bound to) and
+    // unbind the type-1 window.
+    qb.post_send(&send_wr(11, SendOp::LocalInv { rkey: rkey2 }, vec![])).unwrap();
+    let c = wait(&b.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status, c[0].opcode), (11, WcStatus::Success, WcOpcode::LocalInv));
+    let unbound = mw1.bind(&b.mr, 0, 0, Access::empty()).unwrap();
+    assert_ne!(unbound, rkey1, "unbinding changes the key");
+
+    // Use after invalidation / unbinding: NAK remote access error (IBTA
+    // 9.7.5.2.4, rxe check_rkey), and not one byte moves.
+    let before = bytes(&b.mr, 0..b.mr.len());
+    fill(&mut a.mr, 0, 64, 5);
+    qa.post_send(&send_wr(5, SendOp::Write { remote: in2 }, vec![a.mr.sge(0, 64)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (5, WcStatus::RemAccessErr), "WRITE through the invalidated type-2 window");
+    qa2.post_send(&send_wr(6, SendOp::Write { remote: in1 }, vec![a.mr.sge(0, 64)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (6, WcStatus::RemAccessErr), "WRITE through the unbound type-1 window");
+    // A window bound again refuses what lies outside it.
+    let rkey1b = mw1.bind(&b.mr, base + 4096, 4096, rw).unwrap();
+    let outside = RemoteAddr { addr: base + 8192, rkey: rkey1b };
+    qa3.post_send(&send_wr(7, SendOp::Write { remote: outside }, vec![a.mr.sge(0, 64)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (7, WcStatus::RemAccessErr), "WRITE past the end of the window");
+    assert!(bytes(&b.mr, 0..b.mr.len()) == before, "a refused access changed the target memory");
+}
+
+/// Shared case (in-memory hub and veth): `ibv_dereg_mr` on a region with a
+/// window bound fails with EBUSY and changes nothing: the region keeps its
+/// keys and stays usable remotely (by rkey and through the window) and
+/// locally (a receive lands in it); so does `ibv_rereg_mr`. Once the window
+/// is unbound the deregistration goes through and the rkey is refused.
+pub fn dereg_with_a_bound_window_is_busy_and_changes_nothing() {
+    let (mut a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    let mr = b.pd.alloc_mr(65536, ALL).unwrap();
+    let mut mw = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let wkey = mw.bind(&mr, mr.addr() + 4096, 4096, Access::REMOTE_WRITE).unwrap();
+    let (lkey, rkey) = (mr.lkey(), mr.rkey());
+    let err = mr.dereg().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Busy, "{err}");
+    let mut mr = err.into_mr();
+    assert_eq!((mr.lkey(), mr.rkey()), (lkey, rkey));
+    assert_eq!(mr.rereg_access(ALL).unwrap_err().kind(), ErrorKind::Busy);
+    assert_eq!((mr.lkey(), mr.rkey()), (lkey, rkey), "a refused rereg keeps the keys");
+    // Remotely, by rkey and through the window.
+    fill(&mut a.mr, 0, 256, 7);
+    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: mr.addr(), rkey } }, vec![a.mr.sge(0, 256)])).unwrap();
+    qa.post_send(&send_wr(2, SendOp::Write { remote: RemoteAddr { addr: mr.addr() + 4096, rkey: wkey } }, vec![a.mr.sge(0, 256)]))
+        .unwrap();
+    let c = wait(&a.cq, 2);
+    assert_eq!([c[0].status, c[1].status], [WcStatus::Success; 2], "{c:?}");
+    assert_eq!(bytes(&mr, 0..256), expected(256, 7));
+    assert_eq!(bytes(&mr, 4096..4096 + 256), expected(256, 7));
+    // Locally: its lkey still passes the post-time check and a SEND lands.
+    qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![mr.sge(8192, 512)] }).unwrap();
+    fill(&mut a.mr, 0, 512, 8);
+    qa.post_send(&send_wr(3, SendOp::Send, vec![a.mr.sge(0, 512)])).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let r = wait(&b.cq, 1);
+    assert_eq!((r[0].wr_id, r[0].status, r[0].byte_len), (9, WcStatus::Success, 512));
+    assert_eq!(bytes(&mr, 8192..8192 + 512), expected(512, 8));
+    // Unbound, the region goes; its rkey is refused.
+    mw.bind(&mr, 0, 0, Access::empty()).unwrap();
+    let addr = mr.addr();
+    assert_eq!(mr.dereg().map_err(|e| e.kind()), Ok(None));
+    qa.post_send(&send_wr(4, SendOp::Write { remote: RemoteAddr { addr, rkey } }, vec![a.mr.sge(0, 8)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (4, WcStatus::RemAccessErr), "WRITE with the rkey of a deregistered region");
+}
+
+/// Shared case (in-memory hub and veth): a region dropped while windows are
+/// bound to it stays registered, its memory held by the device (reachable
+/// through the windows and its rkey, data intact) until the last window is
+/// deallocated (type 1) or invalidated (type 2, noticed when the LOCAL_INV
+/// completion is polled); then it is freed and its rkey refused.
+pub fn dropping_a_region_with_bound_windows_defers_its_release() {
+    let (mut a, qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    let counter = |name: &str| b.ctx.counters().get(name).unwrap();
+    let mr = b.pd.alloc_mr(65536, ALL).unwrap();
+    let (addr, rkey) = (mr.addr(), mr.rkey());
+    let mut mw1 = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let wkey1 = mw1.bind(&mr, addr, 4096, Access::REMOTE_WRITE | Access::REMOTE_READ).unwrap();
+    let mw2 = b.pd.alloc_mw(MwType::Type2).unwrap();
+    let new_key = (mw2.rkey() as u8).wrapping_add(1);
+    let bind = SendOp::BindMw { mw_rkey: mw2.rkey(), new_key, mr_lkey: mr.lkey(), addr: addr + 8192, length: 4096, access: Access::REMOTE_READ };
+    qb.post_send(&SendWr { wr_id: 10, op: bind, payload: Payload::Sgl(vec![]), flags: SendFlags::SIGNALED, ud: None }).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    // mw2's handle keeps its old rkey on purpose: dropping it must still
+    // deallocate the window.
+    let wkey2 = (mw2.rkey() & !0xff) | u32::from(new_key);
+
+    drop(mr);
+    assert_eq!(b.ctx.deferred_deregistrations(), 1);
+    assert_eq!((counter("mr_dereg_deferred"), counter("mr_dereg_pending"), counter("mr_deferred_freed")), (1, 1, 0));
+    // The memory is still there: WRITE through window 1, READ it back by the
+    // region's own rkey.
+    fill(&mut a.mr, 0, 1000, 9);
+    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: addr + 24, rkey: wkey1 } }, vec![a.mr.sge(0, 1000)])).unwrap();
+    qa.post_send(&send_wr(2, SendOp::Read { remote: RemoteAddr { addr: addr + 24, rkey } }, vec![a.mr.sge(4096, 1000)])).unwrap();
+    let c = wait(&a.cq, 2);
+    assert_eq!([c[0].status, c[1].status], [WcStatus::Success; 2], "{c:?}");
+    assert_eq!(bytes(&a.mr, 4096..5096), expected(1000, 9));
+
+    // Window 1 deallocated: window 2 still holds the region.
+    drop(mw1);
+    assert_eq!(b.ctx.deferred_deregistrations(), 1);
+    // Window 2 invalidated by LOCAL_INV: polling its completion lets the region go.
+    qb.post_send(&send_wr(11, SendOp::LocalInv { rkey: wkey2 }, vec![])).unwrap();
+    let c = wait(&b.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (11, WcStatus::Success));
+    assert_eq!((counter("mr_dereg_deferred"), counter("mr_dereg_pending"), counter("mr_deferred_freed")), (1, 0, 1));
+    qa.post_send(&send_wr(3, SendOp::Write { remote: RemoteAddr { addr, rkey } }, vec![a.mr.sge(0, 8)])).unwrap();
+    let c = wait(&a.cq, 1);
+    assert_eq!((c[0].wr_id, c[0].status), (3, WcStatus::RemAccessErr), "WRITE into a freed region");
+    drop(mw2);
 }
 
 /// Shared case (in-memory hub and veth).
@@ -213,11 +372,11 @@ pub fn type2_window_bound_by_wr_and_invalidated_by_send() {
     let r = wait(&b.cq, 1);
     assert_eq!((r[0].status, r[0].invalidated_rkey), (WcStatus::Success, Some(rkey)));
     // now the window refuses access, and the target stays untouched
-    let before = b.mr.as_slice()[..64].to_vec();
+    let before = bytes(&b.mr, 0..64);
     fill(&mut a.mr, 0, 64, 200);
     qa.post_send(&send_wr(4, SendOp::Write { remote }, vec![a.mr.sge(0, 64)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
-    assert_eq!(&b.mr.as_slice()[..64], &before[..]);
+    assert_eq!(bytes(&b.mr, 0..64), &before[..]);
 }
 
 /// Shared case (in-memory hub and veth).
@@ -289,18 +448,24 @@ pub fn bad_arguments_are_refused_without_queueing() {
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
     let bad_lkey = Sge { addr: a.mr.addr(), length: 8, lkey: a.mr.lkey() ^ 0x100 };
     assert_eq!(qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![bad_lkey])).unwrap_err().kind(), ErrorKind::InvalidArgument);
+    // Each refusal is EINVAL for the reason given (the message says which).
+    let refused = |r: urnic::Result<()>, why: &str| {
+        let e = r.unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{why}: {e}");
+        assert!(e.message().contains(why), "expected '{why}', got: {e}");
+    };
     let oob = Sge { addr: a.mr.addr() + 65530, length: 16, lkey: a.mr.lkey() };
-    assert!(qa.post_send(&send_wr(2, SendOp::Write { remote }, vec![oob])).is_err());
+    refused(qa.post_send(&send_wr(2, SendOp::Write { remote }, vec![oob])), "lies outside the region");
     let too_many = vec![a.mr.sge(0, 1); 5];
-    assert!(qa.post_send(&send_wr(3, SendOp::Write { remote }, too_many)).is_err());
+    refused(qa.post_send(&send_wr(3, SendOp::Write { remote }, too_many)), "5 SGEs > max_send_sge 4");
     let big_inline = SendWr { payload: Payload::Inline(vec![0; 300]), ..send_wr(4, SendOp::Send, vec![]) };
-    assert!(qa.post_send(&big_inline).is_err());
+    refused(qa.post_send(&big_inline), "300 inline bytes > max_inline_data 256");
     let unaligned = RemoteAddr { addr: b.mr.addr() + 4, rkey: b.mr.rkey() };
-    assert!(qa.post_send(&send_wr(5, SendOp::FetchAdd { remote: unaligned, add: 1 }, vec![a.mr.sge(0, 8)])).is_err());
+    refused(qa.post_send(&send_wr(5, SendOp::FetchAdd { remote: unaligned, add: 1 }, vec![a.mr.sge(0, 8)])), "not 8-byte aligned");
     // another PD's key
     let pd2 = a.ctx.alloc_pd().unwrap();
     let mr2 = pd2.alloc_mr(4096, ALL).unwrap();
-    assert!(qa.post_send(&send_wr(6, SendOp::Write { remote }, vec![mr2.sge(0, 8)])).is_err());
+    refused(qa.post_send(&send_wr(6, SendOp::Write { remote }, vec![mr2.sge(0, 8)])), "belongs to another protection domain");
     // a QP in INIT refuses sends
     let q = rc_qp(&a, None);
     assert_eq!(q.post_send(&send_wr(7, SendOp::Send, vec![])).unwrap_err().kind(), ErrorKind::InvalidState);
@@ -338,7 +503,9 @@ pub fn completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries() {
         }
         std::thread::yield_now();
     }
-    assert!(cq.resize(2).is_err(), "4 waiting completions do not fit 2");
+    let e = cq.resize(2).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "4 waiting completions do not fit 2: {e}");
+    assert!(e.message().contains("4 completions are waiting"), "{e}");
     cq.resize(64).unwrap();
     assert_eq!(cq.capacity(), 64);
     let c = wait(&cq, 4);
@@ -370,7 +537,9 @@ pub fn uc_write_and_send() {
     }
     // UC refuses READ/atomics at post time
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
-    assert!(qa.post_send(&send_wr(0, SendOp::Read { remote }, vec![a.mr.sge(0, 8)])).is_err());
+    let e = qa.post_send(&send_wr(0, SendOp::Read { remote }, vec![a.mr.sge(0, 8)])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+    assert!(e.message().contains("not allowed on a UC QP"), "{e}");
     fill(&mut a.mr, 0, 5000, 11);
     qa.post_send(&send_wr(1, SendOp::Write { remote }, vec![a.mr.sge(0, 5000)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success, "UC completes on transmission");
@@ -379,6 +548,6 @@ pub fn uc_write_and_send() {
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
     let r = wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].byte_len, r[0].imm_data), (9, 3000, Some(5)));
-    assert_eq!(&b.mr.as_slice()[..5000], &expected(5000, 11)[..]);
-    assert_eq!(&b.mr.as_slice()[65536..65536 + 3000], &expected(3000, 11)[..]);
+    assert_eq!(bytes(&b.mr, 0..5000), &expected(5000, 11)[..]);
+    assert_eq!(bytes(&b.mr, 65536..65536 + 3000), &expected(3000, 11)[..]);
 }
