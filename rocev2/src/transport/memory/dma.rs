@@ -1,0 +1,142 @@
+//! Data movement, the "DMA": copies between registered memory and frames,
+//! and atomics, each after the checker has approved the whole range, under
+//! the table's read guard so deregistration waits for them.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::{AccessError, AtomicOp, MemoryTable};
+use crate::transport::ids::{Access, PdId, Sge};
+use crate::wire::crc;
+
+impl MemoryTable {
+    // ---- responder side (remote keys) ----
+
+    /// Check that `[va, va + len)` may be accessed with `needed` through
+    /// `rkey` by QP `qpn` of `pd`. Moves nothing.
+    pub fn remote_check(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, len: u64, needed: Access) -> Result<(), AccessError> {
+        self.read().resolve_remote(pd, qpn, rkey, va, len, needed).map(|_| ())
+    }
+
+    /// Write `data` at `va` through `rkey` (needs REMOTE_WRITE). All checks
+    /// precede the copy.
+    pub fn remote_write(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        let t = self.read();
+        let dst = t.resolve_remote(pd, qpn, rkey, va, data.len() as u64, Access::REMOTE_WRITE)?;
+        // SAFETY: `resolve_remote` checked that `[dst, dst + data.len())` lies in a
+        // registered region, which stays valid while we hold the read guard
+        // (deregistration takes the write guard). `data` is a Rust slice and
+        // cannot overlap registered memory the table only reaches by raw pointer
+        // (if a caller passed a slice of the region itself, `copy` below would
+        // still be correct: we use the overlap-tolerant copy).
+        unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Read `out.len()` bytes at `va` through `rkey` (needs REMOTE_READ).
+    pub fn remote_read(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let t = self.read();
+        let src = t.resolve_remote(pd, qpn, rkey, va, out.len() as u64, Access::REMOTE_READ)?;
+        // SAFETY: `[src, src + out.len())` is inside a registered region kept
+        // valid by the read guard; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// [`remote_read`](Self::remote_read) that also continues `crc` (a
+    /// finished CRC-32) over the bytes read, in the same pass; returns it.
+    pub fn remote_read_crc(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, AccessError> {
+        let t = self.read();
+        let src = t.resolve_remote(pd, qpn, rkey, va, out.len() as u64, Access::REMOTE_READ)?;
+        // SAFETY: `[src, src + out.len())` is inside a registered region kept
+        // valid by the read guard, reached only by raw pointer, so it is not
+        // the exclusive `out`.
+        Ok(unsafe { crc::copy_update_raw(crc, src, out) })
+    }
+
+    /// Execute `op` on the 8 bytes at `va` through `rkey` (needs
+    /// REMOTE_ATOMIC, 8-byte alignment); returns the original value. Atomic
+    /// against every other user of this table.
+    pub fn remote_atomic(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        let t = self.read();
+        let p = t.resolve_remote(pd, qpn, rkey, va, 8, Access::REMOTE_ATOMIC)?;
+        // IBTA 9.4.5: atomic targets are naturally aligned; rxe also checks the
+        // host address (`(uintptr_t)vaddr & 7` in atomic_reply).
+        if va & 7 != 0 || (p as usize) & 7 != 0 {
+            return Err(AccessError::Misaligned);
+        }
+        // SAFETY: `p` is 8-byte aligned and `[p, p + 8)` lies in a registered
+        // region that stays valid for reads and writes while we hold the read
+        // guard; `AtomicU64` has the size and alignment of `u64`. All accesses
+        // this table makes to the bytes concurrently are either atomic (here)
+        // or DMA-like copies the ibverbs rules forbid to overlap with an atomic.
+        let cell = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Ok(match op {
+            AtomicOp::CmpSwap { compare, swap } => {
+                match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
+        })
+    }
+
+    // ---- local side (lkeys in SGE lists) ----
+
+    /// Check every SGE of `sgl` (lkey, PD, bounds, `needed` rights).
+    /// Zero-length SGEs are skipped.
+    pub fn local_check(&self, pd: PdId, sgl: &[Sge], needed: Access) -> Result<(), AccessError> {
+        let t = self.read();
+        for s in sgl.iter().filter(|s| s.length != 0) {
+            t.resolve_local(pd, s.lkey, s.addr, u64::from(s.length), needed)?;
+        }
+        Ok(())
+    }
+
+    /// Copy `out.len()` bytes starting at byte `offset` of the SGE list's
+    /// concatenation into `out`. Fails (moving nothing) if the range exceeds
+    /// the list or any covered SGE is invalid.
+    pub fn local_gather(&self, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let t = self.read();
+        let out_ptr = out.as_mut_ptr();
+        t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
+            // SAFETY: `src..src+n` was validated inside a registered region kept
+            // alive by the read guard; `at + n <= out.len()` by construction
+            // of the pieces; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(src, out_ptr.add(at), n) };
+        })
+    }
+
+    /// [`local_gather`](Self::local_gather) that also continues `crc` (a
+    /// finished CRC-32) over the bytes gathered, in the same pass
+    /// ([`crc::copy_update_raw`]); returns the continued CRC.
+    pub fn local_gather_crc(&self, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8], crc: u32) -> Result<u32, AccessError> {
+        let t = self.read();
+        let mut crc = crc;
+        t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
+            // SAFETY: `src..src+n` was validated inside a registered region kept
+            // alive by the read guard; `at + n <= out.len()` by construction of
+            // the pieces. Registered memory is reached only by raw pointer and
+            // cannot be the exclusive `out`.
+            crc = unsafe { crc::copy_update_raw(crc, src, &mut out[at..at + n]) };
+        })?;
+        Ok(crc)
+    }
+
+    /// Copy `data` to byte `offset` of the SGE list's concatenation (needs
+    /// LOCAL_WRITE). Fails (moving nothing) if the range exceeds the list or
+    /// any covered SGE is invalid.
+    pub fn local_scatter(&self, pd: PdId, sgl: &[Sge], offset: u64, data: &[u8]) -> Result<(), AccessError> {
+        let t = self.read();
+        let src = data.as_ptr();
+        t.for_sgl_pieces(pd, sgl, offset, data.len(), Access::LOCAL_WRITE, |dst, at, n| {
+            // SAFETY: `dst..dst+n` was validated inside a registered region kept
+            // alive by the read guard; `at + n <= data.len()`; `copy` tolerates overlap.
+            unsafe { std::ptr::copy(src.add(at), dst, n) };
+        })
+    }
+}
+
+/// Total length of an SGE list in bytes.
+pub fn sgl_len(sgl: &[Sge]) -> u64 {
+    sgl.iter().map(|s| u64::from(s.length)).sum()
+}

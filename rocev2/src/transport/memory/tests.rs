@@ -1,0 +1,453 @@
+//! Unit tests of the memory table.
+use super::*;
+use crate::transport::ids::Sge;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+const PD: PdId = PdId(1);
+const OTHER_PD: PdId = PdId(2);
+const ALL: Access = Access::LOCAL_WRITE
+    .union(Access::REMOTE_WRITE)
+    .union(Access::REMOTE_READ)
+    .union(Access::REMOTE_ATOMIC)
+    .union(Access::MW_BIND);
+
+/// Heap memory for a test region, 8-byte aligned.
+struct Buf(Vec<u64>);
+
+impl Buf {
+    fn new(len: usize) -> Buf {
+        Buf(vec![0u64; len.div_ceil(8)])
+    }
+    fn ptr(&mut self) -> *mut u8 {
+        self.0.as_mut_ptr().cast()
+    }
+    fn bytes(&self) -> Vec<u8> {
+        self.0.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+}
+
+fn reg(t: &MemoryTable, buf: &mut Buf, iova: u64, access: Access) -> MrKeys {
+    let len = buf.0.len() * 8;
+    // SAFETY: every test keeps `buf` alive past the table's last use of it.
+    unsafe { t.register(PD, buf.ptr(), len, iova, access) }.unwrap()
+}
+
+#[test]
+fn keys_follow_ibverbs_convention() {
+    let t = MemoryTable::new();
+    let mut b1 = Buf::new(64);
+    let mut b2 = Buf::new(64);
+    let k1 = reg(&t, &mut b1, 0x1000, ALL);
+    let k2 = reg(&t, &mut b2, 0x2000, ALL);
+    assert_eq!(k1.lkey, k1.rkey);
+    assert_ne!(k1.lkey >> 8, 0, "index 0 is never used");
+    assert_ne!(k1.lkey >> 8, k2.lkey >> 8);
+    let mw = t.alloc_mw(PD, MwType::Type1).unwrap();
+    assert_ne!(mw >> 8, k1.lkey >> 8);
+    assert_ne!(mw >> 8, k2.lkey >> 8);
+    // A key with the right index and a wrong key byte is refused.
+    let wrong = (k1.rkey & !0xff) | ((k1.rkey as u8).wrapping_add(1) as u32);
+    assert_eq!(t.remote_check(PD, 1, wrong, 0x1000, 8, Access::REMOTE_READ), Err(AccessError::InvalidKey));
+    assert_eq!(t.remote_check(PD, 1, 0, 0x1000, 8, Access::REMOTE_READ), Err(AccessError::InvalidKey));
+    assert_eq!(t.remote_check(PD, 1, 0xffff_ff00, 0, 0, Access::empty()), Err(AccessError::InvalidKey));
+}
+
+#[test]
+fn registration_arguments_are_checked() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(16);
+    // SAFETY: invalid arguments are refused before anything is stored.
+    unsafe {
+        assert_eq!(t.register(PD, std::ptr::null_mut(), 16, 0, ALL), Err(RegError::InvalidArgument));
+        assert_eq!(t.register(PD, b.ptr(), 16, u64::MAX - 4, ALL), Err(RegError::InvalidArgument));
+        assert_eq!(t.register(PD, b.ptr(), 16, 0, Access::REMOTE_WRITE), Err(RegError::InvalidArgument));
+        assert_eq!(t.register(PD, b.ptr(), 16, 0, Access::REMOTE_ATOMIC), Err(RegError::InvalidArgument));
+        // ZERO_BASED ignores the IOVA, so a huge IOVA is fine.
+        assert!(t.register(PD, b.ptr(), 16, u64::MAX - 4, Access::ZERO_BASED | Access::REMOTE_READ).is_ok());
+    }
+    let small = MemoryTable::with_max_entries(2);
+    reg(&small, &mut b, 0, ALL);
+    small.alloc_mw(PD, MwType::Type1).unwrap();
+    assert_eq!(small.alloc_mw(PD, MwType::Type1), Err(RegError::NoResources));
+}
+
+#[test]
+fn remote_write_read_and_bounds() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x10_000, ALL);
+    t.remote_write(PD, 1, k.rkey, 0x10_008, b"hello").unwrap();
+    let mut out = [0u8; 5];
+    t.remote_read(PD, 1, k.rkey, 0x10_008, &mut out).unwrap();
+    assert_eq!(&out, b"hello");
+    assert_eq!(&b.bytes()[8..13], b"hello");
+    // Last byte in, one past out.
+    t.remote_write(PD, 1, k.rkey, 0x10_03f, b"z").unwrap();
+    assert_eq!(t.remote_write(PD, 1, k.rkey, 0x10_03f, b"zz"), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_write(PD, 1, k.rkey, 0xffff, b"z"), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0x10_040, 1, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0x10_040, 0, Access::REMOTE_READ), Ok(()));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0x10_000, 64, Access::REMOTE_READ), Ok(()));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0x10_000, 65, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+}
+
+#[test]
+fn bounds_arithmetic_never_overflows() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    // The highest region possible: [2^64 - 65, 2^64 - 1).
+    let k = reg(&t, &mut b, u64::MAX - 64, ALL);
+    assert_eq!(t.remote_check(PD, 1, k.rkey, u64::MAX - 64, 64, Access::REMOTE_READ), Ok(()));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, u64::MAX - 1, 1, Access::REMOTE_READ), Ok(()));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, u64::MAX - 1, 2, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, u64::MAX, 1, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, u64::MAX - 64, u64::MAX, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0, u64::MAX, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    let sgl = [Sge { addr: u64::MAX - 8, length: 16, lkey: k.lkey }];
+    assert_eq!(t.local_scatter(PD, &sgl, 0, &[1; 16]), Err(AccessError::OutOfBounds));
+    assert_eq!(t.local_gather(PD, &sgl, u64::MAX, &mut [0; 2]), Err(AccessError::OutOfBounds));
+    assert!(b.bytes().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn pd_and_access_flags_are_enforced() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    let ro = reg(&t, &mut b, 0, Access::REMOTE_READ);
+    assert_eq!(t.remote_write(PD, 1, ro.rkey, 0, b"x"), Err(AccessError::AccessDenied));
+    assert_eq!(t.remote_atomic(PD, 1, ro.rkey, 0, AtomicOp::FetchAdd { add: 1 }), Err(AccessError::AccessDenied));
+    assert_eq!(t.remote_read(OTHER_PD, 1, ro.rkey, 0, &mut [0; 1]), Err(AccessError::PdMismatch));
+    // Local scatter needs LOCAL_WRITE, gather does not.
+    let sgl = [Sge { addr: 0, length: 8, lkey: ro.lkey }];
+    assert_eq!(t.local_scatter(PD, &sgl, 0, &[1; 8]), Err(AccessError::AccessDenied));
+    t.local_gather(PD, &sgl, 0, &mut [0; 8]).unwrap();
+    assert_eq!(t.local_check(PD, &sgl, Access::LOCAL_WRITE), Err(AccessError::AccessDenied));
+    assert_eq!(t.local_check(OTHER_PD, &sgl, Access::empty()), Err(AccessError::PdMismatch));
+    let wr = reg(&t, &mut b, 0, Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    assert_eq!(t.remote_read(PD, 1, wr.rkey, 0, &mut [0; 1]), Err(AccessError::AccessDenied));
+    t.remote_write(PD, 1, wr.rkey, 0, b"x").unwrap();
+    assert_eq!(b.bytes()[0], b'x');
+}
+
+#[test]
+fn zero_based_regions_use_offsets() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(32);
+    let k = reg(&t, &mut b, 0xdead_0000, ALL | Access::ZERO_BASED);
+    t.remote_write(PD, 1, k.rkey, 4, b"abcd").unwrap();
+    assert_eq!(&b.bytes()[4..8], b"abcd");
+    assert_eq!(t.remote_check(PD, 1, k.rkey, 0xdead_0000, 1, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    let sgl = [Sge { addr: 30, length: 2, lkey: k.lkey }];
+    t.local_scatter(PD, &sgl, 0, b"yz").unwrap();
+    assert_eq!(&b.bytes()[30..32], b"yz");
+}
+
+#[test]
+fn sge_lists_scatter_and_gather_across_elements() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    let sgl = [
+        Sge { addr: 0x1000, length: 3, lkey: k.lkey },
+        Sge { addr: 0x1000, length: 0, lkey: 0xbad }, // zero-length: ignored
+        Sge { addr: 0x1020, length: 4, lkey: k.lkey },
+        Sge { addr: 0x1030, length: 2, lkey: k.lkey },
+    ];
+    assert_eq!(sgl_len(&sgl), 9);
+    t.local_scatter(PD, &sgl, 0, b"abcdefghi").unwrap();
+    let bytes = b.bytes();
+    assert_eq!(&bytes[0..3], b"abc");
+    assert_eq!(&bytes[0x20..0x24], b"defg");
+    assert_eq!(&bytes[0x30..0x32], b"hi");
+    let mut out = [0u8; 5];
+    t.local_gather(PD, &sgl, 2, &mut out).unwrap();
+    assert_eq!(&out, b"cdefg");
+    // Running offsets: scatter the next piece at offset 7.
+    t.local_scatter(PD, &sgl, 7, b"XY").unwrap();
+    assert_eq!(&b.bytes()[0x30..0x32], b"XY");
+    // Past the end: refused, nothing written.
+    assert_eq!(t.local_scatter(PD, &sgl, 8, b"12"), Err(AccessError::OutOfBounds));
+    assert_eq!(&b.bytes()[0x31..0x32], b"Y");
+    // A bad SGE after good ones: refused before the good ones are written.
+    let bad = [Sge { addr: 0x1000, length: 4, lkey: k.lkey }, Sge { addr: 0x1000, length: 4, lkey: k.lkey ^ 1 }];
+    assert_eq!(t.local_scatter(PD, &bad, 0, b"12345678"), Err(AccessError::InvalidKey));
+    assert_eq!(&b.bytes()[0..3], b"abc");
+    assert_eq!(t.local_check(PD, &bad, Access::empty()), Err(AccessError::InvalidKey));
+}
+
+#[test]
+fn reregister_and_deregister_make_old_keys_stale() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    let k1 = reg(&t, &mut b, 0x1000, ALL);
+    // SAFETY: `b` outlives the table's use.
+    let k2 = unsafe { t.reregister(k1.lkey, PD, b.ptr(), 64, 0x2000, ALL) }.unwrap();
+    assert_eq!(k1.lkey >> 8, k2.lkey >> 8, "re-registration keeps the index");
+    assert_ne!(k1.lkey, k2.lkey, "and changes the key byte");
+    assert_eq!(t.remote_write(PD, 1, k1.rkey, 0x1000, b"x"), Err(AccessError::InvalidKey));
+    t.remote_write(PD, 1, k2.rkey, 0x2000, b"x").unwrap();
+    assert_eq!(t.deregister(k1.lkey), Err(RegError::InvalidKey));
+    t.deregister(k2.lkey).unwrap();
+    assert_eq!(t.remote_write(PD, 1, k2.rkey, 0x2000, b"y"), Err(AccessError::InvalidKey));
+    assert_eq!(t.deregister(k2.lkey), Err(RegError::InvalidKey));
+    // The index is reused with another key byte.
+    let k3 = reg(&t, &mut b, 0x2000, ALL);
+    assert_ne!(k3.lkey, k2.lkey);
+    assert_eq!(t.remote_write(PD, 1, k2.rkey, 0x2000, b"y"), Err(AccessError::InvalidKey));
+    assert_eq!(b.bytes()[0], b'x');
+    // Kind mismatches.
+    let mw = t.alloc_mw(PD, MwType::Type1).unwrap();
+    assert_eq!(t.deregister(mw), Err(RegError::InvalidArgument));
+    assert_eq!(t.dealloc_mw(k3.lkey), Err(RegError::InvalidArgument));
+}
+
+#[test]
+fn atomics_check_alignment_and_return_original() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(32);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1004, AtomicOp::FetchAdd { add: 1 }), Err(AccessError::Misaligned));
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1020, AtomicOp::FetchAdd { add: 1 }), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1008, AtomicOp::FetchAdd { add: 5 }), Ok(0));
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1008, AtomicOp::FetchAdd { add: u64::MAX }), Ok(5));
+    assert_eq!(b.0[1], 4, "fetch-add wraps");
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1008, AtomicOp::CmpSwap { compare: 3, swap: 9 }), Ok(4));
+    assert_eq!(b.0[1], 4, "compare failed: unchanged");
+    assert_eq!(t.remote_atomic(PD, 1, k.rkey, 0x1008, AtomicOp::CmpSwap { compare: 4, swap: 9 }), Ok(4));
+    assert_eq!(b.0[1], 9);
+    // An aligned VA over a misaligned host address is refused too.
+    let mut raw = Buf::new(32);
+    // SAFETY: `raw` outlives the table's use.
+    let k2 = unsafe { t.register(PD, raw.ptr().add(4), 16, 0x8000, ALL) }.unwrap();
+    assert_eq!(t.remote_atomic(PD, 1, k2.rkey, 0x8000, AtomicOp::FetchAdd { add: 1 }), Err(AccessError::Misaligned));
+    assert!(raw.bytes().iter().all(|&x| x == 0));
+}
+
+#[test]
+fn concurrent_atomics_from_two_threads_sum_exactly() {
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(8);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    const N: u64 = 50_000;
+    let threads: Vec<_> = (0..2)
+        .map(|i| {
+            let t = Arc::clone(&t);
+            std::thread::spawn(move || {
+                for _ in 0..N {
+                    t.remote_atomic(PD, i, k.rkey, 0x1000, AtomicOp::FetchAdd { add: 1 }).unwrap();
+                }
+                // A CAS loop on top: exact increments too.
+                for _ in 0..N {
+                    loop {
+                        let mut cur = [0u8; 8];
+                        t.remote_read(PD, i, k.rkey, 0x1000, &mut cur).unwrap();
+                        let cur = u64::from_ne_bytes(cur);
+                        let op = AtomicOp::CmpSwap { compare: cur, swap: cur + 1 };
+                        if t.remote_atomic(PD, i, k.rkey, 0x1000, op).unwrap() == cur {
+                            break;
+                        }
+                    }
+                }
+            })
+        })
+        .collect();
+    for th in threads {
+        th.join().unwrap();
+    }
+    assert_eq!(b.0[0], 4 * N);
+}
+
+#[test]
+fn deregistration_waits_for_an_in_flight_mover() {
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    let (held_tx, held_rx) = std::sync::mpsc::channel();
+    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
+    // A mover holding the read guard, as `remote_write` does while copying.
+    let t2 = Arc::clone(&t);
+    let mover = std::thread::spawn(move || {
+        let guard = t2.read();
+        assert!(guard.resolve_remote(PD, 1, k.rkey, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
+        held_tx.send(()).unwrap();
+        release_rx.recv().unwrap();
+        drop(guard);
+    });
+    held_rx.recv().unwrap();
+    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (t3, done2) = (Arc::clone(&t), Arc::clone(&done));
+    let dereg = std::thread::spawn(move || {
+        t3.deregister(k.lkey).unwrap();
+        done2.store(true, Ordering::SeqCst);
+    });
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    assert!(!done.load(Ordering::SeqCst), "deregister returned while a mover held the region");
+    release_tx.send(()).unwrap();
+    mover.join().unwrap();
+    dereg.join().unwrap();
+    assert!(done.load(Ordering::SeqCst));
+    assert_eq!(t.remote_write(PD, 1, k.rkey, 0x1000, b"x"), Err(AccessError::InvalidKey));
+}
+
+#[test]
+fn type1_window_bind_use_rebind_and_rules() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(256);
+    let mr = reg(&t, &mut b, 0x1000, ALL);
+    let mw = t.alloc_mw(PD, MwType::Type1).unwrap();
+    // Unbound: no access.
+    assert_eq!(t.remote_check(PD, 1, mw, 0x1000, 1, Access::REMOTE_READ), Err(AccessError::Invalidated));
+    let k1 = (mw as u8).wrapping_add(1);
+    let r1 = t.bind_mw(PD, 0, mw, k1, mr.lkey, 0x1010, 0x20, Access::REMOTE_READ | Access::REMOTE_WRITE).unwrap();
+    assert_eq!(r1 >> 8, mw >> 8);
+    assert_eq!(r1 as u8, k1);
+    assert_eq!(t.remote_check(PD, 1, mw, 0x1010, 1, Access::REMOTE_READ), Err(AccessError::InvalidKey), "old key stale");
+    t.remote_write(PD, 9, r1, 0x1010, b"win").unwrap(); // type 1: any QP of the PD
+    assert_eq!(&b.bytes()[0x10..0x13], b"win");
+    assert_eq!(t.remote_write(PD, 9, r1, 0x100f, b"w"), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_write(PD, 9, r1, 0x102f, b"ww"), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_atomic(PD, 9, r1, 0x1010, AtomicOp::FetchAdd { add: 1 }), Err(AccessError::AccessDenied));
+    assert_eq!(t.remote_check(OTHER_PD, 9, r1, 0x1010, 1, Access::REMOTE_READ), Err(AccessError::PdMismatch));
+    // Deregistration refused while bound; invalidating the MR too.
+    assert_eq!(t.deregister(mr.lkey), Err(RegError::Busy));
+    // SAFETY: refused, nothing changes.
+    assert_eq!(unsafe { t.reregister(mr.lkey, PD, b.ptr(), 256, 0x1000, ALL) }, Err(RegError::Busy));
+    assert_eq!(t.invalidate(PD, 1, mr.rkey), Err(AccessError::AccessDenied));
+    // Type 1 windows cannot be invalidated (o10-37.2.26).
+    assert_eq!(t.invalidate(PD, 1, r1), Err(AccessError::AccessDenied));
+    // Rebind moves the window; the previous rkey is stale.
+    let r2 = t.bind_mw(PD, 0, r1, k1.wrapping_add(1), mr.lkey, 0x1080, 0x10, Access::REMOTE_READ).unwrap();
+    assert_eq!(t.remote_check(PD, 1, r1, 0x1010, 1, Access::REMOTE_READ), Err(AccessError::InvalidKey));
+    assert_eq!(t.remote_check(PD, 1, r2, 0x1080, 0x10, Access::REMOTE_READ), Ok(()));
+    // Bind with length 0 unbinds; then the MR can go.
+    let r3 = t.bind_mw(PD, 0, r2, k1.wrapping_add(2), 0, 0, 0, Access::empty()).unwrap();
+    assert_eq!(t.remote_check(PD, 1, r3, 0x1080, 1, Access::REMOTE_READ), Err(AccessError::Invalidated));
+    t.deregister(mr.lkey).unwrap();
+    t.dealloc_mw(r3).unwrap();
+    assert_eq!(t.dealloc_mw(r3), Err(RegError::InvalidKey));
+}
+
+#[test]
+fn bind_checks_mr_rights_and_range() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(256);
+    let mr = reg(&t, &mut b, 0x1000, ALL);
+    let no_bind = reg(&t, &mut b, 0x1000, ALL - Access::MW_BIND);
+    let ro_bind = reg(&t, &mut b, 0x1000, Access::REMOTE_READ | Access::MW_BIND);
+    let zb = reg(&t, &mut b, 0x1000, ALL | Access::ZERO_BASED);
+    let mw = t.alloc_mw(PD, MwType::Type1).unwrap();
+    let rr = Access::REMOTE_READ;
+    let bind = |mr: u32, addr, len, acc| t.bind_mw(PD, 0, mw, 7, mr, addr, len, acc);
+    assert_eq!(bind(no_bind.lkey, 0x1000, 8, rr), Err(AccessError::AccessDenied)); // C10-73
+    assert_eq!(bind(ro_bind.lkey, 0x1000, 8, Access::REMOTE_WRITE), Err(AccessError::AccessDenied)); // C10-74
+    assert_eq!(bind(ro_bind.lkey, 0x1000, 8, Access::REMOTE_ATOMIC), Err(AccessError::AccessDenied)); // C10-74
+    assert_eq!(bind(zb.lkey, 0, 8, rr), Err(AccessError::AccessDenied)); // no windows on ZB MRs (rxe)
+    assert_eq!(bind(mr.lkey, 0x1000, 8, rr | Access::ZERO_BASED), Err(AccessError::AccessDenied)); // o10-36.2.2
+    assert_eq!(bind(mr.lkey, 0x1000, 8, rr | Access::LOCAL_WRITE), Err(AccessError::AccessDenied));
+    assert_eq!(bind(mr.lkey, 0x0fff, 8, rr), Err(AccessError::OutOfBounds)); // C10-75
+    assert_eq!(bind(mr.lkey, 0x10f9, 8, rr), Err(AccessError::OutOfBounds));
+    assert_eq!(bind(mr.lkey, u64::MAX, 8, rr), Err(AccessError::OutOfBounds));
+    assert_eq!(bind(mr.lkey ^ 0x80, 0x1000, 8, rr), Err(AccessError::InvalidKey));
+    assert_eq!(bind(mw, 0x1000, 8, rr), Err(AccessError::InvalidKey));
+    assert_eq!(t.bind_mw(OTHER_PD, 0, mw, 7, mr.lkey, 0x1000, 8, rr), Err(AccessError::PdMismatch));
+    let other_mr = {
+        let len = b.0.len() * 8;
+        // SAFETY: `b` outlives the table's use.
+        unsafe { t.register(OTHER_PD, b.ptr(), len, 0x1000, ALL) }.unwrap()
+    };
+    assert_eq!(bind(other_mr.lkey, 0x1000, 8, rr), Err(AccessError::PdMismatch));
+    // Every failure left the window unbound with its key.
+    assert_eq!(t.remote_check(PD, 1, mw, 0x1000, 1, rr), Err(AccessError::Invalidated));
+    // Remote write through a window on an MR without REMOTE_WRITE but with LOCAL_WRITE works.
+    let lw = reg(&t, &mut b, 0x1000, Access::LOCAL_WRITE | Access::MW_BIND);
+    let r = bind(lw.lkey, 0x1000, 16, Access::REMOTE_WRITE).unwrap();
+    t.remote_write(PD, 1, r, 0x1008, b"ok").unwrap();
+    assert_eq!(&b.bytes()[8..10], b"ok");
+    assert_eq!(t.remote_write(PD, 1, lw.rkey, 0x1008, b"no"), Err(AccessError::AccessDenied));
+}
+
+#[test]
+fn type2_window_is_tied_to_its_qp_and_invalidated() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(128);
+    let mr = reg(&t, &mut b, 0x1000, ALL);
+    let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
+    // Zero length bind of a type 2 window is refused (o10-37.2.40).
+    assert_eq!(t.bind_mw(PD, 5, mw, 1, mr.lkey, 0x1000, 0, Access::REMOTE_READ), Err(AccessError::AccessDenied));
+    let acc = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::ZERO_BASED;
+    let r = t.bind_mw(PD, 5, mw, 0x42, mr.lkey, 0x1020, 0x20, acc).unwrap();
+    assert_eq!(r, (mw & !0xff) | 0x42);
+    // Zero-based window: offsets from the window start.
+    t.remote_write(PD, 5, r, 0, b"zb").unwrap();
+    assert_eq!(&b.bytes()[0x20..0x22], b"zb");
+    assert_eq!(t.remote_check(PD, 5, r, 0x1f, 2, Access::REMOTE_READ), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check(PD, 5, r, 0x1f, 1, Access::REMOTE_READ), Ok(()));
+    // Another QP of the same PD may not use it.
+    assert_eq!(t.remote_write(PD, 6, r, 0, b"xx"), Err(AccessError::WrongQp));
+    assert_eq!(&b.bytes()[0x20..0x22], b"zb");
+    // A bound type 2 window cannot be re-bound (o10-37.2.30).
+    assert_eq!(t.bind_mw(PD, 5, r, 0x43, mr.lkey, 0x1000, 8, Access::REMOTE_READ), Err(AccessError::AccessDenied));
+    assert_eq!(t.deregister(mr.lkey), Err(RegError::Busy));
+    // Invalidation: only by the bound QP, in the PD, with the current key.
+    assert_eq!(t.invalidate(PD, 6, r), Err(AccessError::WrongQp));
+    assert_eq!(t.invalidate(OTHER_PD, 5, r), Err(AccessError::PdMismatch));
+    assert_eq!(t.invalidate(PD, 5, mw), Err(AccessError::InvalidKey));
+    t.invalidate(PD, 5, r).unwrap();
+    assert_eq!(t.invalidate(PD, 5, r), Err(AccessError::Invalidated));
+    assert_eq!(t.remote_write(PD, 5, r, 0, b"no"), Err(AccessError::Invalidated));
+    // Free again: can be bound with a new key (old one stale), MR can then be deregistered
+    // once the window is deallocated.
+    let r2 = t.bind_mw(PD, 5, r, 0x44, mr.lkey, 0x1000, 8, Access::REMOTE_READ).unwrap();
+    assert_eq!(t.remote_check(PD, 5, r, 0x1000, 1, Access::REMOTE_READ), Err(AccessError::InvalidKey));
+    assert_eq!(t.remote_check(PD, 5, r2, 0x1000, 8, Access::REMOTE_READ), Ok(()));
+    t.dealloc_mw(r2).unwrap();
+    t.deregister(mr.lkey).unwrap();
+}
+
+#[test]
+fn mr_invalidation_until_reregistration() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    assert_eq!(t.invalidate(OTHER_PD, 1, k.rkey), Err(AccessError::PdMismatch));
+    t.invalidate(PD, 1, k.rkey).unwrap();
+    assert_eq!(t.remote_write(PD, 1, k.rkey, 0x1000, b"x"), Err(AccessError::Invalidated));
+    let sgl = [Sge { addr: 0x1000, length: 1, lkey: k.lkey }];
+    assert_eq!(t.local_scatter(PD, &sgl, 0, b"x"), Err(AccessError::Invalidated));
+    assert_eq!(t.invalidate(PD, 1, k.rkey), Err(AccessError::Invalidated));
+    // SAFETY: `b` outlives the table's use.
+    let k2 = unsafe { t.reregister(k.lkey, PD, b.ptr(), 64, 0x1000, ALL) }.unwrap();
+    t.remote_write(PD, 1, k2.rkey, 0x1000, b"x").unwrap();
+    assert_eq!(b.bytes()[0], b'x');
+}
+
+#[test]
+fn table_is_send_and_sync() {
+    fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<MemoryTable>();
+}
+
+#[test]
+fn register_with_a_chosen_key() {
+    let t = MemoryTable::new();
+    let mut b1 = Buf::new(64);
+    let mut b2 = Buf::new(64);
+    let mut b3 = Buf::new(64);
+    // SAFETY: the buffers outlive the table's use of them.
+    let k = unsafe { t.register_with_key(PD, b1.ptr(), 64, 0x5000, ALL, 0x3ea) }.unwrap();
+    assert_eq!((k.lkey, k.rkey), (0x3ea, 0x3ea));
+    t.remote_write(PD, 1, 0x3ea, 0x5008, &[7; 8]).unwrap();
+    assert_eq!(b1.bytes()[8..16], [7; 8]);
+    // The index is taken: refused, whatever the key byte.
+    // SAFETY: as above.
+    assert_eq!(unsafe { t.register_with_key(PD, b2.ptr(), 64, 0, ALL, 0x311) }, Err(RegError::InvalidArgument));
+    // SAFETY: as above.
+    assert_eq!(unsafe { t.register_with_key(PD, b2.ptr(), 64, 0, ALL, 0x0ff) }, Err(RegError::InvalidArgument), "index 0");
+    // Indices skipped on the way stay available to plain registration.
+    let a = reg(&t, &mut b2, 0, ALL);
+    let b = reg(&t, &mut b3, 0, ALL);
+    assert_eq!([a.lkey >> 8, b.lkey >> 8], [1, 2]);
+    t.deregister(0x3ea).unwrap();
+    assert_eq!(t.remote_write(PD, 1, 0x3ea, 0x5008, &[7; 8]), Err(AccessError::InvalidKey));
+}
