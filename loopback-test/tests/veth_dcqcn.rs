@@ -214,19 +214,9 @@ fn run(dcqcn_on: bool) -> Run {
     let sum = |c: &urnic::DeviceCounters, k: &str| -> u64 { c.qps.iter().map(|(_, s)| s.iter().find(|(n, _)| *n == k).map_or(0, |(_, v)| v)).sum() };
     let cnps_sent = sum(&rc, "np_cnps_sent");
     // CNPs in the receiver's capture: BTH opcode 0x81 after Eth/IPv4/UDP.
-    let cap = std::fs::read(&pcap).unwrap();
+    let cap = urnic_datapath::capture::read_frames(&pcap).unwrap();
     let _ = std::fs::remove_file(&pcap);
-    let mut off = 24;
-    let mut captured_cnps = 0u64;
-    while off + 16 <= cap.len() {
-        let len = u32::from_le_bytes(cap[off + 8..off + 12].try_into().unwrap()) as usize;
-        if let Some(f) = cap.get(off + 16..off + 16 + len) {
-            if f.len() > 42 && f[42] == 0x81 && rocev2::wire::parse_frame(f).is_ok() {
-                captured_cnps += 1;
-            }
-        }
-        off += 16 + len;
-    }
+    let captured_cnps = cap.iter().filter(|f| f.len() > 42 && f[42] == 0x81 && rocev2::wire::parse_frame(f).is_ok()).count() as u64;
     assert_eq!(captured_cnps, cnps_sent, "every CNP the receiver sent is in its capture");
     Run {
         drops: tbf_drops(&br),

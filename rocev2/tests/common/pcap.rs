@@ -1,7 +1,14 @@
-//! A minimal reader of classic libpcap files (either byte order,
-//! microsecond or nanosecond timestamps, Ethernet link type).
+//! Classic libpcap files for rocev2's tests (either byte order, microsecond
+//! or nanosecond timestamps, Ethernet link type), read and written with the
+//! `pcap-file` crate. Also used by the responder's unit test against the
+//! rxe captures (`src/transport/responder/rxe_captures.rs`).
 
+use std::borrow::Cow;
 use std::path::Path;
+use std::time::Duration;
+
+use pcap_file::pcap::{PcapPacket, PcapParser, PcapWriter};
+use pcap_file::{DataLink, PcapError};
 
 /// One captured frame.
 #[derive(Clone, Debug)]
@@ -20,65 +27,41 @@ pub fn read(path: &Path) -> Result<Vec<Record>, String> {
     parse(&b).map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// The frames of a pcap file, in file order.
+pub fn frames(path: &Path) -> Result<Vec<Vec<u8>>, String> {
+    Ok(read(path)?.into_iter().map(|r| r.data).collect())
+}
+
 /// Parse a pcap image.
 pub fn parse(b: &[u8]) -> Result<Vec<Record>, String> {
-    if b.len() < 24 {
-        return Err("shorter than a pcap header".into());
+    let (mut rest, parser) = PcapParser::new(b).map_err(|e| match e {
+        PcapError::IncompleteBuffer => "shorter than a pcap header".to_string(),
+        e => format!("not a classic pcap: {e}"),
+    })?;
+    let linktype = parser.header().datalink;
+    if linktype != DataLink::ETHERNET {
+        return Err(format!("link type {linktype:?} is not Ethernet"));
     }
-    let magic = u32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-    let (le, nanos) = match magic {
-        0xa1b2c3d4 => (true, false),
-        0xa1b23c4d => (true, true),
-        0xd4c3b2a1 => (false, false),
-        0x4d3cb2a1 => (false, true),
-        m => return Err(format!("not a classic pcap (magic {m:#x})")),
-    };
-    let u32_at = |o: usize| -> u32 {
-        let a = [b[o], b[o + 1], b[o + 2], b[o + 3]];
-        if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    let linktype = u32_at(20);
-    if linktype != 1 {
-        return Err(format!("link type {linktype} is not Ethernet"));
-    }
-    let mut off = 24;
     let mut out = Vec::new();
-    while off < b.len() {
-        if off + 16 > b.len() {
-            return Err(format!("truncated record header at {off}"));
-        }
-        let sec = u64::from(u32_at(off));
-        let frac = u64::from(u32_at(off + 4));
-        let incl = u32_at(off + 8) as usize;
-        off += 16;
-        let data = b.get(off..off + incl).ok_or_else(|| format!("truncated record at {off}"))?.to_vec();
-        off += incl;
-        let ts_nanos = sec * 1_000_000_000 + if nanos { frac } else { frac * 1000 };
-        out.push(Record { index: out.len(), ts_nanos, data });
+    while !rest.is_empty() {
+        let at = b.len() - rest.len();
+        let (next, p) = parser.next_packet(rest).map_err(|e| format!("record at {at}: {e}"))?;
+        let ts_nanos = u64::try_from(p.timestamp.as_nanos()).map_err(|_| format!("record at {at}: timestamp out of range"))?;
+        out.push(Record { index: out.len(), ts_nanos, data: p.data.into_owned() });
+        rest = next;
     }
     Ok(out)
 }
 
-/// Write records as a classic little-endian microsecond pcap.
+/// Write records as a classic little-endian microsecond pcap, frame `i`
+/// stamped `i` seconds.
 pub fn write(path: &Path, frames: &[Vec<u8>]) -> std::io::Result<()> {
-    let mut v = Vec::new();
-    v.extend_from_slice(&0xa1b2c3d4u32.to_le_bytes());
-    v.extend_from_slice(&2u16.to_le_bytes());
-    v.extend_from_slice(&4u16.to_le_bytes());
-    v.extend_from_slice(&0i32.to_le_bytes());
-    v.extend_from_slice(&0u32.to_le_bytes());
-    v.extend_from_slice(&65535u32.to_le_bytes());
-    v.extend_from_slice(&1u32.to_le_bytes());
+    let err = |e: PcapError| std::io::Error::new(std::io::ErrorKind::InvalidData, e);
+    let header = pcap_file::pcap::PcapHeader { endianness: pcap_file::Endianness::Little, ..Default::default() };
+    let mut w = PcapWriter::with_header(Vec::new(), header).map_err(err)?;
     for (i, f) in frames.iter().enumerate() {
-        v.extend_from_slice(&(i as u32).to_le_bytes());
-        v.extend_from_slice(&0u32.to_le_bytes());
-        v.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        v.extend_from_slice(&(f.len() as u32).to_le_bytes());
-        v.extend_from_slice(f);
+        let len = u32::try_from(f.len()).map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "frame longer than 4 GiB"))?;
+        w.write_packet(&PcapPacket { timestamp: Duration::from_secs(i as u64), orig_len: len, data: Cow::Borrowed(f) }).map_err(err)?;
     }
-    std::fs::write(path, v)
+    std::fs::write(path, w.into_writer())
 }

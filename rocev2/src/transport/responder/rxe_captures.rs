@@ -20,27 +20,15 @@ use crate::wire::parse_frame;
 const SERVER: [u8; 4] = [10, 99, 0, 1];
 const PD: PdId = PdId(1);
 
+/// The rocev2 tests' pcap helper (`pcap-file`, a dev-dependency).
+#[allow(dead_code)]
+#[path = "../../../tests/common/pcap.rs"]
+mod pcap;
+
 /// Link-layer frames of a classic (µs or ns) pcap file.
 fn read_pcap(name: &str) -> Vec<Vec<u8>> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared/pcaps").join(name);
-    let b = std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    let le = matches!(b.get(..4), Some([0xd4, 0xc3, 0xb2, 0xa1] | [0x4d, 0x3c, 0xb2, 0xa1]));
-    let word = |o: usize| {
-        let a = [b[o], b[o + 1], b[o + 2], b[o + 3]];
-        if le {
-            u32::from_le_bytes(a)
-        } else {
-            u32::from_be_bytes(a)
-        }
-    };
-    let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= b.len() {
-        let n = word(off + 8) as usize;
-        out.push(b[off + 16..off + 16 + n].to_vec());
-        off += 16 + n;
-    }
-    out
+    pcap::frames(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 fn from_server(f: &ParsedFrame<'_>) -> bool {
