@@ -4,7 +4,7 @@
 
 use std::ffi::{CStr, CString};
 use std::io;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 /// An Ethernet interface and its addresses.
@@ -98,39 +98,57 @@ impl Interface {
     }
 
     fn read_addresses(&mut self) -> io::Result<()> {
-        let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-        // SAFETY: getifaddrs writes a list head into `ifap`; freed below.
-        if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let mut cur = ifap;
-        while !cur.is_null() {
-            // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
-            let ifa = unsafe { &*cur };
-            cur = ifa.ifa_next;
-            if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+        for (name, addr) in addresses()? {
+            if name != self.name {
                 continue;
             }
-            // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            if unsafe { CStr::from_ptr(ifa.ifa_name) }.to_bytes() != self.name.as_bytes() {
-                continue;
-            }
-            // SAFETY: ifa_addr is non-null; the family says which sockaddr it is.
-            let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-            if family == libc::AF_INET {
-                // SAFETY: AF_INET addresses are sockaddr_in.
-                let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-                self.ipv4.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-            } else if family == libc::AF_INET6 {
-                // SAFETY: AF_INET6 addresses are sockaddr_in6.
-                let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-                self.ipv6.push(Ipv6Addr::from(sin6.sin6_addr.s6_addr));
+            match addr {
+                IpAddr::V4(v4) => self.ipv4.push(v4),
+                IpAddr::V6(v6) => self.ipv6.push(v6),
             }
         }
-        // SAFETY: frees the list getifaddrs allocated; no node is used after this.
-        unsafe { libc::freeifaddrs(ifap) };
         Ok(())
     }
+}
+
+/// Every IPv4 and IPv6 address of the calling thread's network namespace
+/// with the name of its interface, in getifaddrs(3) order (link-local IPv6
+/// addresses included).
+pub fn addresses() -> io::Result<Vec<(String, IpAddr)>> {
+    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs writes a list head into `ifap`; freed below.
+    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut out = Vec::new();
+    let mut cur = ifap;
+    while !cur.is_null() {
+        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
+        let ifa = unsafe { &*cur };
+        cur = ifa.ifa_next;
+        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
+            continue;
+        }
+        // SAFETY: ifa_addr is non-null; the family says which sockaddr it is.
+        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
+        let addr = if family == libc::AF_INET {
+            // SAFETY: AF_INET addresses are sockaddr_in.
+            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
+            IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+        } else if family == libc::AF_INET6 {
+            // SAFETY: AF_INET6 addresses are sockaddr_in6.
+            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
+            IpAddr::V6(Ipv6Addr::from(sin6.sin6_addr.s6_addr))
+        } else {
+            continue;
+        };
+        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
+        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+        out.push((name, addr));
+    }
+    // SAFETY: frees the list getifaddrs allocated; no node is used after this.
+    unsafe { libc::freeifaddrs(ifap) };
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -144,5 +162,17 @@ mod tests {
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         assert!(Interface::query("").is_err());
         assert!(Interface::query("a-name-far-too-long-for-linux").is_err());
+    }
+
+    #[test]
+    fn addresses_name_interfaces_of_this_namespace() {
+        for (name, addr) in addresses().unwrap() {
+            let cname = CString::new(name.as_str()).unwrap();
+            // SAFETY: cname is NUL-terminated.
+            assert_ne!(unsafe { libc::if_nametoindex(cname.as_ptr()) }, 0, "{name} ({addr}) is no interface");
+            if name == "lo" {
+                assert!(addr.is_loopback(), "{addr} on lo");
+            }
+        }
     }
 }

@@ -2,8 +2,7 @@
 //! namespace a urnic device can attach to, with the facts a device needs
 //! (MAC, MTU, link state, IP addresses → GIDs).
 
-use std::ffi::CStr;
-use std::net::{Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::Path;
 
 use crate::error::{Error, ErrorKind, Result};
@@ -63,37 +62,16 @@ pub fn device_list() -> Result<Vec<DeviceInfo>> {
     Ok(out)
 }
 
+/// Attach each address of the namespace to its device (the walk over
+/// getifaddrs is the datapath's, shared with `Interface::query`).
 fn add_addresses(devs: &mut [DeviceInfo]) -> Result<()> {
-    let mut ifap: *mut libc::ifaddrs = std::ptr::null_mut();
-    // SAFETY: getifaddrs writes a list head into `ifap`; freed below.
-    if unsafe { libc::getifaddrs(&mut ifap) } != 0 {
-        return Err(std::io::Error::last_os_error().into());
-    }
-    let mut cur = ifap;
-    while !cur.is_null() {
-        // SAFETY: `cur` is a node of the list getifaddrs returned, not yet freed.
-        let ifa = unsafe { &*cur };
-        cur = ifa.ifa_next;
-        if ifa.ifa_addr.is_null() || ifa.ifa_name.is_null() {
-            continue;
-        }
-        // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-        let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy();
+    for (name, addr) in urnic_datapath::netdev::addresses()? {
         let Some(dev) = devs.iter_mut().find(|d| d.ifname == name) else { continue };
-        // SAFETY: ifa_addr is non-null; the family says which sockaddr it is.
-        let family = i32::from(unsafe { (*ifa.ifa_addr).sa_family });
-        if family == libc::AF_INET {
-            // SAFETY: AF_INET addresses are sockaddr_in.
-            let sin = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in) };
-            dev.ipv4.push(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)));
-        } else if family == libc::AF_INET6 {
-            // SAFETY: AF_INET6 addresses are sockaddr_in6.
-            let sin6 = unsafe { &*(ifa.ifa_addr as *const libc::sockaddr_in6) };
-            dev.ipv6.push(Ipv6Addr::from(sin6.sin6_addr.s6_addr));
+        match addr {
+            IpAddr::V4(v4) => dev.ipv4.push(v4),
+            IpAddr::V6(v6) => dev.ipv6.push(v6),
         }
     }
-    // SAFETY: frees the list getifaddrs allocated; no node is used after this.
-    unsafe { libc::freeifaddrs(ifap) };
     Ok(())
 }
 
@@ -117,6 +95,10 @@ mod tests {
             assert_eq!(read_trim(&sys.join("mtu")).unwrap().parse::<u32>().unwrap(), d.mtu);
             assert_eq!(parse_mac(&read_trim(&sys.join("address")).unwrap()).unwrap(), d.mac);
             assert_ne!(d.ifname, "lo");
+            // The same addresses, in the same order, as the datapath finds
+            // for the interface when a device opens on it.
+            let iface = urnic_datapath::netdev::Interface::query(&d.ifname).unwrap();
+            assert_eq!((&d.ipv4, &d.ipv6, d.ifindex), (&iface.ipv4, &iface.ipv6, iface.index), "{}", d.ifname);
         }
     }
 }
