@@ -1,0 +1,234 @@
+//! The raw AF_XDP baselines of `urnic bench`: the ceiling (MTU-sized RoCE
+//! frames from one AF_XDP socket to the other through the XDP program,
+//! doing nothing else; one thread or a sender and a receiver) and the
+//! ping-pong (one frame of an 8-byte SEND's length bounced between the two
+//! sockets). Frames are built with `rocev2::wire`'s emitters (valid ICRC).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rocev2::wire::{BthRepr, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, TransportRepr, UdpRepr, ROCEV2_UDP_PORT};
+use urnic::XskConfig;
+use urnic_datapath::netns::{in_netns, VethPair};
+use urnic_datapath::{Port, XskPort};
+
+use super::{timed_rounds, Cores};
+
+/// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
+/// valid ICRC) from end 0 to end 1 of `pair`.
+fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
+    raw_frame_from(pair, 0, frame_len)
+}
+
+/// [`raw_frame`] sent from veth end `from` (0 or 1) to the other.
+fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<u8>, String> {
+    let (from, to) = if from == 0 { (0, 1) } else { (1, 0) };
+    let repr = roce_repr(Opcode::RC_WRITE_MIDDLE, (pair.mac[from], pair.mac[to]), (pair.ipv4[from], pair.ipv4[to]));
+    // Headers and ICRC take what the payload does not.
+    let payload = frame_len.checked_sub(repr.frame_len(0)).ok_or("raw frame shorter than its headers")?;
+    let mut f = vec![0u8; repr.frame_len(payload)];
+    repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
+    Ok(f)
+}
+
+/// The headers of an `opcode` packet from `macs.0`/`ips.0` to `macs.1`/`ips.1`
+/// (IPv4, ECT(0), to QPN 0x77 with PSN 1); `emit` fills in the lengths and
+/// the ICRC.
+fn roce_repr(opcode: Opcode, macs: ([u8; 6], [u8; 6]), ips: ([u8; 4], [u8; 4])) -> FrameRepr {
+    FrameRepr {
+        eth: EthernetRepr { dst: macs.1, src: macs.0, vlan: None, ethertype: 0x0800 },
+        ip: IpRepr::V4(Ipv4Repr {
+            src: ips.0,
+            dst: ips.1,
+            dscp: 0,
+            ecn: 2,
+            ident: 0,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
+        udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+        transport: TransportRepr::bth_only(BthRepr::new(opcode, 0x77, rocev2::Psn::new(1))),
+    }
+}
+
+/// Queue a copy of `frame` on `port` (no kick); whether it was queued.
+fn queue_copy(port: &mut XskPort, frame: &[u8]) -> bool {
+    let fill = &mut |buf: &mut [u8]| {
+        let n = frame.len().min(buf.len());
+        buf[..n].copy_from_slice(&frame[..n]);
+        Some(n)
+    };
+    matches!(port.transmit_with(fill), Ok(true))
+}
+
+/// Push up to 64 copies of `frame` into `tx` and kick it; frames queued.
+fn blast(tx: &mut XskPort, frame: &[u8]) -> u64 {
+    let mut sent = 0;
+    while sent < 64 && queue_copy(tx, frame) {
+        sent += 1;
+    }
+    let _ = tx.flush();
+    sent
+}
+
+/// Raw AF_XDP sockets on both veth ends (0, 1), with the XDP program.
+fn raw_ports(pair: &VethPair) -> Result<(XskPort, XskPort), String> {
+    let open = |end: usize| {
+        let ifname = pair.ifname[end].clone();
+        in_netns(Some(&pair.ns[end]), move || XskPort::open(&XskConfig::new(&ifname))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+    };
+    Ok((open(0)?, open(1)?))
+}
+
+/// Receive up to `budget` frames on `port`; how many were `len` bytes long
+/// (whole frames as handed up, not the descriptors they took: at 4154 bytes
+/// a frame spans two UMEM chunks, and counting chunks once doubled the
+/// ceiling). Frames of other lengths (IPv6 neighbour discovery) are passed over.
+fn received_of_len(port: &mut XskPort, budget: usize, len: usize) -> u64 {
+    let mut n = 0u64;
+    let _ = port.receive(budget, &mut |f| n += u64::from(f.len() == len));
+    n
+}
+
+/// The raw AF_XDP ceiling: frames per second delivered from one AF_XDP
+/// socket to the other through the same XDP program, `frame_len`-byte RoCE
+/// frames; one thread doing both (`Cores::One`) or a sender and a receiver.
+pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Result<f64, String> {
+    let frame = raw_frame(pair, frame_len)?;
+    let (mut tx, mut rx) = raw_ports(pair)?;
+    let len = frame.len();
+    let count = move |rx: &mut XskPort| received_of_len(rx, 256, len);
+    match cores {
+        Cores::One => {
+            let warm = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < warm {
+                blast(&mut tx, &frame);
+                count(&mut rx);
+            }
+            let (start, mut got) = (Instant::now(), 0u64);
+            while start.elapsed().as_secs_f64() < secs {
+                blast(&mut tx, &frame);
+                got += count(&mut rx);
+            }
+            Ok(got as f64 / start.elapsed().as_secs_f64())
+        }
+        Cores::Two => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let sender = std::thread::spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    blast(&mut tx, &frame);
+                }
+            });
+            let warm = Instant::now() + Duration::from_millis(200);
+            while Instant::now() < warm {
+                count(&mut rx);
+            }
+            let (start, mut got) = (Instant::now(), 0u64);
+            while start.elapsed().as_secs_f64() < secs {
+                got += count(&mut rx);
+            }
+            let pps = got as f64 / start.elapsed().as_secs_f64();
+            stop.store(true, Ordering::Relaxed);
+            let _ = sender.join();
+            Ok(pps)
+        }
+    }
+}
+
+/// Frame length of an 8-byte SEND ONLY: Ethernet, IPv4, UDP, BTH, payload, ICRC.
+pub(super) const SEND8_FRAME: usize = 14 + 20 + 8 + 12 + 8 + 4;
+
+/// Queue `frame` on `port` and kick it; whether it was queued.
+fn send_one(port: &mut XskPort, frame: &[u8]) -> bool {
+    let queued = queue_copy(port, frame);
+    let _ = port.flush();
+    queued
+}
+
+/// The raw AF_XDP ping-pong: one frame of urnic's 8-byte SEND length
+/// bounced between the two AF_XDP sockets through the same XDP program,
+/// nothing else: the latency floor any AF_XDP stack has here. One-way µs
+/// (RTT/2). One thread polls both sockets (`Cores::One`), or the echo runs
+/// on a thread of its own (`Cores::Two`), as urnic's two configurations do.
+pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>, String> {
+    let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
+    let (mut a, mut b) = raw_ports(pair)?;
+    let len = ping.len();
+    let got = move |port: &mut XskPort| received_of_len(port, 64, len);
+    let send = |port: &mut XskPort, frame: &[u8]| -> Result<(), String> {
+        if send_one(port, frame) {
+            Ok(())
+        } else {
+            Err("raw AF_XDP ping-pong: no transmit buffer".into())
+        }
+    };
+    // Poll `port` until a frame of the ping's length arrives (2 s at most).
+    let answer = move |port: &mut XskPort| -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while got(port) == 0 {
+            if Instant::now() > deadline {
+                return Err("raw AF_XDP ping-pong: no answer in 2 s".into());
+            }
+        }
+        Ok(())
+    };
+    match cores {
+        Cores::One => timed_rounds(iters, || {
+            send(&mut a, &ping)?;
+            answer(&mut b)?;
+            send(&mut b, &pong)?;
+            answer(&mut a)
+        }),
+        Cores::Two => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let s2 = stop.clone();
+            let echo = std::thread::spawn(move || {
+                while !s2.load(Ordering::Relaxed) {
+                    for _ in 0..got(&mut b) {
+                        send_one(&mut b, &pong);
+                    }
+                }
+            });
+            let samples = timed_rounds(iters, || {
+                send(&mut a, &ping)?;
+                answer(&mut a)
+            });
+            stop.store(true, Ordering::Relaxed);
+            let _ = echo.join();
+            samples
+        }
+    }
+}
+
+/// Frame length of one full-MTU WRITE MIDDLE/LAST packet: Ethernet, IPv4,
+/// UDP, BTH, payload, ICRC.
+pub(super) fn write_frame_len(mtu: usize) -> usize {
+    14 + 20 + 8 + 12 + mtu + 4
+}
+
+/// Frame length of a one-packet 64-byte WRITE ONLY (with its RETH).
+pub(super) const WRITE64_FRAME: usize = 14 + 20 + 8 + 12 + 16 + 64 + 4;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Bytes of an `opcode` frame carrying `payload` bytes, as the wire layer lays it out.
+    fn wire_len(opcode: Opcode, payload: usize) -> usize {
+        roce_repr(opcode, ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]), ([10, 0, 0, 1], [10, 0, 0, 2])).frame_len(payload)
+    }
+
+    #[test]
+    fn frame_lengths_match_the_wire_layer() {
+        assert_eq!(write_frame_len(1024), 1082);
+        assert_eq!(write_frame_len(1024), wire_len(Opcode::RC_WRITE_MIDDLE, 1024));
+        assert_eq!(write_frame_len(4096), wire_len(Opcode::RC_WRITE_LAST, 4096));
+        assert_eq!(WRITE64_FRAME, 138);
+        assert_eq!(WRITE64_FRAME, wire_len(Opcode::RC_WRITE_ONLY, 64));
+        assert_eq!(SEND8_FRAME, wire_len(Opcode::RC_SEND_ONLY, 8));
+    }
+}

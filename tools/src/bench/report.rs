@@ -1,0 +1,255 @@
+//! What `urnic bench` prints and writes: the table of medians and ratios
+//! against the baselines, and for `--report` the markdown, sweep.csv and the
+//! PNG plots (bandwidth by message size, latency CDFs).
+
+use std::fmt::Write as _;
+
+use super::metrics::{median, pct};
+use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
+use super::urnic_runs::Sweep;
+use super::{Cores, Run};
+use crate::perf::BwOp;
+use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
+
+/// The measurements of several runs: medians, ratios, pooled latency samples.
+pub(super) struct Summary {
+    pub(super) table: String,
+    /// (label, pooled one-way µs samples) for the latency plot.
+    pub(super) latency: Vec<(String, Vec<f64>)>,
+}
+
+pub(super) fn summarize(runs: &[Run]) -> Summary {
+    let med = |f: &dyn Fn(&Run) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let lat = |f: &dyn Fn(&Run) -> &Vec<f64>, p: f64| median(&mut runs.iter().map(|r| pct(&mut f(r).clone(), p)).collect::<Vec<_>>());
+    let lat_of = |v: &Vec<f64>, p: f64| pct(&mut v.clone(), p);
+    // The ratio column pairs urnic with its baseline within each run
+    // (measured seconds apart) and takes the median of those ratios: the
+    // host's load drifts between runs, and a ratio of medians can pair a
+    // fast run's urnic with a slow run's baseline.
+    let mut t = String::new();
+    let _ = writeln!(t, "| measure (medians of {} runs, same veth; ratio: median of the per-run ratios) | urnic | baseline | urnic / baseline |", runs.len());
+    t.push_str("|---|---|---|---|\n");
+    let tcp = med(&|r| r.tcp_mbps) / 8.0;
+    let tcp9k = med(&|r| r.tcp_mbps_9k) / 8.0;
+    for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+        let c = cores.label();
+        let threads = if cores == Cores::One { "1 thread sending and receiving" } else { "a sender and a receiver thread" };
+        let w = med(&|r| r.urnic[i].write_64k);
+        let raw = med(&|r| r.raw_1k[i]) * 1024.0 / 1e6;
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}; payload bytes) | {w:.0} MB/s | {raw:.0} MB/s | {:.2} |", write_frame_len(1024), med(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)));
+        let w4 = med(&|r| r.urnic[i].write_64k_mtu4096);
+        let raw4 = med(&|r| r.raw_4k[i]) * 4096.0 / 1e6;
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}) | {w4:.0} MB/s | {raw4:.0} MB/s | {:.2} |", write_frame_len(4096), med(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)));
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth) | {w:.0} MB/s | {tcp:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)));
+        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth) | {w4:.0} MB/s | {tcp9k:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)));
+        let m = med(&|r| r.urnic[i].msg_rate);
+        let raws = med(&|r| r.raw_small[i]);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads}) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, raws / 1e6, med(&|r| r.urnic[i].msg_rate / r.raw_small[i]));
+        let tm = med(&|r| r.tcp_msgs);
+        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, tm / 1e6, med(&|r| r.urnic[i].msg_rate / r.tcp_msgs));
+        for (name, f) in [("SEND", (|r: &Run, i: usize| &r.urnic[i].send_lat) as fn(&Run, usize) -> &Vec<f64>), ("WRITE", |r: &Run, i: usize| &r.urnic[i].write_lat)] {
+            for (p, pl) in [(0.5, "p50"), (0.99, "p99")] {
+                let u = lat(&|r| f(r, i), p);
+                let k = lat(&|r| &r.udp_lat, p);
+                let kt = lat(&|r| &r.tcp_lat, p);
+                let ru = med(&|r| lat_of(f(r, i), p) / lat_of(&r.udp_lat, p));
+                let rt = med(&|r| lat_of(f(r, i), p) / lat_of(&r.tcp_lat, p));
+                let kr = lat(&|r| &r.raw_lat[i], p);
+                let rr = med(&|r| lat_of(f(r, i), p) / lat_of(&r.raw_lat[i], p));
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs raw AF_XDP ping-pong {pl} ({SEND8_FRAME}-byte frames, {threads}; one-way) | {u:.1} us | {kr:.1} us | {rr:.2} |");
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {ru:.2} |");
+                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {rt:.2} |");
+            }
+        }
+        let uc = med(&|r| r.urnic[i].cpu_per_gb);
+        let tc = med(&|r| r.tcp_cpu_per_gb);
+        let _ = writeln!(t, "| CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb));
+    }
+    let (one, many, mem) = (med(&|r| r.one_qp), med(&|r| r.many_qp), med(&|r| r.mem_per_qp));
+    let _ = writeln!(t, "| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core | {many:.0} MB/s | {one:.0} MB/s | {:.2} |", med(&|r| r.many_qp / r.one_qp));
+    let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
+    let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
+    let latency = vec![
+        ("URNIC SEND, 1 CORE".to_string(), pool(&|r| &r.urnic[0].send_lat)),
+        ("URNIC SEND, 2 CORES".to_string(), pool(&|r| &r.urnic[1].send_lat)),
+        ("URNIC WRITE, 1 CORE".to_string(), pool(&|r| &r.urnic[0].write_lat)),
+        ("URNIC WRITE, 2 CORES".to_string(), pool(&|r| &r.urnic[1].write_lat)),
+        ("RAW AF_XDP, 1 CORE".to_string(), pool(&|r| &r.raw_lat[0])),
+        ("RAW AF_XDP, 2 CORES".to_string(), pool(&|r| &r.raw_lat[1])),
+        ("KERNEL UDP".to_string(), pool(&|r| &r.udp_lat)),
+        ("KERNEL TCP".to_string(), pool(&|r| &r.tcp_lat)),
+    ];
+    Summary { table: t, latency }
+}
+
+fn size_label(s: usize) -> String {
+    match s {
+        s if s >= 1 << 20 => format!("{}M", s >> 20),
+        s if s >= 1 << 10 => format!("{}K", s >> 10),
+        s => s.to_string(),
+    }
+}
+
+/// Bandwidth vs message size (log2 x axis), one line per series, dashed
+/// horizontal lines for the ceilings.
+fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], ceilings: &[(String, f64)], path: &std::path::Path) -> Result<(), String> {
+    let mut c = Canvas::new();
+    let top = series.iter().flat_map(|s| s.1.iter().copied()).chain(ceilings.iter().map(|c| c.1)).fold(0.0, f64::max);
+    let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
+    let p = Panel { area: (100, 40, W as i64 - 30, H as i64 - 60), xmax: hi - lo, ymax: nice_max(top * 1.05) };
+    p.frame(&mut c);
+    let xt: Vec<_> = sizes.iter().map(|&s| ((s as f64).log2() - lo, size_label(s))).collect();
+    p.label(&mut c, &xt, &linear_ticks(p.ymax, 5, |v| format!("{v:.0}")), "MESSAGE SIZE (BYTES)", "MB/S", title);
+    let mut legend = Vec::new();
+    for (k, (label, v)) in series.iter().enumerate() {
+        let col = COLORS[k % COLORS.len()];
+        for (i, w) in v.windows(2).enumerate() {
+            c.thick_line(p.at((sizes[i] as f64).log2() - lo, w[0]), p.at((sizes[i + 1] as f64).log2() - lo, w[1]), col);
+        }
+        legend.push((label.to_uppercase(), col, false));
+    }
+    for (k, (label, y)) in ceilings.iter().enumerate() {
+        let col = if k == 0 { BLACK } else { COLORS[7] };
+        c.dashed_line(p.at(0.0, *y), p.at(hi - lo, *y), col);
+        legend.push((label.to_uppercase(), col, true));
+    }
+    p.legend(&mut c, &legend);
+    c.save(path)
+}
+
+/// Latency distributions as CDFs: x one-way µs (up to the largest p99),
+/// y fraction of round trips at or below.
+fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<(), String> {
+    let mut c = Canvas::new();
+    // Up to the largest p99, in steps of 5 µs (or 10 "nice" steps beyond
+    // 50 µs): the slower tail would squeeze the curves into a corner.
+    let p99 = series.iter().map(|(_, v)| pct(&mut v.clone(), 0.99)).filter(|v| v.is_finite()).fold(1.0, f64::max);
+    let (xmax, steps) = match (p99 / 5.0).ceil() as usize {
+        n @ 1..=10 => (n as f64 * 5.0, n),
+        _ => (nice_max(p99), 10),
+    };
+    let p = Panel { area: (100, 50, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
+    p.frame(&mut c);
+    p.label(&mut c, &linear_ticks(xmax, steps, |v| format!("{v:.0}")), &linear_ticks(1.0, 5, |v| format!("{v:.1}")), "ONE-WAY LATENCY (US), 8 BYTES", "CDF", "LATENCY DISTRIBUTION");
+    let mut legend = Vec::new();
+    for (k, (label, v)) in series.iter().enumerate() {
+        let mut s = v.clone();
+        s.sort_by(|a, b| a.total_cmp(b));
+        let col = COLORS[k % COLORS.len()];
+        let n = s.len().max(1) as f64;
+        let mut prev = None;
+        // At most ~1000 points per curve.
+        let step = (s.len() / 1000).max(1);
+        for (i, x) in s.iter().enumerate().step_by(step) {
+            let pt = p.at(*x, (i + 1) as f64 / n);
+            if let Some(q) = prev {
+                c.thick_line(q, pt, col);
+            }
+            prev = Some(pt);
+        }
+        legend.push((label.clone(), col, false));
+    }
+    p.legend_bottom_right(&mut c, &legend);
+    c.save(path)
+}
+
+/// The start of report.md: the median bandwidth of every configuration
+/// (`results`: MTU label, cores, MB/s per operation and size) over `passes`
+/// passes and the ceilings (`c1k`, `c4k`, payload MB/s); writes sweep.csv
+/// and bandwidth_{write,read,send}.png into `dir`.
+pub(super) fn sweep_section(
+    dir: &std::path::Path,
+    passes: usize,
+    sizes: &[usize],
+    results: &[(&str, Cores, Sweep)],
+    (c1k, c4k): (f64, f64),
+) -> Result<String, String> {
+    let ceilings = vec![("raw AF_XDP ceiling, MTU 1024 frames".to_string(), c1k), ("raw AF_XDP ceiling, MTU 4096 frames".to_string(), c4k)];
+    let mut md = String::from("# urnic benchmark report\n\n");
+    let _ = writeln!(
+        md,
+        "Bandwidth (MB/s, 10^6 bytes per second) between two namespaces over veth, by message size, median of {passes} passes \
+         over every point (each pass runs every configuration once); 200..20,000 iterations per point (about 64 MiB), 128 \
+         outstanding. 1 core: both devices run-to-completion on one thread; 2 cores: device A on the application's thread, \
+         device B on a second thread.\n"
+    );
+    let mut csv = String::from("op,mtu,cores,size,mbps\n");
+    for op in BwOp::ALL {
+        let _ = writeln!(md, "## {} bandwidth\n", op.name().to_uppercase());
+        let series: Vec<(String, Vec<f64>)> = results
+            .iter()
+            .map(|(l, c, s)| (format!("{l}, {}", c.label()), s.iter().find(|(o, _)| *o == op).map(|x| x.1.clone()).unwrap_or_default()))
+            .collect();
+        md.push_str("| size |");
+        for (l, _) in &series {
+            let _ = write!(md, " {l} |");
+        }
+        md.push_str("\n|---|");
+        md.push_str(&"---|".repeat(series.len()));
+        md.push('\n');
+        for (i, s) in sizes.iter().enumerate() {
+            let _ = write!(md, "| {} |", size_label(*s));
+            for (_, v) in &series {
+                let _ = write!(md, " {:.0} |", v[i]);
+            }
+            md.push('\n');
+        }
+        md.push('\n');
+        for (l, c, s) in results {
+            if let Some((_, v)) = s.iter().find(|(o, _)| *o == op) {
+                for (i, size) in sizes.iter().enumerate() {
+                    let _ = writeln!(csv, "{},{},{},{size},{:.1}", op.name(), &l[4..], if *c == Cores::One { 1 } else { 2 }, v[i]);
+                }
+            }
+        }
+        let title = format!("RDMA {} BANDWIDTH", op.name().to_uppercase());
+        plot_bandwidth(&title, sizes, &series, &ceilings, &dir.join(format!("bandwidth_{}.png", op.name())))?;
+    }
+    let _ = writeln!(
+        md,
+        "Raw AF_XDP ceilings (payload MB/s, the better of one thread sending and receiving and a sender plus a receiver thread, \
+         median of the passes): {c1k:.0} at MTU 1024 frames, {c4k:.0} at MTU 4096 frames (dashed lines in the plots).\n"
+    );
+    std::fs::write(dir.join("sweep.csv"), csv).map_err(|e| e.to_string())?;
+    Ok(md)
+}
+
+/// The rest of report.md: the baselines' table `s` after the sweeps' `md`;
+/// writes latency.png and report.md into `dir` and prints the report.
+pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Result<(), String> {
+    md.push_str("## Against the baselines (same veth, same run, medians)\n\n");
+    md.push_str(&s.table);
+    md.push_str("\nlatency.png: distribution (CDF) of the 8-byte one-way latencies of all runs.\n");
+    plot_latency(&s.latency, &dir.join("latency.png"))?;
+    std::fs::write(dir.join("report.md"), &md).map_err(|e| e.to_string())?;
+    println!("{md}");
+    println!("written: {}", dir.display());
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ratios_pair_urnic_with_its_baseline_run_by_run() {
+        // urnic/raw per run: 100/200, 300/400, 50/50 -> ratios 0.5, 0.75, 1.0
+        // (median 0.75), while the ratio of the medians would be 100/200.
+        let mk = |urnic: f64, raw_mbs: f64| {
+            let mut r = Run::default();
+            r.urnic[0].write_64k = urnic;
+            r.raw_1k[0] = raw_mbs * 1e6 / 1024.0;
+            r
+        };
+        let s = summarize(&[mk(100.0, 200.0), mk(300.0, 400.0), mk(50.0, 50.0)]);
+        let row = s.table.lines().find(|l| l.starts_with("| 64 KiB WRITE, MTU 1024, 1 core vs raw")).expect("row");
+        assert!(row.ends_with("| 100 MB/s | 200 MB/s | 0.75 |"), "{row}");
+    }
+
+    #[test]
+    fn size_labels() {
+        assert_eq!(size_label(64), "64");
+        assert_eq!(size_label(65536), "64K");
+        assert_eq!(size_label(1 << 20), "1M");
+    }
+}

@@ -1,0 +1,205 @@
+//! urnic's side of `urnic bench`: two connected endpoints on the veth pair
+//! (one core: both devices run-to-completion on the application's thread;
+//! two: device B polled by a second thread), the 64 KiB WRITE bandwidth,
+//! the small-message rate and latencies, many QPs on one device, and the
+//! bandwidth sweeps of `--report`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use urnic::{open_af_xdp, Context, DatapathMode, XskConfig};
+use urnic_datapath::netns::VethPair;
+
+use super::metrics::{cpu_self, rss};
+use super::{err, Cores};
+use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
+
+/// A thread polling one device until dropped.
+struct Poller {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Poller {
+    fn spawn(ctx: Context) -> Poller {
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        let thread = std::thread::spawn(move || {
+            while !s.load(Ordering::Relaxed) {
+                ctx.poll();
+            }
+        });
+        Poller { stop, thread: Some(thread) }
+    }
+}
+
+impl Drop for Poller {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Two connected urnic endpoints on a veth pair. Field order is drop order:
+/// the poller stops before the endpoints go.
+struct Rig {
+    _poller: Option<Poller>,
+    ea: Endpoint,
+    eb: Endpoint,
+}
+
+fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig, String> {
+    let a = open_af_xdp(Some(&pair.ns[0]), &format!("{tag}0"), &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
+    let b = open_af_xdp(Some(&pair.ns[1]), &format!("{tag}1"), &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
+    let buf = buf.max(16384).div_ceil(4096) * 4096;
+    let mut ea = Endpoint::new(&a, buf, 128)?;
+    let mut eb = Endpoint::new(&b, buf, 128)?;
+    let poller = match cores {
+        Cores::One => {
+            ea.drive = vec![a.clone(), b.clone()];
+            eb.drive = vec![a.clone(), b.clone()];
+            None
+        }
+        Cores::Two => {
+            // The application's thread drives A whichever endpoint it waits on.
+            ea.drive = vec![a.clone()];
+            eb.drive = vec![a.clone()];
+            Some(Poller::spawn(b.clone()))
+        }
+    };
+    connect_pair(&ea, &eb)?;
+    Ok(Rig { _poller: poller, ea, eb })
+}
+
+/// Messages per bandwidth point: about 64 MiB, 200..20,000 messages.
+fn iters_for(size: usize) -> usize {
+    (64usize << 20).div_ceil(size).clamp(200, 20_000)
+}
+
+/// Warm-up before a timed bandwidth measurement, as the raw ceiling has:
+/// `size`-byte WRITEs for at least this long on a fresh rig (the first
+/// milliseconds of new devices, the kernel's page pools and the caches are
+/// not the steady state the ceiling is measured in).
+const WARMUP: Duration = Duration::from_millis(200);
+
+/// 64 KiB WRITEs timed per measurement: 0.4-1.5 s here, comparable to the
+/// ceiling's 1 s (the earlier 3000, about 0.25 s without a warm-up, measured
+/// about a tenth lower than a long run of the same code).
+const WRITE_64K_ITERS: usize = 6_000;
+
+/// 64-byte WRITEs timed for the message rate (about 0.5 s).
+const MSG_RATE_ITERS: usize = 150_000;
+
+/// Run `size`-byte WRITEs untimed for [`WARMUP`].
+fn warm_up(rig: &mut Rig, size: usize) -> Result<(), String> {
+    let until = Instant::now() + WARMUP;
+    while Instant::now() < until {
+        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, size, 200, 128).map_err(|e| format!("warm-up: {e}"))?;
+    }
+    Ok(())
+}
+
+/// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, and the
+/// CPU seconds per GB it took.
+pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<(f64, f64), String> {
+    let mut rig = rig(pair, cores, 2 * 65536, tag)?;
+    warm_up(&mut rig, 65536)?;
+    let cpu0 = cpu_self();
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).map_err(|e| format!("{}: 64 KiB: {e}", cores.label()))?.avg_mbs;
+    Ok((mbs, (cpu_self() - cpu0) / ((65536 * WRITE_64K_ITERS) as f64 / 1e9)))
+}
+
+/// urnic's small-message figures on one rig: 64-byte WRITE message rate
+/// (after a warm-up) and 8-byte SEND and WRITE latencies.
+pub(super) fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>), String> {
+    let mut rig = rig(pair, cores, 2 * 65536, "bs")?;
+    warm_up(&mut rig, 64)?;
+    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).map_err(|e| format!("{}: 64 B: {e}", cores.label()))?.avg_mbs * 1e6 / 64.0;
+    let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: send_lat: {e}", cores.label()))?;
+    let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: write_lat: {e}", cores.label()))?;
+    Ok((rate, send, write))
+}
+
+/// `nqps` connected RC QP pairs on one pair of devices (one core), 64 KiB
+/// WRITEs spread round-robin with 128 in flight: aggregate MB/s, and memory
+/// per QP.
+pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), String> {
+    use urnic::{Access, Connect, Payload, QpCaps, QpInit, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open"))?;
+    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open"))?;
+    let (pa, pb) = (a.alloc_pd().map_err(err("pd"))?, b.alloc_pd().map_err(err("pd"))?);
+    let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+    let (ma, mb) = (pa.alloc_mr(65536, acc).map_err(err("mr"))?, pb.alloc_mr(65536, acc).map_err(err("mr"))?);
+    let (ca, cb) = (a.create_cq(4096, None).map_err(err("cq"))?, b.create_cq(4096, None).map_err(err("cq"))?);
+    let caps = QpCaps { max_send_wr: if nqps == 1 { 128 } else { 16 }, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let (ga, gb) = (a.query_gid(1, 1).map_err(err("gid"))?, b.query_gid(1, 1).map_err(err("gid"))?);
+    let before = rss();
+    let mut qps = Vec::with_capacity(nqps);
+    for i in 0..nqps {
+        let qa = pa.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &ca, recv_cq: &ca, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
+        let qb = pb.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cb, recv_cq: &cb, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
+        let psn = i as u32 + 1;
+        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), gb, psn, psn) }).map_err(err("connect"))?;
+        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), ga, psn, psn) }).map_err(err("connect"))?;
+        qps.push((qa, qb));
+    }
+    let per_qp = (rss().saturating_sub(before)) as f64 / (2 * nqps) as f64;
+    let remote = RemoteAddr { addr: mb.addr(), rkey: mb.rkey() };
+    let mut wc = vec![WorkCompletion::default(); 256];
+    let (mut posted, mut done) = (0usize, 0usize);
+    let start = Instant::now();
+    while done < iters {
+        while posted < iters && posted - done < 128 {
+            let (qa, _) = &qps[posted % nqps];
+            let wr = SendWr { wr_id: posted as u64, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![ma.sge(0, 65536)]), flags: SendFlags::SIGNALED, ud: None };
+            qa.post_send(&wr).map_err(err("post"))?;
+            posted += 1;
+        }
+        a.poll();
+        b.poll();
+        let n = ca.poll(&mut wc).map_err(err("poll"))?;
+        if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
+            return Err(format!("completion {:?}", bad.status));
+        }
+        done += n;
+        if start.elapsed() > Duration::from_secs(120) {
+            return Err(format!("{nqps} QPs: only {done}/{iters} WRITEs in 120 s"));
+        }
+    }
+    Ok(((iters * 65536) as f64 / start.elapsed().as_secs_f64() / 1e6, per_qp))
+}
+
+/// Bandwidth (MB/s) per message size, for each operation.
+pub(super) type Sweep = Vec<(BwOp, Vec<f64>)>;
+
+/// Bandwidth (MB/s) of each op and size on a veth of `link_mtu`.
+pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Sweep, String> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
+    let max = sizes.iter().copied().max().unwrap_or(65536);
+    let mut rig = rig(&pair, cores, 2 * max, "sw")?;
+    warm_up(&mut rig, 65536)?;
+    let mut out = Vec::new();
+    for op in BwOp::ALL {
+        let mut v = Vec::new();
+        for &size in sizes {
+            v.push(bw(&mut rig.ea, &mut rig.eb, op, size, iters_for(size), 128)?.avg_mbs);
+        }
+        out.push((op, v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn iterations_per_point() {
+        assert_eq!(iters_for(64), 20_000);
+        assert_eq!(iters_for(1 << 20), 200);
+    }
+}
