@@ -6,6 +6,7 @@
 //! requests against registered memory and answers.
 
 pub mod attr;
+mod completer;
 pub mod dcqcn;
 pub mod engine;
 pub mod events;

@@ -9,6 +9,9 @@ use crate::transport::memory::{MrKeys, MwType};
 use crate::transport::wr::{RecvWr, Sge};
 use crate::wire::repr::{AtomicEthRepr, DethRepr, RethRepr};
 use crate::wire::parse_frame;
+use crate::transport::memory::AccessError;
+use crate::transport::packet::PathHeaders;
+use crate::wire::repr::{AethRepr, BthRepr, TransportRepr};
 
 const PD: PdId = PdId(3);
 const QPN: u32 = 0x11;

@@ -1,0 +1,170 @@
+//! The responses a responder sends (rxe_resp.c `acknowledge`, `read_reply`):
+//! ACKs, NAKs and RNR NAKs queued in request order, READ responses read from
+//! registered memory straight into the frame, atomic ACKs.
+
+use crate::psn::Psn;
+use crate::transport::packet::PathHeaders;
+use crate::transport::wr::WcStatus;
+use crate::wire::repr::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
+use crate::wire::Opcode;
+
+use super::*;
+
+impl Responder {
+    pub(super) fn push(&mut self, ctx: &mut ResponderCtx<'_>, p: Pending) -> bool {
+        if self.pending.len() >= PENDING_CAP {
+            ctx.stats.resp_responses_dropped += 1;
+            return false;
+        }
+        self.pending.push_back(p);
+        true
+    }
+
+    /// Queue a positive ACK for `psn`, merged into a positive ACK at the tail
+    /// of the queue (one ACK may cover several packets, IBTA 9.7.5.1.?).
+    pub(super) fn queue_ack(&mut self, ctx: &mut ResponderCtx<'_>, psn: Psn) {
+        let msn = self.msn;
+        if let Some(Pending::Ack { psn: p, syndrome: AckSyndrome::Ack { .. }, msn: m }) = self.pending.back_mut() {
+            *p = psn;
+            *m = msn;
+            return;
+        }
+        let syndrome = AckSyndrome::Ack { credits: CREDITS_INVALID };
+        if self.push(ctx, Pending::Ack { psn, syndrome, msn }) {
+            ctx.stats.resp_acks_sent += 1;
+        }
+    }
+
+    pub(super) fn queue_nak(&mut self, ctx: &mut ResponderCtx<'_>, code: NakCode, psn: Psn) {
+        let s = &mut *ctx.stats;
+        match code {
+            NakCode::PsnSequenceError => s.resp_naks_psn_seq_sent += 1,
+            NakCode::InvalidRequest => s.resp_naks_inv_req_sent += 1,
+            NakCode::RemoteAccessError => s.resp_naks_rem_access_sent += 1,
+            _ => s.resp_naks_rem_op_sent += 1,
+        }
+        let msn = self.msn;
+        self.push(ctx, Pending::Ack { psn, syndrome: AckSyndrome::Nak(code), msn });
+    }
+
+    /// Next ACK / NAK / READ response / atomic ACK, framed along `path`, into `buf`.
+    pub(crate) fn poll_transmit(
+        &mut self,
+        ctx: &mut ResponderCtx<'_>,
+        path: &PathHeaders,
+        dest_qpn: u32,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        loop {
+            let front = *self.pending.front()?;
+            let out = match front {
+                Pending::Ack { psn, syndrome, msn } => {
+                    let tr = response(Opcode::RC_ACK, dest_qpn, psn, Some(AethRepr { syndrome, msn }), None);
+                    self.pending.pop_front();
+                    path.emit_with(tr, 0, buf, |_| {})
+                }
+                Pending::AtomicAck { psn, msn, orig } => {
+                    let aeth = AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn };
+                    let tr = response(Opcode::RC_ATOMIC_ACK, dest_qpn, psn, Some(aeth), Some(orig));
+                    self.pending.pop_front();
+                    ctx.stats.resp_atomic_acks_sent += 1;
+                    path.emit_with(tr, 0, buf, |_| {})
+                }
+                Pending::Read { rkey, va, remaining, psn, first, msn } => {
+                    return self.read_response(ctx, path, dest_qpn, buf, (rkey, va, remaining, psn, first, msn));
+                }
+            };
+            match out {
+                Ok(n) => return Some(n),
+                // The caller's buffer cannot hold a response: drop it (counted)
+                // rather than stall; the requester's retry recovers.
+                Err(_) => ctx.stats.resp_responses_dropped += 1,
+            }
+        }
+    }
+
+    /// One READ response packet (rxe read_reply), read from memory straight
+    /// into the frame.
+    pub(super) fn read_response(
+        &mut self,
+        ctx: &mut ResponderCtx<'_>,
+        path: &PathHeaders,
+        dest_qpn: u32,
+        buf: &mut [u8],
+        (rkey, va, remaining, psn, first, msn): (u32, u64, u32, Psn, bool, u32),
+    ) -> Option<usize> {
+        let mtu = ctx.pmtu.bytes();
+        let n = remaining.min(mtu);
+        let opcode = match (first, remaining <= mtu) {
+            (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
+            (true, false) => Opcode::RC_READ_RESPONSE_FIRST,
+            (false, false) => Opcode::RC_READ_RESPONSE_MIDDLE,
+            (false, true) => Opcode::RC_READ_RESPONSE_LAST,
+        };
+        // AETH on FIRST, LAST and ONLY (IBTA 9.3.4 table 36).
+        let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE)
+            .then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
+        let tr = response(opcode, dest_qpn, psn, aeth, None);
+        let mut read = Ok(());
+        let (memory, pd, qpn) = (ctx.memory, ctx.pd, ctx.qpn);
+        let emitted = path.emit_with_crc(tr, n as usize, buf, |dst, crc| {
+            if dst.is_empty() {
+                return crc;
+            }
+            // The key is checked again for every packet (rxe rxe_recheck_mr):
+            // the region may have been deregistered or invalidated since. The
+            // copy continues the ICRC in the same pass.
+            match memory.remote_read_crc(pd, qpn, rkey, va, dst, crc) {
+                Ok(crc) => crc,
+                Err(e) => {
+                    read = Err(e);
+                    crc
+                }
+            }
+        });
+        let len = match emitted {
+            Ok(len) => len,
+            Err(_) => {
+                self.pending.pop_front();
+                ctx.stats.resp_responses_dropped += 1;
+                return None;
+            }
+        };
+        if read.is_err() {
+            // rxe read_reply → RESPST_ERR_RKEY_VIOLATION: class C, remote
+            // access error NAK in place of the response; the QP goes to ERR.
+            self.pending.clear();
+            self.error = true;
+            self.fatal = Some(WcStatus::RemAccessErr);
+            ctx.stats.resp_naks_rem_access_sent += 1;
+            let aeth = AethRepr { syndrome: AckSyndrome::Nak(NakCode::RemoteAccessError), msn: self.msn };
+            let tr = response(Opcode::RC_ACK, dest_qpn, psn, Some(aeth), None);
+            return path.emit_with(tr, 0, buf, |_| {}).ok();
+        }
+        ctx.stats.resp_read_responses_sent += 1;
+        if let Some(Pending::Read { va: v, remaining: r, psn: p, first: f1, .. }) = self.pending.front_mut() {
+            *v = va.wrapping_add(u64::from(n));
+            *r = remaining - n;
+            *p = psn.next();
+            *f1 = false;
+            if *r == 0 {
+                self.pending.pop_front();
+            }
+        }
+        Some(len)
+    }
+}
+
+pub(super) fn response(opcode: Opcode, dest_qpn: u32, psn: Psn, aeth: Option<AethRepr>, atomic_ack: Option<u64>) -> TransportRepr {
+    TransportRepr {
+        bth: BthRepr { pkey: DEFAULT_PKEY, ..BthRepr::new(opcode, dest_qpn & 0x00ff_ffff, psn) },
+        deth: None,
+        reth: None,
+        atomic_eth: None,
+        aeth,
+        atomic_ack,
+        immediate: None,
+        invalidate_rkey: None,
+    }
+}
+
