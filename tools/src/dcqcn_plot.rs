@@ -5,11 +5,12 @@
 use std::path::Path;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use rocev2::sim::dcqcn::{run, FlowSpec, Outcome, Scenario};
 
 use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
 
-fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> Result<(), String> {
+fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> anyhow::Result<()> {
     let mut c = Canvas::new();
     let tmax = sc.duration.as_secs_f64() * 1e6;
     let top = Panel { area: (90, 30, W as i64 - 20, 300), xmax: tmax, ymax: nice_max(sc.link_mbps * 1.05) };
@@ -37,7 +38,7 @@ fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> Result<(), String> {
     c.save(path)
 }
 
-fn csv(out: &Outcome, path: &Path) -> Result<(), String> {
+fn csv(out: &Outcome, path: &Path) -> anyhow::Result<()> {
     let mut s = String::from("t_us,queue_bytes");
     let n = out.samples.first().map_or(0, |x| x.rate_mbps.len());
     for i in 0..n {
@@ -51,12 +52,12 @@ fn csv(out: &Outcome, path: &Path) -> Result<(), String> {
         }
         s.push('\n');
     }
-    std::fs::write(path, s).map_err(|e| format!("{}: {e}", path.display()))
+    std::fs::write(path, s).with_context(|| path.display().to_string())
 }
 
 /// Run every scenario, write `DIR/<name>.png` and `.csv`, print a summary.
-pub fn run_all(dir: &Path) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn run_all(dir: &Path) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let mut scenarios: Vec<(String, Scenario)> = Vec::new();
     for n in [2usize, 4, 8, 16] {
         scenarios.push((format!("incast-{n}"), Scenario::incast(n)));

@@ -1,19 +1,20 @@
 //! Opening a urnic device for the command-line tools: on an interface of the
 //! current network namespace, through AF_XDP.
 
+use anyhow::Context as _;
 use urnic::{device_list, open_af_xdp, Context, DatapathMode, IdlePolicy, XskConfig};
 
 /// The interface to use: `name`, or the first Ethernet interface that is up
 /// and has an IPv4 address.
-pub fn pick_interface(name: Option<&str>) -> Result<String, String> {
+pub fn pick_interface(name: Option<&str>) -> anyhow::Result<String> {
     if let Some(n) = name {
         return Ok(n.to_string());
     }
-    let list = device_list().map_err(|e| format!("listing interfaces: {e}"))?;
+    let list = device_list().context("listing interfaces")?;
     list.iter()
         .find(|d| d.link_up && !d.ipv4.is_empty())
         .map(|d| d.ifname.clone())
-        .ok_or_else(|| "no Ethernet interface with an IPv4 address is up here; name one with -d IFNAME".to_string())
+        .context("no Ethernet interface with an IPv4 address is up here; name one with -d IFNAME")
 }
 
 /// Open the urnic device on `ifname` (AF_XDP, XDP program attached) in
@@ -22,12 +23,12 @@ pub fn pick_interface(name: Option<&str>) -> Result<String, String> {
 /// hardware NIC — no second spinning thread competing for the cores.
 /// `drop` > 0 makes the XDP program drop that share of the RoCE frames we
 /// receive (a test impairment, to watch retransmission against a peer).
-pub fn open(ifname: &str, drop: f64) -> Result<Context, String> {
+pub fn open(ifname: &str, drop: f64) -> anyhow::Result<Context> {
     let _ = IdlePolicy::default();
     let mut xsk = XskConfig::new(ifname);
     xsk.xdp.impairments.drop_prob = drop;
     open_af_xdp(None, &format!("urnic-{ifname}"), &xsk, DatapathMode::Manual)
-        .map_err(|e| format!("opening a urnic device on {ifname} (needs root): {e}"))
+        .with_context(|| format!("opening a urnic device on {ifname} (needs root)"))
 }
 
 /// A random 24-bit PSN (like `lrand48() & 0xffffff`).

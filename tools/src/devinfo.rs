@@ -1,6 +1,7 @@
 //! `urnic devinfo`: what `ibv_devinfo` shows, for the interfaces of this
 //! network namespace a urnic device can be opened on (without opening one).
 
+use anyhow::{bail, Context as _};
 use urnic::{device_list, link_local_gid, Mtu};
 
 /// EUI-64 node GUID from a MAC, formatted like ibv_devinfo (`xxxx:xxxx:xxxx:xxxx`).
@@ -16,14 +17,14 @@ fn port_mtu(mtu: u32) -> u32 {
 }
 
 /// Print the device list (all, or `only`).
-pub fn run(only: Option<&str>, verbose: bool) -> Result<(), String> {
-    let list = device_list().map_err(|e| format!("listing interfaces: {e}"))?;
+pub fn run(only: Option<&str>, verbose: bool) -> anyhow::Result<()> {
+    let list = device_list().context("listing interfaces")?;
     let list: Vec<_> = list.into_iter().filter(|d| only.is_none_or(|n| d.ifname == n)).collect();
     if list.is_empty() {
-        return Err(match only {
-            Some(n) => format!("IB device '{n}' wasn't found (no Ethernet interface of that name here)"),
-            None => "No IB devices found (no Ethernet interface here)".into(),
-        });
+        match only {
+            Some(n) => bail!("IB device '{n}' wasn't found (no Ethernet interface of that name here)"),
+            None => bail!("No IB devices found (no Ethernet interface here)"),
+        }
     }
     for d in list {
         let mtu = port_mtu(d.mtu);

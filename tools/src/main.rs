@@ -12,6 +12,7 @@ mod report;
 
 use std::process::ExitCode;
 
+use anyhow::{bail, Context as _, Result};
 use clap::{Parser, Subcommand};
 use urnic::{open_af_xdp, open_device, xdp, BindMode, Context, DatapathMode, DeviceConfig, IdlePolicy, MemHub, XskConfig};
 use urnic_datapath::netns::VethPair;
@@ -260,7 +261,7 @@ struct DemoOpts<'a> {
 }
 
 /// Open the two demo devices. The veth pair (if any) must outlive them.
-fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, String), String> {
+fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, String)> {
     let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let mode = match (o.datapath, o.shards) {
         (_, n) if n > 1 => DatapathMode::Threads { cores: (0..n).map(|c| c % ncpu).collect(), idle: IdlePolicy::default() },
@@ -268,7 +269,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
         (Datapath::Thread, _) => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
     };
     if o.shards == 0 || (o.shards > 1 && o.link == Link::Memory) {
-        return Err("--shards must be at least 1, and above 1 only with --link veth (one AF_XDP queue per shard)".into());
+        bail!("--shards must be at least 1, and above 1 only with --link veth (one AF_XDP queue per shard)");
     }
     match o.link {
         Link::Memory => {
@@ -279,14 +280,14 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
             cb.link_mtu = o.link_mtu;
             ca.datapath = mode.clone();
             cb.datapath = mode;
-            let a = open_device(ca).map_err(|e| e.to_string())?;
-            let b = open_device(cb).map_err(|e| e.to_string())?;
+            let a = open_device(ca).context("urnic0")?;
+            let b = open_device(cb).context("urnic1")?;
             Ok((a, b, None, "in-memory link".into()))
         }
         Link::Veth => {
             let _ = VethPair::sweep_stale();
             let pair = VethPair::create_with_queues("demo", o.link_mtu, o.shards as u32)
-                .map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?;
+                .context("creating two network namespaces joined by veth (run as root)")?;
             let mut xsk = XskConfig::new(&pair.ifname[0]);
             xsk.bind = BindMode::Auto;
             xsk.xdp.mode = match o.xdp_mode {
@@ -294,9 +295,9 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
                 XdpMode::Native => xdp::AttachMode::Native,
                 XdpMode::Generic => xdp::AttachMode::Generic,
             };
-            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode.clone()).map_err(|e| format!("urnic0 in {}: {e}", pair.ns[0]))?;
+            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode.clone()).with_context(|| format!("urnic0 in {}", pair.ns[0]))?;
             xsk.ifname = pair.ifname[1].clone();
-            let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).map_err(|e| format!("urnic1 in {}: {e}", pair.ns[1]))?;
+            let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).with_context(|| format!("urnic1 in {}", pair.ns[1]))?;
             let how = a
                 .nic()
                 .with_port(|p| {
@@ -311,7 +312,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
     }
 }
 
-fn demo(o: &DemoOpts) -> Result<(), String> {
+fn demo(o: &DemoOpts) -> Result<()> {
     let DemoOpts { sizes, iters, depth, lat_iters, pcap_dir, .. } = *o;
     // Run-to-completion by default: this thread drives both devices'
     // datapaths itself (no datapath threads competing for the two cores),
@@ -322,13 +323,13 @@ fn demo(o: &DemoOpts) -> Result<(), String> {
         let _ = ctx.publish_counters(std::path::Path::new(STAT_DIR));
     }
     if let Some(file) = o.pcap {
-        a.nic().set_capture(Some(file)).map_err(|e| format!("{}: {e}", file.display()))?;
+        a.nic().set_capture(Some(file)).with_context(|| file.display().to_string())?;
     }
     if let Some(dir) = pcap_dir {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
         for ctx in [&a, &b] {
             let path = dir.join(format!("{}.pcap", ctx.name()));
-            ctx.nic().set_capture(Some(&path)).map_err(|e| format!("{}: {e}", path.display()))?;
+            ctx.nic().set_capture(Some(&path)).with_context(|| path.display().to_string())?;
         }
     }
     let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
@@ -340,7 +341,7 @@ fn demo(o: &DemoOpts) -> Result<(), String> {
         eb.drive = vec![a.clone(), b.clone()];
     }
     connect_pair(&ea, &eb)?;
-    let mtu = a.query_port(1).map_err(|e| e.to_string())?.active_mtu.bytes();
+    let mtu = a.query_port(1).context("query_port")?.active_mtu.bytes();
 
     let how = match (o.datapath, o.shards) {
         (_, n) if n > 1 => format!("{n} shards per device, one pinned polling thread each"),
@@ -371,9 +372,9 @@ fn demo(o: &DemoOpts) -> Result<(), String> {
     Ok(())
 }
 
-fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
+fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<()> {
     if a.ib_port != 1 {
-        return Err(format!("port {} does not exist (urnic devices have port 1)", a.ib_port));
+        bail!("port {} does not exist (urnic devices have port 1)", a.ib_port);
     }
     let _ = (a.sl, a.events);
     let ifname = dev::pick_interface(a.dev.as_deref())?;
@@ -395,7 +396,7 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<(), String> {
     }
 }
 
-fn run_perf(a: PerfArgs) -> Result<(), String> {
+fn run_perf(a: PerfArgs) -> Result<()> {
     let _ = a.cpu_freq;
     let ifname = dev::pick_interface(a.dev.as_deref())?;
     let ctx = dev::open(&ifname, a.drop)?;
@@ -416,19 +417,19 @@ fn run_perf(a: PerfArgs) -> Result<(), String> {
     perftest::run(&ctx, &opts)
 }
 
-fn stat(dir: &std::path::Path, all: bool) -> Result<(), String> {
+fn stat(dir: &std::path::Path, all: bool) -> Result<()> {
     let mut files: Vec<_> = std::fs::read_dir(dir)
-        .map_err(|e| format!("{}: {e} (no urnic device has published counters here)", dir.display()))?
+        .with_context(|| format!("{}: no urnic device has published counters here", dir.display()))?
         .flatten()
         .map(|e| e.path())
         .filter(|p| p.extension().is_some_and(|x| x == "stat"))
         .collect();
     files.sort();
     if files.is_empty() {
-        return Err(format!("no urnic device is running (nothing in {})", dir.display()));
+        bail!("no urnic device is running (nothing in {})", dir.display());
     }
     for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|e| format!("{}: {e}", f.display()))?;
+        let text = std::fs::read_to_string(&f).with_context(|| f.display().to_string())?;
         println!("# {}", f.display());
         for line in text.lines() {
             if all || !line.ends_with(" 0") {
@@ -469,7 +470,8 @@ fn main() -> ExitCode {
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("urnic: {e}");
+            // `:#`: each context, then its cause ("what: why").
+            eprintln!("urnic: {e:#}");
             ExitCode::FAILURE
         }
     }

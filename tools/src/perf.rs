@@ -3,6 +3,7 @@
 
 use std::time::{Duration, Instant};
 
+use anyhow::{anyhow, bail, Context as _, Result};
 use urnic::{
     Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType,
     RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
@@ -25,20 +26,14 @@ pub struct Endpoint {
     pub drive: Vec<Context>,
 }
 
-/// Errors of a perf run, as text for the CLI.
-pub type PerfResult<T> = Result<T, String>;
-
-fn e<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
-    move |err| format!("{what}: {err}")
-}
 
 impl Endpoint {
     /// Create the endpoint's objects with a `buf_len` buffer.
-    pub fn new(ctx: &Context, buf_len: usize, depth: u32) -> PerfResult<Endpoint> {
-        let pd = ctx.alloc_pd().map_err(e("alloc_pd"))?;
-        let cq = ctx.create_cq(depth * 3 + 16, None).map_err(e("create_cq"))?;
+    pub fn new(ctx: &Context, buf_len: usize, depth: u32) -> Result<Endpoint> {
+        let pd = ctx.alloc_pd().context("alloc_pd")?;
+        let cq = ctx.create_cq(depth * 3 + 16, None).context("create_cq")?;
         let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let mr = pd.alloc_mr(buf_len, access).map_err(e("alloc_mr"))?;
+        let mr = pd.alloc_mr(buf_len, access).context("alloc_mr")?;
         let qp = pd
             .create_qp(&QpInit {
                 qp_type: QpType::Rc,
@@ -50,13 +45,13 @@ impl Endpoint {
                 cap: QpCaps { max_send_wr: depth, max_recv_wr: 2 * depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
                 sq_sig_all: false,
             })
-            .map_err(e("create_qp"))?;
+            .context("create_qp")?;
         Ok(Endpoint { ctx: ctx.clone(), qp, cq, mr, drive: Vec::new() })
     }
 
     /// Bring the QP to RTS towards `remote` (GID index 1, the IPv4-mapped GID).
-    pub fn connect(&self, remote_qpn: u32, remote_gid: [u8; 16], local_psn: u32, remote_psn: u32) -> PerfResult<()> {
-        self.qp.connect(&Connect::new(remote_qpn, remote_gid, local_psn, remote_psn)).map_err(e("connect"))
+    pub fn connect(&self, remote_qpn: u32, remote_gid: [u8; 16], local_psn: u32, remote_psn: u32) -> Result<()> {
+        self.qp.connect(&Connect::new(remote_qpn, remote_gid, local_psn, remote_psn)).context("connect")
     }
 
     /// Run one datapath iteration of every context this thread drives.
@@ -67,17 +62,17 @@ impl Endpoint {
     }
 
     /// Poll until a completion arrives or `deadline` passes.
-    pub fn wait_one(&self, deadline: Instant) -> PerfResult<WorkCompletion> {
+    pub fn wait_one(&self, deadline: Instant) -> Result<WorkCompletion> {
         let mut wc = [WorkCompletion::default(); 1];
         loop {
-            if self.cq.poll(&mut wc).map_err(e("poll_cq"))? == 1 {
+            if self.cq.poll(&mut wc).context("poll_cq")? == 1 {
                 if wc[0].status != WcStatus::Success {
-                    return Err(format!("completion error: {:?} (wr_id {})", wc[0].status, wc[0].wr_id));
+                    bail!("completion error: {:?} (wr_id {})", wc[0].status, wc[0].wr_id);
                 }
                 return Ok(wc[0]);
             }
             if Instant::now() > deadline {
-                return Err("timed out waiting for a completion".into());
+                bail!("timed out waiting for a completion");
             }
             self.kick();
         }
@@ -85,9 +80,9 @@ impl Endpoint {
 }
 
 /// Connect two endpoints to each other.
-pub fn connect_pair(a: &Endpoint, b: &Endpoint) -> PerfResult<()> {
-    let ga = a.ctx.query_gid(1, 1).map_err(e("query_gid"))?;
-    let gb = b.ctx.query_gid(1, 1).map_err(e("query_gid"))?;
+pub fn connect_pair(a: &Endpoint, b: &Endpoint) -> Result<()> {
+    let ga = a.ctx.query_gid(1, 1).context("query_gid")?;
+    let gb = b.ctx.query_gid(1, 1).context("query_gid")?;
     a.connect(b.qp.qp_num(), gb, 0x1000, 0x2000)?;
     b.connect(a.qp.qp_num(), ga, 0x2000, 0x1000)?;
     Ok(())
@@ -133,7 +128,7 @@ impl BwOp {
 
 /// RDMA WRITE bandwidth from `a` to `b`: `iters` writes of `size` bytes,
 /// `depth` outstanding, every write signaled; then checks `b`'s buffer.
-pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, depth: usize) -> PerfResult<BwResult> {
+pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, depth: usize) -> Result<BwResult> {
     bw(a, b, BwOp::Write, size, iters, depth)
 }
 
@@ -141,11 +136,11 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
 /// of `size` bytes, `depth` outstanding, every one signaled; then checks
 /// that the destination buffer holds the source's pattern. SEND receives
 /// land in the upper half of `b`'s buffer (so `size` must fit in half).
-pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize) -> PerfResult<BwResult> {
+pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize) -> Result<BwResult> {
     let pattern = |i: usize| (i * 7 + 3) as u8;
     let half = b.mr.len() / 2;
     if op == BwOp::Send && size > half {
-        return Err(format!("SEND of {size} bytes does not fit the {half}-byte receive area"));
+        bail!("SEND of {size} bytes does not fit the {half}-byte receive area");
     }
     // Source and destination of the data, by operation.
     let (src, dst_at) = match op {
@@ -154,9 +149,9 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
         BwOp::Send => (&mut *a, half),
     };
     let data: Vec<u8> = (0..size).map(pattern).collect();
-    src.mr.write_at(0, &data).map_err(e("write_at"))?;
+    src.mr.write_at(0, &data).context("write_at")?;
     let dst: &mut Endpoint = if op == BwOp::Read { &mut *a } else { &mut *b };
-    dst.mr.fill_at(dst_at, size, 0).map_err(e("fill_at"))?;
+    dst.mr.fill_at(dst_at, size, 0).context("fill_at")?;
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
     let sge = a.mr.sge(0, size as u32);
     let opcode = match op {
@@ -169,7 +164,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     let mut recvs_posted = 0usize;
     if op == BwOp::Send {
         for _ in 0..(2 * depth).min(iters) {
-            b.qp.post_recv(&recv).map_err(e("post_recv"))?;
+            b.qp.post_recv(&recv).context("post_recv")?;
             recvs_posted += 1;
         }
     }
@@ -183,27 +178,27 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     while done < iters || (op == BwOp::Send && received < iters) {
         while posted < iters && posted - done < depth {
             let wr = SendWr { wr_id: posted as u64, op: opcode, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None };
-            a.qp.post_send(&wr).map_err(e("post_send"))?;
+            a.qp.post_send(&wr).context("post_send")?;
             posted += 1;
         }
         a.kick();
-        let n = a.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
+        let n = a.cq.poll(&mut wcs).context("poll_cq")?;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
-                return Err(format!("{} {} completed with {:?}", op.name(), wc.wr_id, wc.status));
+                bail!("{} {} completed with {:?}", op.name(), wc.wr_id, wc.status);
             }
         }
         done += n;
         window_done += n;
         if op == BwOp::Send {
-            let m = b.cq.poll(&mut wcs).map_err(e("poll_cq"))?;
+            let m = b.cq.poll(&mut wcs).context("poll_cq")?;
             for wc in &wcs[..m] {
                 if wc.status != WcStatus::Success || wc.byte_len as usize != size {
-                    return Err(format!("receive completed with {:?}, {} bytes", wc.status, wc.byte_len));
+                    bail!("receive completed with {:?}, {} bytes", wc.status, wc.byte_len);
                 }
                 received += 1;
                 if recvs_posted < iters {
-                    b.qp.post_recv(&recv).map_err(e("post_recv"))?;
+                    b.qp.post_recv(&recv).context("post_recv")?;
                     recvs_posted += 1;
                 }
             }
@@ -217,14 +212,14 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
             window_done = 0;
         }
         if n == 0 && Instant::now() > deadline {
-            return Err(format!("{} bandwidth stalled: {done}/{iters} completed", op.name()));
+            bail!("{} bandwidth stalled: {done}/{iters} completed", op.name());
         }
     }
     let secs = start.elapsed().as_secs_f64();
     let avg = (iters * size) as f64 / secs / 1e6;
     let dst: &Endpoint = if op == BwOp::Read { a } else { b };
-    if dst.mr.read_vec(dst_at, size).map_err(e("read_at"))?.iter().enumerate().any(|(i, &v)| v != pattern(i)) {
-        return Err(format!("data check failed: the {} destination does not hold what was sent", op.name()));
+    if dst.mr.read_vec(dst_at, size).context("read_at")?.iter().enumerate().any(|(i, &v)| v != pattern(i)) {
+        bail!("data check failed: the {} destination does not hold what was sent", op.name());
     }
     Ok(BwResult { bytes: size, iters, peak_mbs: peak.max(avg), avg_mbs: avg })
 }
@@ -232,19 +227,19 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
 /// SEND ping-pong latency between `a` and `b`: `iters` round trips of
 /// `size`-byte messages; returns one-way latencies (RTT/2) in µs, as
 /// ib_send_lat reports them.
-pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<LatStats> {
+pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> Result<LatStats> {
     let mut samples = send_lat_samples(a, b, size, iters)?;
-    LatStats::from_samples(&mut samples).ok_or_else(|| "no samples".to_string())
+    LatStats::from_samples(&mut samples).context("no samples")
 }
 
 /// [`send_lat`]'s samples, one-way µs in measurement order.
-pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<Vec<f64>> {
+pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(iters);
     // Receive buffers are the upper half of the region, large enough for any
     // size, so a receive left posted by an earlier size still fits.
     let half = a.mr.len().min(b.mr.len()) / 2;
     if size > half {
-        return Err(format!("message of {size} bytes does not fit the {half}-byte receive area"));
+        bail!("message of {size} bytes does not fit the {half}-byte receive area");
     }
     let recv = |ep: &Endpoint, id: u64| RecvWr { wr_id: id, sgl: vec![ep.mr.sge(half, half as u32)] };
     let send = |ep: &Endpoint, id: u64| {
@@ -256,26 +251,26 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
             ud: None,
         }
     };
-    b.qp.post_recv(&recv(b, 1)).map_err(e("post_recv"))?;
-    a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
+    b.qp.post_recv(&recv(b, 1)).context("post_recv")?;
+    a.qp.post_recv(&recv(a, 1)).context("post_recv")?;
     for i in 0..iters {
         let tag = (i % 251) as u8;
-        a.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
+        a.mr.fill_at(0, size, tag).context("fill_at")?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let t0 = Instant::now();
-        a.qp.post_send(&send(a, 2)).map_err(e("post_send"))?;
+        a.qp.post_send(&send(a, 2)).context("post_send")?;
         // b: receive, check, answer
         let mut got_recv = false;
         while !got_recv {
             let wc = b.wait_one(deadline)?;
             got_recv = wc.opcode == urnic::WcOpcode::Recv;
         }
-        if b.mr.read_vec(half, size).map_err(e("read_at"))?.iter().any(|&v| v != tag) {
-            return Err(format!("data check failed on ping {i}"));
+        if b.mr.read_vec(half, size).context("read_at")?.iter().any(|&v| v != tag) {
+            bail!("data check failed on ping {i}");
         }
-        b.qp.post_recv(&recv(b, 1)).map_err(e("post_recv"))?;
-        b.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
-        b.qp.post_send(&send(b, 2)).map_err(e("post_send"))?;
+        b.qp.post_recv(&recv(b, 1)).context("post_recv")?;
+        b.mr.fill_at(0, size, tag).context("fill_at")?;
+        b.qp.post_send(&send(b, 2)).context("post_send")?;
         // a: wait for the pong (and its own send completion)
         let mut got_pong = false;
         while !got_pong {
@@ -283,7 +278,7 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
             got_pong = wc.opcode == urnic::WcOpcode::Recv;
         }
         let rtt = t0.elapsed();
-        a.qp.post_recv(&recv(a, 1)).map_err(e("post_recv"))?;
+        a.qp.post_recv(&recv(a, 1)).context("post_recv")?;
         samples.push(rtt.as_secs_f64() * 1e6 / 2.0);
         // drain remaining send completions
         let mut wcs = [WorkCompletion::default(); 4];
@@ -296,27 +291,27 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
 /// WRITE ping-pong latency (ib_write_lat): `a` writes `size` bytes into
 /// `b`'s buffer whose last byte counts the iterations, `b` spins on that
 /// byte and writes back the same way. One-way µs (RTT/2) per round trip.
-pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> PerfResult<Vec<f64>> {
+pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> Result<Vec<f64>> {
     if size == 0 || size > a.mr.len().min(b.mr.len()) / 2 {
-        return Err(format!("write_lat: {size} bytes do not fit half the buffer"));
+        bail!("write_lat: {size} bytes do not fit half the buffer");
     }
     // Each side sends from the lower half and is written into the upper half.
     let half_a = a.mr.len() / 2;
     let half_b = b.mr.len() / 2;
-    a.mr.fill_at(half_a, size, 0).map_err(e("fill_at"))?;
-    b.mr.fill_at(half_b, size, 0).map_err(e("fill_at"))?;
+    a.mr.fill_at(half_a, size, 0).context("fill_at")?;
+    b.mr.fill_at(half_b, size, 0).context("fill_at")?;
     let to_b = RemoteAddr { addr: b.mr.addr() + half_b as u64, rkey: b.mr.rkey() };
     let to_a = RemoteAddr { addr: a.mr.addr() + half_a as u64, rkey: a.mr.rkey() };
     let mut samples = Vec::with_capacity(iters);
     let mut wcs = [WorkCompletion::default(); 8];
     // Spin until the last byte of `ep`'s landing area reads `tag`.
-    let spin = |ep: &Endpoint, half: usize, tag: u8, deadline: Instant| -> PerfResult<()> {
+    let spin = |ep: &Endpoint, half: usize, tag: u8, deadline: Instant| -> Result<()> {
         let at = ep.mr.as_ptr().wrapping_add(half + size - 1);
         // SAFETY: `at` is inside the registered buffer, which the datapath
         // writes concurrently: hence the volatile read.
         while unsafe { std::ptr::read_volatile(at) } != tag {
             if Instant::now() > deadline {
-                return Err("write_lat: the peer's WRITE did not land within 10 s".into());
+                bail!("write_lat: the peer's WRITE did not land within 10 s");
             }
             ep.kick();
         }
@@ -324,18 +319,18 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
     };
     // Completions so far, per side (every WRITE is signaled).
     let mut done = [0usize; 2];
-    let drain = |ep: &Endpoint, wcs: &mut [WorkCompletion], done: &mut usize| -> PerfResult<()> {
-        let n = ep.cq.poll(wcs).map_err(e("poll_cq"))?;
+    let drain = |ep: &Endpoint, wcs: &mut [WorkCompletion], done: &mut usize| -> Result<()> {
+        let n = ep.cq.poll(wcs).context("poll_cq")?;
         *done += n;
         match wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
-            Some(w) => Err(format!("write_lat: completion {:?}", w.status)),
+            Some(w) => Err(anyhow!("write_lat: completion {:?}", w.status)),
             None => Ok(()),
         }
     };
     for i in 0..iters {
         let tag = (i % 255 + 1) as u8;
-        a.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
-        b.mr.fill_at(0, size, tag).map_err(e("fill_at"))?;
+        a.mr.fill_at(0, size, tag).context("fill_at")?;
+        b.mr.fill_at(0, size, tag).context("fill_at")?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let t0 = Instant::now();
         let wr = |ep: &Endpoint, remote| SendWr {
@@ -345,9 +340,9 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        a.qp.post_send(&wr(a, to_b)).map_err(e("post_send"))?;
+        a.qp.post_send(&wr(a, to_b)).context("post_send")?;
         spin(b, half_b, tag, deadline)?;
-        b.qp.post_send(&wr(b, to_a)).map_err(e("post_send"))?;
+        b.qp.post_send(&wr(b, to_a)).context("post_send")?;
         spin(a, half_a, tag, deadline)?;
         samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
         drain(a, &mut wcs, &mut done[0])?;
@@ -358,7 +353,7 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
     let deadline = Instant::now() + Duration::from_secs(10);
     while done[0] < iters || done[1] < iters {
         if Instant::now() > deadline {
-            return Err(format!("write_lat: {}/{} and {}/{} WRITEs completed", done[0], iters, done[1], iters));
+            bail!("write_lat: {}/{} and {}/{} WRITEs completed", done[0], iters, done[1], iters);
         }
         a.kick();
         b.kick();

@@ -23,6 +23,7 @@ use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _, Result};
 use urnic::{
     Access, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr,
     RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
@@ -174,13 +175,13 @@ impl Keys {
     }
 
     /// Parse a peer's message.
-    pub fn parse(m: &[u8]) -> Result<Keys, String> {
-        let text = std::str::from_utf8(m.split(|&b| b == 0).next().unwrap_or(&[])).map_err(|_| "key message is not text")?;
+    pub fn parse(m: &[u8]) -> Result<Keys> {
+        let text = std::str::from_utf8(m.split(|&b| b == 0).next().unwrap_or(&[])).context("key message is not text")?;
         let f: Vec<&str> = text.split(':').collect();
         if f.len() < 23 {
-            return Err(format!("key message {text:?} has {} fields, not 23", f.len()));
+            bail!("key message {text:?} has {} fields, not 23", f.len());
         }
-        let hex = |i: usize| u64::from_str_radix(f[i], 16).map_err(|_| format!("field {i} {:?} of {text:?} is not hex", f[i]));
+        let hex = |i: usize| u64::from_str_radix(f[i], 16).with_context(|| format!("field {i} {:?} of {text:?} is not hex", f[i]));
         let mut gid = [0u8; 16];
         for (k, g) in gid.iter_mut().enumerate() {
             *g = hex(6 + k)? as u8;
@@ -207,30 +208,26 @@ struct Channel {
 }
 
 impl Channel {
-    fn open(ctx: &Context, server: Option<&str>, port: u16) -> Result<Channel, String> {
+    fn open(ctx: &Context, server: Option<&str>, port: u16) -> Result<Channel> {
         let (s, client) = match server {
             Some(host) => {
                 // Retry for up to 30 s while the server starts.
-                let mut last = String::new();
-                let mut conn = None;
-                for _ in 0..300 {
-                    match TcpStream::connect((host, port)) {
-                        Ok(s) => {
-                            conn = Some(s);
-                            break;
-                        }
-                        Err(e) => last = e.to_string(),
+                let mut conn = TcpStream::connect((host, port));
+                for _ in 1..300 {
+                    if conn.is_ok() {
+                        break;
                     }
                     std::thread::sleep(Duration::from_millis(100));
+                    conn = TcpStream::connect((host, port));
                 }
-                (conn.ok_or_else(|| format!("Couldn't connect to {host}:{port}: {last}"))?, true)
+                (conn.with_context(|| format!("Couldn't connect to {host}:{port}"))?, true)
             }
             None => {
-                let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
-                (l.accept().map_err(|e| format!("accept failed: {e}"))?.0, false)
+                let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("Couldn't listen to port {port}"))?;
+                (l.accept().context("accept failed")?.0, false)
             }
         };
-        s.set_nonblocking(true).map_err(|e| format!("socket: {e}"))?;
+        s.set_nonblocking(true).context("socket")?;
         let _ = s.set_nodelay(true);
         Ok(Channel { s, client, ctx: ctx.clone() })
     }
@@ -275,26 +272,26 @@ impl Channel {
     }
 
     /// Exchange equal-sized messages: the client writes first.
-    fn xchg(&mut self, mine: &[u8]) -> Result<Vec<u8>, String> {
+    fn xchg(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
         let mut theirs = vec![0u8; mine.len()];
-        let io = |e: std::io::Error| format!("Failed to exchange data between server and clients: {e}");
+        const FAILED: &str = "Failed to exchange data between server and clients";
         if self.client {
-            self.write_all(mine).map_err(io)?;
-            self.read_exact(&mut theirs).map_err(io)?;
+            self.write_all(mine).context(FAILED)?;
+            self.read_exact(&mut theirs).context(FAILED)?;
         } else {
-            self.read_exact(&mut theirs).map_err(io)?;
-            self.write_all(mine).map_err(io)?;
+            self.read_exact(&mut theirs).context(FAILED)?;
+            self.write_all(mine).context(FAILED)?;
         }
         Ok(theirs)
     }
 
-    fn hand_shake(&mut self, mine: &Keys) -> Result<Keys, String> {
+    fn hand_shake(&mut self, mine: &Keys) -> Result<Keys> {
         Keys::parse(&self.xchg(&mine.to_msg())?)
     }
 
-    fn close(mut self, mine: &Keys) -> Result<(), String> {
+    fn close(mut self, mine: &Keys) -> Result<()> {
         self.hand_shake(mine)?;
-        self.write_all(b"done\0").map_err(|e| format!("Couldn't write to socket: {e}"))?;
+        self.write_all(b"done\0").context("Couldn't write to socket")?;
         Ok(())
     }
 }
@@ -314,10 +311,6 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
-fn e<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
-    move |err| format!("{what}: {err}")
-}
-
 struct Res {
     ctx: Context,
     qp: Qp,
@@ -328,11 +321,11 @@ struct Res {
 }
 
 /// Run one perftest-compatible test on `ctx`.
-pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
+pub fn run(ctx: &Context, o: &Opts) -> Result<()> {
     if o.test == Test::AtomicBw && o.size != 8 {
-        return Err("atomic operations are 8 bytes (-s 8)".into());
+        bail!("atomic operations are 8 bytes (-s 8)");
     }
-    let port_attr = ctx.query_port(1).map_err(e("query_port"))?;
+    let port_attr = ctx.query_port(1).context("query_port")?;
     let mut ch = Channel::open(ctx, o.server.as_deref(), o.port)?;
     let is_client = ch.client;
 
@@ -342,12 +335,12 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
     let rv = ch.xchg(&v)?;
     let rem_version = String::from_utf8_lossy(rv.split(|&b| b == 0).next().unwrap_or(&[])).into_owned();
     if rem_version.parse::<f64>().map_or(true, |x| x < 5.70) {
-        return Err(format!("the peer's perftest version {rem_version:?} is older than 5.70 (not compatible)"));
+        bail!("the peer's perftest version {rem_version:?} is older than 5.70 (not compatible)");
     }
     let cycle = u32::from_be_bytes(ch.xchg(&(PAGE as u32).to_be_bytes())?.try_into().unwrap_or([0; 4])).max(PAGE as u32) as usize;
     let _cache = u32::from_be_bytes(ch.xchg(&CACHE_LINE.to_be_bytes())?.try_into().unwrap_or([0; 4])).max(CACHE_LINE);
     let want_mtu = match o.mtu {
-        Some(b) => Mtu::from_bytes(b).ok_or_else(|| format!("Invalid MTU {b}"))?,
+        Some(b) => Mtu::from_bytes(b).with_context(|| format!("Invalid MTU {b}"))?,
         None => port_attr.active_mtu,
     };
     let mine = [b'0' + want_mtu as u8, 0];
@@ -369,13 +362,13 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
         psn: crate::dev::random_psn(),
         rkey: if matches!(o.test, Test::SendBw | Test::SendLat) { 0 } else { r.mr.rkey() },
         vaddr: r.mr.addr() + half as u64,
-        gid: ctx.query_gid(1, u32::from(o.gid_idx)).map_err(e("query_gid"))?,
+        gid: ctx.query_gid(1, u32::from(o.gid_idx)).context("query_gid")?,
         srqn: 0,
     };
     banner(o, mtu, &port_attr);
     let rem = ch.hand_shake(&my)?;
     if crate::dev::is_ipv4_mapped(&my.gid) != crate::dev::is_ipv4_mapped(&rem.gid) {
-        return Err("the two sides use GIDs of different types (IPv4 vs IPv6): use matching -x".into());
+        bail!("the two sides use GIDs of different types (IPv4 vs IPv6): use matching -x");
     }
     let rd = rem.out_reads.clamp(1, 128) as u8;
     r.qp.connect(&Connect {
@@ -389,7 +382,7 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
         access: Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
         ..Connect::new(rem.qpn, rem.gid, my.psn, rem.psn)
     })
-    .map_err(e("Failed to modify QP to RTR/RTS"))?;
+    .context("Failed to modify QP to RTR/RTS")?;
     print_keys("local", &my);
     ch.hand_shake(&my)?;
     print_keys("remote", &rem);
@@ -406,7 +399,7 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
     if needs_recv {
         let n = o.rx_depth.min(o.iters.min(u64::from(u32::MAX)) as u32).max(1);
         for _ in 0..n {
-            r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).map_err(e("Couldn't post receive"))?;
+            r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
             routs += 1;
         }
     }
@@ -429,16 +422,16 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<(), String> {
     Ok(())
 }
 
-fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res, String> {
-    let pd = ctx.alloc_pd().map_err(e("Couldn't allocate PD"))?;
+fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res> {
+    let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
     let depth = o.tx_depth.max(o.rx_depth).max(16);
-    let cq = ctx.create_cq(2 * depth + 16, None).map_err(e("Couldn't create CQ"))?;
+    let cq = ctx.create_cq(2 * depth + 16, None).context("Couldn't create CQ")?;
     let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    let mut mr = pd.alloc_mr(2 * half, access).map_err(e("Couldn't register MR"))?;
+    let mut mr = pd.alloc_mr(2 * half, access).context("Couldn't register MR")?;
     // perftest fills its buffer with random bytes; a fixed pattern lets the
     // data be checked where the test allows.
     let pattern: Vec<u8> = (0..mr.len()).map(|i| (i % 251) as u8).collect();
-    mr.write_at(0, &pattern).map_err(e("Couldn't fill the MR"))?;
+    mr.write_at(0, &pattern).context("Couldn't fill the MR")?;
     let qp = pd
         .create_qp(&QpInit {
             qp_type: QpType::Rc,
@@ -448,9 +441,9 @@ fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res, String> {
             cap: QpCaps { max_send_wr: depth, max_recv_wr: depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
             sq_sig_all: false,
         })
-        .map_err(e("Couldn't create QP"))?;
+        .context("Couldn't create QP")?;
     let init = QpAttr { qp_state: QpState::Init, qp_access_flags: access, ..QpAttr::default() };
-    qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).map_err(e("Failed to modify QP to INIT"))?;
+    qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).context("Failed to modify QP to INIT")?;
     Ok(Res { ctx: ctx.clone(), qp, cq, mr, half })
 }
 
@@ -487,11 +480,11 @@ fn print_keys(side: &str, k: &Keys) {
 }
 
 /// Drive the datapath one step (run-to-completion), then poll the CQ.
-fn poll(r: &Res, wc: &mut [WorkCompletion]) -> Result<usize, String> {
+fn poll(r: &Res, wc: &mut [WorkCompletion]) -> Result<usize> {
     r.ctx.poll();
-    let n = r.cq.poll(wc).map_err(e("poll CQ"))?;
+    let n = r.cq.poll(wc).context("poll CQ")?;
     if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
-        return Err(format!(" Completion with error at {}:\n Failed status {:?}: wr_id {} opcode {:?}", if bad.opcode == WcOpcode::Recv { "server" } else { "client" }, bad.status, bad.wr_id, bad.opcode));
+        bail!(" Completion with error at {}:\n Failed status {:?}: wr_id {} opcode {:?}", if bad.opcode == WcOpcode::Recv { "server" } else { "client" }, bad.status, bad.wr_id, bad.opcode);
     }
     Ok(n)
 }
@@ -507,7 +500,7 @@ fn bw_test(
     recv_sge: urnic::Sge,
     mut routs: u32,
     cycle: usize,
-) -> Result<String, String> {
+) -> Result<String> {
     // WRITE/READ/ATOMIC: the server only waits (in the handshake) and then
     // prints the client's report. SEND: the server receives.
     if !is_client && o.test != Test::SendBw {
@@ -535,7 +528,7 @@ fn bw_test(
                 rcnt += 1;
                 routs -= 1;
                 if rcnt + u64::from(routs) < iters {
-                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).map_err(e("Couldn't post receive"))?;
+                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
                     routs += 1;
                 }
             }
@@ -575,7 +568,7 @@ fn bw_test(
                 let signaled = posted % cq_mod == 0 || posted == iters;
                 let flags = if signaled { SendFlags::SIGNALED } else { SendFlags::empty() };
                 r.qp.post_send(&SendWr { wr_id: posted, op, payload: Payload::Sgl(vec![local]), flags, ud: None })
-                    .map_err(e("Couldn't post send"))?;
+                    .context("Couldn't post send")?;
             }
             let n = poll(r, &mut wc)?;
             for w in &wc[..n] {
@@ -602,9 +595,9 @@ fn bw_test(
     Ok(json_bw(o, &rep))
 }
 
-fn xchg_report(ch: &mut Channel, mine: &BwReport) -> Result<BwReport, String> {
-    let u = |ch: &mut Channel, v: u64| -> Result<u64, String> { Ok(u64::from_be_bytes(ch.xchg(&v.to_be_bytes())?.try_into().unwrap_or([0; 8]))) };
-    let f = |ch: &mut Channel, v: f64| -> Result<f64, String> { Ok(f64::from_bits(u64::from_be_bytes(ch.xchg(&v.to_bits().to_be_bytes())?.try_into().unwrap_or([0; 8])))) };
+fn xchg_report(ch: &mut Channel, mine: &BwReport) -> Result<BwReport> {
+    let u = |ch: &mut Channel, v: u64| -> Result<u64> { Ok(u64::from_be_bytes(ch.xchg(&v.to_be_bytes())?.try_into().unwrap_or([0; 8]))) };
+    let f = |ch: &mut Channel, v: f64| -> Result<f64> { Ok(f64::from_bits(u64::from_be_bytes(ch.xchg(&v.to_bits().to_be_bytes())?.try_into().unwrap_or([0; 8])))) };
     Ok(BwReport { size: u(ch, mine.size)?, iters: u(ch, mine.iters)?, peak: f(ch, mine.peak)?, avg: f(ch, mine.avg)?, msg_rate: f(ch, mine.msg_rate)? })
 }
 
@@ -615,13 +608,13 @@ fn json_bw(o: &Opts, r: &BwReport) -> String {
     )
 }
 
-fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge, half: usize) -> Result<String, String> {
+fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge, half: usize) -> Result<String> {
     let size = o.size;
     let iters = o.iters as usize;
     let mut wc = vec![WorkCompletion::default(); 8];
     let mut samples: Vec<f64> = Vec::with_capacity(iters);
     let deadline_step = Duration::from_secs(30);
-    let wait = |want: &dyn Fn(&WorkCompletion) -> bool, wc: &mut [WorkCompletion]| -> Result<(), String> {
+    let wait = |want: &dyn Fn(&WorkCompletion) -> bool, wc: &mut [WorkCompletion]| -> Result<()> {
         let deadline = Instant::now() + deadline_step;
         loop {
             let n = poll(r, wc)?;
@@ -629,7 +622,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                 return Ok(());
             }
             if Instant::now() > deadline {
-                return Err("no completion for 30 s: the peer is gone".into());
+                bail!("no completion for 30 s: the peer is gone");
             }
         }
     };
@@ -640,16 +633,16 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
             let mut t = Instant::now();
             for _ in 0..iters {
                 if is_client {
-                    r.qp.post_send(&send(SendFlags::SIGNALED)).map_err(e("Couldn't post send"))?;
+                    r.qp.post_send(&send(SendFlags::SIGNALED)).context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
-                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).map_err(e("Couldn't post receive"))?;
+                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
                     let now = Instant::now();
                     samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
                     t = now;
                 } else {
                     wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
-                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).map_err(e("Couldn't post receive"))?;
-                    r.qp.post_send(&send(SendFlags::SIGNALED)).map_err(e("Couldn't post send"))?;
+                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
+                    r.qp.post_send(&send(SendFlags::SIGNALED)).context("Couldn't post send")?;
                     // The server measures too, from one ping to the next.
                     let now = Instant::now();
                     samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
@@ -673,7 +666,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     // datapath writes it concurrently, hence the volatile read.
                     while unsafe { std::ptr::read_volatile(base.add(poll_at)) } != rcnt as u8 {
                         if Instant::now() > deadline {
-                            return Err("the peer's write did not arrive for 30 s".into());
+                            bail!("the peer's write did not arrive for 30 s");
                         }
                         r.ctx.poll();
                     }
@@ -684,7 +677,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     unsafe { std::ptr::write_volatile(post_ptr, scnt as u8) };
                     let remote = RemoteAddr { addr: rem.vaddr, rkey: rem.rkey };
                     r.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None })
-                        .map_err(e("Couldn't post send"))?;
+                        .context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::RdmaWrite, &mut wc)?;
                 }
                 if rcnt > 0 {
@@ -700,7 +693,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     let t = Instant::now();
                     let remote = RemoteAddr { addr: rem.vaddr, rkey: rem.rkey };
                     r.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Read { remote }, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None })
-                        .map_err(e("Couldn't post send"))?;
+                        .context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::RdmaRead, &mut wc)?;
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
                 }
@@ -711,7 +704,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
     if samples.is_empty() {
         return Ok(String::new());
     }
-    let s = LatStats::from_samples(&mut samples).ok_or("no samples")?;
+    let s = LatStats::from_samples(&mut samples).context("no samples")?;
     println!("{}", lat_header());
     println!("{}", lat_row(size, iters, &s));
     println!("{RULE}");

@@ -8,6 +8,7 @@ use std::io::{Read, Write};
 use std::net::{Ipv6Addr, TcpListener, TcpStream};
 use std::time::Instant;
 
+use anyhow::{bail, Context as _, Result};
 use urnic::{
     AhAttr, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr,
     SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
@@ -66,71 +67,60 @@ impl Dest {
     }
 
     /// Parse the peer's message (as `sscanf("%x:%x:%x:%s")` + `wire_gid_to_gid`).
-    pub fn parse(msg: &[u8]) -> Result<Dest, String> {
-        let text = std::str::from_utf8(msg.split(|&b| b == 0).next().unwrap_or(&[])).map_err(|_| "exchange message is not text")?;
+    pub fn parse(msg: &[u8]) -> Result<Dest> {
+        let text = std::str::from_utf8(msg.split(|&b| b == 0).next().unwrap_or(&[])).context("exchange message is not text")?;
         let mut it = text.splitn(4, ':');
-        let mut field = |what: &str| -> Result<u32, String> {
-            let f = it.next().ok_or_else(|| format!("exchange message {text:?} lacks the {what}"))?;
-            u32::from_str_radix(f, 16).map_err(|_| format!("bad {what} {f:?} in {text:?}"))
+        let mut field = |what: &str| -> Result<u32> {
+            let f = it.next().with_context(|| format!("exchange message {text:?} lacks the {what}"))?;
+            u32::from_str_radix(f, 16).with_context(|| format!("bad {what} {f:?} in {text:?}"))
         };
         let lid = field("LID")? as u16;
         let qpn = field("QPN")?;
         let psn = field("PSN")?;
-        let g = it.next().ok_or_else(|| format!("exchange message {text:?} lacks the GID"))?;
-        if g.len() != 32 {
-            return Err(format!("GID {g:?} is not 32 hex digits"));
+        let g = it.next().with_context(|| format!("exchange message {text:?} lacks the GID"))?;
+        // ASCII, or slicing at byte offsets below could split a character.
+        if g.len() != 32 || !g.is_ascii() {
+            bail!("GID {g:?} is not 32 hex digits");
         }
         let mut gid = [0u8; 16];
         for (i, b) in gid.iter_mut().enumerate() {
-            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).map_err(|_| format!("bad GID {g:?}"))?;
+            *b = u8::from_str_radix(&g[2 * i..2 * i + 2], 16).with_context(|| format!("bad GID {g:?}"))?;
         }
         Ok(Dest { lid, qpn, psn, gid })
     }
 }
 
-fn io(what: &'static str) -> impl Fn(std::io::Error) -> String {
-    move |e| format!("{what}: {e}")
-}
-
-fn verr(what: &'static str) -> impl Fn(urnic::Error) -> String {
-    move |e| format!("{what}: {e}")
-}
-
 /// Client side of the exchange: send ours, read theirs, send `done`.
-fn client_exchange(server: &str, port: u16, me: &Dest) -> Result<Dest, String> {
+fn client_exchange(server: &str, port: u16, me: &Dest) -> Result<Dest> {
     // Retry for a while: the server may still be starting (rdma-core's tool
     // gives up at once; scripts wrap it in a loop).
-    let mut last = String::new();
-    let mut conn = None;
-    for _ in 0..300 {
-        match TcpStream::connect((server, port)) {
-            Ok(s) => {
-                conn = Some(s);
-                break;
-            }
-            Err(e) => last = e.to_string(),
+    let mut conn = TcpStream::connect((server, port));
+    for _ in 1..300 {
+        if conn.is_ok() {
+            break;
         }
         std::thread::sleep(std::time::Duration::from_millis(100));
+        conn = TcpStream::connect((server, port));
     }
-    let mut s = conn.ok_or_else(|| format!("Couldn't connect to {server}:{port}: {last}"))?;
-    s.write_all(&me.to_msg()).map_err(io("Couldn't send local address"))?;
+    let mut s = conn.with_context(|| format!("Couldn't connect to {server}:{port}"))?;
+    s.write_all(&me.to_msg()).context("Couldn't send local address")?;
     let mut m = [0u8; MSG_LEN];
-    s.read_exact(&mut m).map_err(io("Couldn't read remote address"))?;
-    s.write_all(b"done\0").map_err(io("Couldn't write done"))?;
+    s.read_exact(&mut m).context("Couldn't read remote address")?;
+    s.write_all(b"done\0").context("Couldn't write done")?;
     Dest::parse(&m)
 }
 
 /// Server side: read theirs, bring our QP up (`connect`), send ours, read `done`.
-fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Result<(), String>) -> Result<Dest, String> {
-    let l = TcpListener::bind(("0.0.0.0", port)).map_err(|e| format!("Couldn't listen to port {port}: {e}"))?;
-    let (mut s, _) = l.accept().map_err(io("accept() failed"))?;
+fn server_exchange(port: u16, me: &Dest, connect: impl FnOnce(&Dest) -> Result<()>) -> Result<Dest> {
+    let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("Couldn't listen to port {port}"))?;
+    let (mut s, _) = l.accept().context("accept() failed")?;
     let mut m = [0u8; MSG_LEN];
-    s.read_exact(&mut m).map_err(io("Couldn't read remote address"))?;
+    s.read_exact(&mut m).context("Couldn't read remote address")?;
     let rem = Dest::parse(&m)?;
     connect(&rem)?;
-    s.write_all(&me.to_msg()).map_err(io("Couldn't send local address"))?;
+    s.write_all(&me.to_msg()).context("Couldn't send local address")?;
     let mut done = [0u8; 5];
-    s.read_exact(&mut done).map_err(io("Couldn't read done"))?;
+    s.read_exact(&mut done).context("Couldn't read done")?;
     Ok(rem)
 }
 
@@ -147,11 +137,11 @@ struct Ctx {
 }
 
 impl Ctx {
-    fn new(ctx: &Context, qp_type: QpType, buf: usize, rx_depth: u32, max_inline: u32) -> Result<Ctx, String> {
-        let pd = ctx.alloc_pd().map_err(verr("Couldn't allocate PD"))?;
-        let cq = ctx.create_cq(rx_depth + 1, None).map_err(verr("Couldn't create CQ"))?;
-        let mut mr = pd.alloc_mr(buf, urnic::Access::LOCAL_WRITE).map_err(verr("Couldn't register MR"))?;
-        mr.fill_at(0, buf, 0x7b).map_err(verr("Couldn't fill the MR"))?;
+    fn new(ctx: &Context, qp_type: QpType, buf: usize, rx_depth: u32, max_inline: u32) -> Result<Ctx> {
+        let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
+        let cq = ctx.create_cq(rx_depth + 1, None).context("Couldn't create CQ")?;
+        let mut mr = pd.alloc_mr(buf, urnic::Access::LOCAL_WRITE).context("Couldn't register MR")?;
+        mr.fill_at(0, buf, 0x7b).context("Couldn't fill the MR")?;
         let qp = pd
             .create_qp(&QpInit {
                 qp_type,
@@ -161,7 +151,7 @@ impl Ctx {
                 cap: QpCaps { max_send_wr: 1, max_recv_wr: rx_depth, max_send_sge: 1, max_recv_sge: 1, max_inline_data: max_inline },
                 sq_sig_all: false,
             })
-            .map_err(verr("Couldn't create QP"))?;
+            .context("Couldn't create QP")?;
         Ok(Ctx { ctx: ctx.clone(), qp, cq, mr, pd })
     }
 
@@ -171,7 +161,7 @@ impl Ctx {
 }
 
 /// The ping-pong loop of both tools (rdma-core's `pending` logic).
-fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<(), String>, mut routs: u32, is_client: bool) -> Result<(), String> {
+fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<()>, mut routs: u32, is_client: bool) -> Result<()> {
     let mut pending = RECV_WRID;
     if is_client {
         post_send()?;
@@ -182,10 +172,10 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
     let mut wc = [WorkCompletion::default(); 2];
     while rcnt < opts.iters || scnt < opts.iters {
         c.ctx.poll();
-        let n = c.cq.poll(&mut wc).map_err(verr("poll CQ failed"))?;
+        let n = c.cq.poll(&mut wc).context("poll CQ failed")?;
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
-                return Err(format!("Failed status {:?} for wr_id {}", w.status, w.wr_id));
+                bail!("Failed status {:?} for wr_id {}", w.status, w.wr_id);
             }
             match w.wr_id {
                 SEND_WRID => scnt += 1,
@@ -194,12 +184,12 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
                     if routs <= 1 {
                         routs += c.post_recvs(opts.rx_depth - routs, recv_sge);
                         if routs < opts.rx_depth {
-                            return Err(format!("Couldn't post receive ({routs})"));
+                            bail!("Couldn't post receive ({routs})");
                         }
                     }
                     rcnt += 1;
                 }
-                other => return Err(format!("Completion for unknown wr_id {other}")),
+                other => bail!("Completion for unknown wr_id {other}"),
             }
             pending &= !w.wr_id;
             if scnt < opts.iters && pending == 0 {
@@ -218,12 +208,12 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
     Ok(())
 }
 
-fn mtu_of(bytes: u32) -> Result<Mtu, String> {
-    Mtu::from_bytes(bytes).ok_or_else(|| format!("Invalid MTU {bytes}: 256, 512, 1024, 2048 or 4096"))
+fn mtu_of(bytes: u32) -> Result<Mtu> {
+    Mtu::from_bytes(bytes).with_context(|| format!("Invalid MTU {bytes}: 256, 512, 1024, 2048 or 4096"))
 }
 
 /// `ibv_rc_pingpong`.
-pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
+pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     let mtu = mtu_of(opts.mtu)?;
     let page = 4096usize;
     let inline = if opts.size <= 256 { 256 } else { 0 };
@@ -231,16 +221,16 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
     // INIT now, so receives can be posted before the peer is known (pp_init_ctx).
     let init = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
     c.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
-        .map_err(verr("Failed to modify QP to INIT"))?;
+        .context("Failed to modify QP to INIT")?;
     let recv_sge = c.mr.sge(0, opts.size as u32);
     let routs = c.post_recvs(opts.rx_depth, recv_sge);
     if routs < opts.rx_depth {
-        return Err(format!("Couldn't post receive ({routs})"));
+        bail!("Couldn't post receive ({routs})");
     }
     let gidx = opts.gid_idx.unwrap_or(1);
-    let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn: crate::dev::random_psn(), gid: ctx.query_gid(1, u32::from(gidx)).map_err(verr("can't read sgid"))? };
+    let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn: crate::dev::random_psn(), gid: ctx.query_gid(1, u32::from(gidx)).context("can't read sgid")? };
     println!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid));
-    let connect = |rem: &Dest| -> Result<(), String> {
+    let connect = |rem: &Dest| -> Result<()> {
         let conn = Connect {
             mtu: Some(mtu),
             sgid_index: gidx,
@@ -252,7 +242,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
             access: urnic::Access::empty(),
             ..Connect::new(rem.qpn, rem.gid, me.psn, rem.psn)
         };
-        c.qp.connect(&conn).map_err(verr("Couldn't connect to remote QP"))
+        c.qp.connect(&conn).context("Couldn't connect to remote QP")
     };
     let rem = match &opts.server {
         Some(s) => {
@@ -265,20 +255,20 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
     println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            c.mr.write_at(i, &[0]).map_err(verr("write_at"))?;
+            c.mr.write_at(i, &[0]).context("write_at")?;
         }
     }
     let qp = &c.qp;
     let send_sge = c.mr.sge(0, opts.size as u32);
-    let post_send = || -> Result<(), String> {
+    let post_send = || -> Result<()> {
         let payload = Payload::Sgl(vec![send_sge]);
         qp.post_send(&SendWr { wr_id: SEND_WRID, op: SendOp::Send, payload, flags: SendFlags::SIGNALED, ud: None })
-            .map_err(verr("Couldn't post send"))
+            .context("Couldn't post send")
     };
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            if c.mr.read_vec(i, 1).map_err(verr("read_at"))?[0] != 0 {
+            if c.mr.read_vec(i, 1).context("read_at")?[0] != 0 {
                 println!("invalid data in page {}", i / page);
             }
         }
@@ -287,34 +277,34 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<(), String> {
 }
 
 /// `ibv_ud_pingpong`.
-pub fn ud(ctx: &Context, opts: &Opts) -> Result<(), String> {
-    let active = ctx.query_port(1).map_err(verr("Couldn't get port info"))?.active_mtu.bytes() as usize;
+pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
+    let active = ctx.query_port(1).context("Couldn't get port info")?.active_mtu.bytes() as usize;
     if opts.size > active {
-        return Err(format!("Requested size larger than port MTU ({active})"));
+        bail!("Requested size larger than port MTU ({active})");
     }
     let page = 4096usize;
     let mut c = Ctx::new(ctx, QpType::Ud, opts.size + GRH, opts.rx_depth, 0)?;
     // INIT with the Q_Key, receives, RTR, RTS with our PSN (as pp_init_ctx + pp_connect_ctx).
     let mut at = QpAttr { qp_state: QpState::Init, qkey: UD_QKEY, ..QpAttr::default() };
-    c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).map_err(verr("Failed to modify QP to INIT"))?;
+    c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).context("Failed to modify QP to INIT")?;
     let recv_sge = c.mr.sge(0, (opts.size + GRH) as u32);
     let routs = c.post_recvs(opts.rx_depth, recv_sge);
     if routs < opts.rx_depth {
-        return Err(format!("Couldn't post receive ({routs})"));
+        bail!("Couldn't post receive ({routs})");
     }
     let gidx = opts.gid_idx.unwrap_or(1);
     let psn = crate::dev::random_psn();
     at.qp_state = QpState::Rtr;
-    c.qp.modify(&at, QpAttrMask::STATE).map_err(verr("Failed to modify QP to RTR"))?;
+    c.qp.modify(&at, QpAttrMask::STATE).context("Failed to modify QP to RTR")?;
     at.qp_state = QpState::Rts;
     at.sq_psn = urnic::Psn::new(psn);
-    c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).map_err(verr("Failed to modify QP to RTS"))?;
-    let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn, gid: ctx.query_gid(1, u32::from(gidx)).map_err(verr("can't read sgid"))? };
+    c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).context("Failed to modify QP to RTS")?;
+    let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn, gid: ctx.query_gid(1, u32::from(gidx)).context("can't read sgid")? };
     // (sic: rdma-core prints a colon before the GID here)
     println!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid));
-    let pd_ah = |rem: &Dest| -> Result<urnic::Ah, String> {
+    let pd_ah = |rem: &Dest| -> Result<urnic::Ah> {
         c.pd.create_ah(&AhAttr { dgid: rem.gid, sgid_index: gidx, hop_limit: 1, port_num: 1, ..AhAttr::default() })
-            .map_err(verr("Failed to create AH"))
+            .context("Failed to create AH")
     };
     let mut ah = None;
     let rem = match &opts.server {
@@ -328,24 +318,24 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<(), String> {
             Ok(())
         })?,
     };
-    let ah = ah.ok_or("no address handle")?;
+    let ah = ah.context("no address handle")?;
     println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            c.mr.write_at(i + GRH, &[0]).map_err(verr("write_at"))?;
+            c.mr.write_at(i + GRH, &[0]).context("write_at")?;
         }
     }
     let qp = &c.qp;
     let send_sge = c.mr.sge(GRH, opts.size as u32);
     let dest = UdDest { av: *ah.address_vector(), remote_qpn: rem.qpn, remote_qkey: UD_QKEY };
-    let post_send = || -> Result<(), String> {
+    let post_send = || -> Result<()> {
         qp.post_send(&SendWr { wr_id: SEND_WRID, op: SendOp::Send, payload: Payload::Sgl(vec![send_sge]), flags: SendFlags::SIGNALED, ud: Some(dest) })
-            .map_err(verr("Couldn't post send"))
+            .context("Couldn't post send")
     };
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
-            if c.mr.read_vec(i + GRH, 1).map_err(verr("read_at"))?[0] != 0 {
+            if c.mr.read_vec(i + GRH, 1).context("read_at")?[0] != 0 {
                 println!("invalid data in page {}", i / page);
             }
         }
@@ -364,9 +354,11 @@ mod tests {
         let m = d.to_msg();
         assert_eq!(&m[..51], b"0000:000011:b18d67:00000000000000000000ffff0a630002");
         assert_eq!(m[51], 0);
-        assert_eq!(Dest::parse(&m), Ok(d));
+        assert_eq!(Dest::parse(&m).unwrap(), d);
         assert!(Dest::parse(b"0000:000011\0").is_err());
         assert!(Dest::parse(b"zz:1:2:00000000000000000000ffff0a630002\0").is_err());
         assert!(Dest::parse(b"0000:000011:b18d67:00ff\0").is_err());
+        // 32 bytes, but not 32 characters: refused, not sliced mid-character.
+        assert!(Dest::parse("0000:000011:b18d67:0\u{e9}000000000000000000ffff0a63000\0".as_bytes()).is_err());
     }
 }

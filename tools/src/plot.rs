@@ -5,6 +5,8 @@
 
 use std::path::Path;
 
+use anyhow::Context as _;
+
 /// Canvas width, pixels.
 pub(crate) const W: usize = 1000;
 /// Canvas height, pixels.
@@ -160,13 +162,13 @@ impl Canvas {
     }
 
     /// Write the canvas as an 8-bit RGB PNG.
-    pub(crate) fn save(&self, path: &Path) -> Result<(), String> {
-        let f = std::fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    pub(crate) fn save(&self, path: &Path) -> anyhow::Result<()> {
+        let f = std::fs::File::create(path).with_context(|| path.display().to_string())?;
         let mut enc = png::Encoder::new(std::io::BufWriter::new(f), W as u32, H as u32);
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(&self.px).map_err(|e| e.to_string())
+        let mut w = enc.write_header().with_context(|| format!("{}: PNG header", path.display()))?;
+        w.write_image_data(&self.px).with_context(|| format!("{}: PNG data", path.display()))
     }
 }
 

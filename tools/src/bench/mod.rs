@@ -38,6 +38,7 @@ mod urnic_runs;
 
 use std::time::Instant;
 
+use anyhow::{Context as _, Result};
 use urnic_datapath::netns::VethPair;
 
 use self::baselines::{iperf3, tcp_pingpong, udp_pingpong};
@@ -46,10 +47,6 @@ use self::raw_xdp::{raw_afxdp, raw_afxdp_pingpong, write_frame_len, WRITE64_FRAM
 use self::report::summarize;
 use self::urnic_runs::{many_qps, sweep, urnic_small, urnic_write_64k, Sweep};
 use crate::perf::BwOp;
-
-fn err<E: std::fmt::Display>(what: &'static str) -> impl Fn(E) -> String {
-    move |e| format!("{what}: {e}")
-}
 
 /// How many cores urnic gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,7 +84,7 @@ struct UrnicRun {
 /// Measure urnic and its raw ceiling next to each other, in the order
 /// urnic, ceiling, ceiling, urnic: the host's speed drifts over seconds,
 /// and the bracket cancels a steady drift. Returns the two means.
-fn bracketed(mut urnic: impl FnMut() -> Result<f64, String>, mut ceiling: impl FnMut() -> Result<f64, String>) -> Result<(f64, f64), String> {
+fn bracketed(mut urnic: impl FnMut() -> Result<f64>, mut ceiling: impl FnMut() -> Result<f64>) -> Result<(f64, f64)> {
     let u1 = urnic()?;
     let c1 = ceiling()?;
     let c2 = ceiling()?;
@@ -101,7 +98,7 @@ const WARMUP_ROUNDS: usize = 100;
 
 /// Run `round` (one round trip) `WARMUP_ROUNDS + iters` times and return the
 /// one-way µs (RTT/2) of the last `iters`.
-fn timed_rounds(iters: usize, mut round: impl FnMut() -> Result<(), String>) -> Result<Vec<f64>, String> {
+fn timed_rounds(iters: usize, mut round: impl FnMut() -> Result<()>) -> Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(iters);
     for i in 0..WARMUP_ROUNDS + iters {
         let t = Instant::now();
@@ -134,10 +131,10 @@ struct Run {
     raw_lat: [Vec<f64>; 2],
 }
 
-fn one_run() -> Result<Run, String> {
+fn one_run() -> Result<Run> {
     let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("bench", 1500).map_err(|e| format!("namespaces (root): {e}"))?;
-    let pair9k = VethPair::create("bench", 9000).map_err(|e| format!("namespaces (root): {e}"))?;
+    let pair = VethPair::create("bench", 1500).context("namespaces (root)")?;
+    let pair9k = VethPair::create("bench", 9000).context("namespaces (root)")?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         // Each bandwidth figure next to its ceiling (see `bracketed`).
@@ -150,8 +147,10 @@ fn one_run() -> Result<Run, String> {
             || raw_afxdp(&pair, write_frame_len(1024), cores, 1.0),
         )?;
         r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) =
-            bracketed(|| urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs), || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0))?;
+        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
+            || urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs),
+            || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0),
+        )?;
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
@@ -166,7 +165,7 @@ fn one_run() -> Result<Run, String> {
     Ok(r)
 }
 
-fn runs(n: usize) -> Result<Vec<Run>, String> {
+fn runs(n: usize) -> Result<Vec<Run>> {
     let mut out = Vec::new();
     for i in 0..n.max(1) {
         let r = one_run()?;
@@ -189,9 +188,9 @@ fn runs(n: usize) -> Result<Vec<Run>, String> {
 
 /// The raw AF_XDP ceiling alone at IB MTU `mtu`'s frame length, one thread,
 /// 8 s (`urnic bench --ceiling-only MTU`, for profiling).
-pub fn ceiling_only(mtu: usize) -> Result<(), String> {
+pub fn ceiling_only(mtu: usize) -> Result<()> {
     let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("ceil", if mtu > 1024 { 9000 } else { 1500 }).map_err(|e| format!("namespaces (root): {e}"))?;
+    let pair = VethPair::create("ceil", if mtu > 1024 { 9000 } else { 1500 }).context("namespaces (root)")?;
     let frame = write_frame_len(mtu);
     let pps = raw_afxdp(&pair, frame, Cores::One, 8.0)?;
     println!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {:.0} kframes/s, {:.0} MB/s of payload", pps / 1e3, pps * mtu as f64 / 1e6);
@@ -199,15 +198,15 @@ pub fn ceiling_only(mtu: usize) -> Result<(), String> {
 }
 
 /// Run everything `n` times and print medians and ratios.
-pub fn run(n: usize) -> Result<(), String> {
+pub fn run(n: usize) -> Result<()> {
     println!("{}", summarize(&runs(n)?).table);
     Ok(())
 }
 
 /// The sweeps and the baselines, written to `dir`: report.md, sweep.csv,
 /// bandwidth_{write,read,send}.png, latency.png.
-pub fn report(dir: &std::path::Path, n: usize) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+pub fn report(dir: &std::path::Path, n: usize) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
     let sizes = [64usize, 256, 1024, 4096, 16384, 65536, 262_144, 1 << 20];
     // [(mtu label, cores, per-op series)]
     let configs = [(1500u32, "MTU 1024", Cores::One), (1500, "MTU 1024", Cores::Two), (9000, "MTU 4096", Cores::One), (9000, "MTU 4096", Cores::Two)];
@@ -229,9 +228,9 @@ pub fn report(dir: &std::path::Path, n: usize) -> Result<(), String> {
         // Ceilings in payload MB/s at both frame sizes: the better of one
         // thread and two (on two cores, two threads plus the kernel's
         // softirq work can do worse than one).
-        let p1 = VethPair::create("ceil", 1500).map_err(|e| e.to_string())?;
-        let p9 = VethPair::create("ceil", 9000).map_err(|e| e.to_string())?;
-        let best = |p: &VethPair, mtu: usize| -> Result<f64, String> {
+        let p1 = VethPair::create("ceil", 1500).context("namespaces (root)")?;
+        let p9 = VethPair::create("ceil", 9000).context("namespaces (root)")?;
+        let best = |p: &VethPair, mtu: usize| -> Result<f64> {
             let one = raw_afxdp(p, write_frame_len(mtu), Cores::One, 1.0)?;
             let two = raw_afxdp(p, write_frame_len(mtu), Cores::Two, 1.0)?;
             Ok(one.max(two) * mtu as f64 / 1e6)

@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _, Result};
 use rocev2::wire::{BthRepr, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Opcode, TransportRepr, UdpRepr, ROCEV2_UDP_PORT};
 use urnic::XskConfig;
 use urnic_datapath::netns::{in_netns, VethPair};
@@ -17,18 +18,18 @@ use super::{timed_rounds, Cores};
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
 /// valid ICRC) from end 0 to end 1 of `pair`.
-fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>, String> {
+fn raw_frame(pair: &VethPair, frame_len: usize) -> Result<Vec<u8>> {
     raw_frame_from(pair, 0, frame_len)
 }
 
 /// [`raw_frame`] sent from veth end `from` (0 or 1) to the other.
-fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<u8>, String> {
+fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<u8>> {
     let (from, to) = if from == 0 { (0, 1) } else { (1, 0) };
     let repr = roce_repr(Opcode::RC_WRITE_MIDDLE, (pair.mac[from], pair.mac[to]), (pair.ipv4[from], pair.ipv4[to]));
     // Headers and ICRC take what the payload does not.
-    let payload = frame_len.checked_sub(repr.frame_len(0)).ok_or("raw frame shorter than its headers")?;
+    let payload = frame_len.checked_sub(repr.frame_len(0)).context("raw frame shorter than its headers")?;
     let mut f = vec![0u8; repr.frame_len(payload)];
-    repr.emit(&vec![0x5a; payload], &mut f).map_err(|e| e.to_string())?;
+    repr.emit(&vec![0x5a; payload], &mut f).context("emitting the raw frame")?;
     Ok(f)
 }
 
@@ -75,10 +76,11 @@ fn blast(tx: &mut XskPort, frame: &[u8]) -> u64 {
 }
 
 /// Raw AF_XDP sockets on both veth ends (0, 1), with the XDP program.
-fn raw_ports(pair: &VethPair) -> Result<(XskPort, XskPort), String> {
+fn raw_ports(pair: &VethPair) -> Result<(XskPort, XskPort)> {
     let open = |end: usize| {
         let ifname = pair.ifname[end].clone();
-        in_netns(Some(&pair.ns[end]), move || XskPort::open(&XskConfig::new(&ifname))).map_err(|e| e.to_string())?.map_err(|e| e.to_string())
+        let what = format!("raw AF_XDP socket on {} in {}", pair.ifname[end], pair.ns[end]);
+        in_netns(Some(&pair.ns[end]), move || XskPort::open(&XskConfig::new(&ifname))).context(what.clone())?.context(what)
     };
     Ok((open(0)?, open(1)?))
 }
@@ -96,7 +98,7 @@ fn received_of_len(port: &mut XskPort, budget: usize, len: usize) -> u64 {
 /// The raw AF_XDP ceiling: frames per second delivered from one AF_XDP
 /// socket to the other through the same XDP program, `frame_len`-byte RoCE
 /// frames; one thread doing both (`Cores::One`) or a sender and a receiver.
-pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Result<f64, String> {
+pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f64) -> Result<f64> {
     let frame = raw_frame(pair, frame_len)?;
     let (mut tx, mut rx) = raw_ports(pair)?;
     let len = frame.len();
@@ -154,24 +156,24 @@ fn send_one(port: &mut XskPort, frame: &[u8]) -> bool {
 /// nothing else: the latency floor any AF_XDP stack has here. One-way µs
 /// (RTT/2). One thread polls both sockets (`Cores::One`), or the echo runs
 /// on a thread of its own (`Cores::Two`), as urnic's two configurations do.
-pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>, String> {
+pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>> {
     let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
     let (mut a, mut b) = raw_ports(pair)?;
     let len = ping.len();
     let got = move |port: &mut XskPort| received_of_len(port, 64, len);
-    let send = |port: &mut XskPort, frame: &[u8]| -> Result<(), String> {
+    let send = |port: &mut XskPort, frame: &[u8]| -> Result<()> {
         if send_one(port, frame) {
             Ok(())
         } else {
-            Err("raw AF_XDP ping-pong: no transmit buffer".into())
+            bail!("raw AF_XDP ping-pong: no transmit buffer")
         }
     };
     // Poll `port` until a frame of the ping's length arrives (2 s at most).
-    let answer = move |port: &mut XskPort| -> Result<(), String> {
+    let answer = move |port: &mut XskPort| -> Result<()> {
         let deadline = Instant::now() + Duration::from_secs(2);
         while got(port) == 0 {
             if Instant::now() > deadline {
-                return Err("raw AF_XDP ping-pong: no answer in 2 s".into());
+                bail!("raw AF_XDP ping-pong: no answer in 2 s");
             }
         }
         Ok(())

@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use anyhow::{Context as _, Result};
 use super::metrics::{median, pct};
 use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
@@ -92,7 +93,7 @@ fn size_label(s: usize) -> String {
 
 /// Bandwidth vs message size (log2 x axis), one line per series, dashed
 /// horizontal lines for the ceilings.
-fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], ceilings: &[(String, f64)], path: &std::path::Path) -> Result<(), String> {
+fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], ceilings: &[(String, f64)], path: &std::path::Path) -> Result<()> {
     let mut c = Canvas::new();
     let top = series.iter().flat_map(|s| s.1.iter().copied()).chain(ceilings.iter().map(|c| c.1)).fold(0.0, f64::max);
     let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
@@ -119,7 +120,7 @@ fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], c
 
 /// Latency distributions as CDFs: x one-way µs (up to the largest p99),
 /// y fraction of round trips at or below.
-fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<(), String> {
+fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<()> {
     let mut c = Canvas::new();
     // Up to the largest p99, in steps of 5 µs (or 10 "nice" steps beyond
     // 50 µs): the slower tail would squeeze the curves into a corner.
@@ -163,7 +164,7 @@ pub(super) fn sweep_section(
     sizes: &[usize],
     results: &[(&str, Cores, Sweep)],
     (c1k, c4k): (f64, f64),
-) -> Result<String, String> {
+) -> Result<String> {
     let ceilings = vec![("raw AF_XDP ceiling, MTU 1024 frames".to_string(), c1k), ("raw AF_XDP ceiling, MTU 4096 frames".to_string(), c4k)];
     let mut md = String::from("# urnic benchmark report\n\n");
     let _ = writeln!(
@@ -210,18 +211,18 @@ pub(super) fn sweep_section(
         "Raw AF_XDP ceilings (payload MB/s, the better of one thread sending and receiving and a sender plus a receiver thread, \
          median of the passes): {c1k:.0} at MTU 1024 frames, {c4k:.0} at MTU 4096 frames (dashed lines in the plots).\n"
     );
-    std::fs::write(dir.join("sweep.csv"), csv).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("sweep.csv"), csv).with_context(|| format!("{}/sweep.csv", dir.display()))?;
     Ok(md)
 }
 
 /// The rest of report.md: the baselines' table `s` after the sweeps' `md`;
 /// writes latency.png and report.md into `dir` and prints the report.
-pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Result<(), String> {
+pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Result<()> {
     md.push_str("## Against the baselines (same veth, same run, medians)\n\n");
     md.push_str(&s.table);
     md.push_str("\nlatency.png: distribution (CDF) of the 8-byte one-way latencies of all runs.\n");
     plot_latency(&s.latency, &dir.join("latency.png"))?;
-    std::fs::write(dir.join("report.md"), &md).map_err(|e| e.to_string())?;
+    std::fs::write(dir.join("report.md"), &md).with_context(|| format!("{}/report.md", dir.display()))?;
     println!("{md}");
     println!("written: {}", dir.display());
     Ok(())

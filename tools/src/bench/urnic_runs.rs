@@ -8,11 +8,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use anyhow::{bail, Context as _, Result};
 use urnic::{open_af_xdp, Context, DatapathMode, XskConfig};
 use urnic_datapath::netns::VethPair;
 
 use super::metrics::{cpu_self, rss};
-use super::{err, Cores};
+use super::Cores;
 use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
 
 /// A thread polling one device until dropped.
@@ -51,9 +52,11 @@ struct Rig {
     eb: Endpoint,
 }
 
-fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig, String> {
-    let a = open_af_xdp(Some(&pair.ns[0]), &format!("{tag}0"), &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
-    let b = open_af_xdp(Some(&pair.ns[1]), &format!("{tag}1"), &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open_af_xdp"))?;
+fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig> {
+    let open = |end: usize| {
+        open_af_xdp(Some(&pair.ns[end]), &format!("{tag}{end}"), &XskConfig::new(&pair.ifname[end]), DatapathMode::Manual).context("open_af_xdp")
+    };
+    let (a, b) = (open(0)?, open(1)?);
     let buf = buf.max(16384).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, 128)?;
     let mut eb = Endpoint::new(&b, buf, 128)?;
@@ -94,56 +97,59 @@ const WRITE_64K_ITERS: usize = 6_000;
 const MSG_RATE_ITERS: usize = 150_000;
 
 /// Run `size`-byte WRITEs untimed for [`WARMUP`].
-fn warm_up(rig: &mut Rig, size: usize) -> Result<(), String> {
+fn warm_up(rig: &mut Rig, size: usize) -> Result<()> {
     let until = Instant::now() + WARMUP;
     while Instant::now() < until {
-        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, size, 200, 128).map_err(|e| format!("warm-up: {e}"))?;
+        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, size, 200, 128).context("warm-up")?;
     }
     Ok(())
 }
 
 /// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, and the
 /// CPU seconds per GB it took.
-pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<(f64, f64), String> {
+pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<(f64, f64)> {
     let mut rig = rig(pair, cores, 2 * 65536, tag)?;
     warm_up(&mut rig, 65536)?;
     let cpu0 = cpu_self();
-    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).map_err(|e| format!("{}: 64 KiB: {e}", cores.label()))?.avg_mbs;
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128)
+        .with_context(|| format!("{}: 64 KiB", cores.label()))?
+        .avg_mbs;
     Ok((mbs, (cpu_self() - cpu0) / ((65536 * WRITE_64K_ITERS) as f64 / 1e9)))
 }
 
 /// urnic's small-message figures on one rig: 64-byte WRITE message rate
 /// (after a warm-up) and 8-byte SEND and WRITE latencies.
-pub(super) fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>), String> {
+pub(super) fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     let mut rig = rig(pair, cores, 2 * 65536, "bs")?;
     warm_up(&mut rig, 64)?;
-    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).map_err(|e| format!("{}: 64 B: {e}", cores.label()))?.avg_mbs * 1e6 / 64.0;
-    let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: send_lat: {e}", cores.label()))?;
-    let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).map_err(|e| format!("{}: write_lat: {e}", cores.label()))?;
+    let c = cores.label();
+    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).with_context(|| format!("{c}: 64 B"))?.avg_mbs * 1e6 / 64.0;
+    let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: send_lat"))?;
+    let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: write_lat"))?;
     Ok((rate, send, write))
 }
 
 /// `nqps` connected RC QP pairs on one pair of devices (one core), 64 KiB
 /// WRITEs spread round-robin with 128 in flight: aggregate MB/s, and memory
 /// per QP.
-pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64), String> {
+pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f64, f64)> {
     use urnic::{Access, Connect, Payload, QpCaps, QpInit, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
-    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).map_err(err("open"))?;
-    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).map_err(err("open"))?;
-    let (pa, pb) = (a.alloc_pd().map_err(err("pd"))?, b.alloc_pd().map_err(err("pd"))?);
+    let a = open_af_xdp(Some(&pair.ns[0]), "many0", &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).context("open")?;
+    let b = open_af_xdp(Some(&pair.ns[1]), "many1", &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).context("open")?;
+    let (pa, pb) = (a.alloc_pd().context("pd")?, b.alloc_pd().context("pd")?);
     let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
-    let (ma, mb) = (pa.alloc_mr(65536, acc).map_err(err("mr"))?, pb.alloc_mr(65536, acc).map_err(err("mr"))?);
-    let (ca, cb) = (a.create_cq(4096, None).map_err(err("cq"))?, b.create_cq(4096, None).map_err(err("cq"))?);
+    let (ma, mb) = (pa.alloc_mr(65536, acc).context("mr")?, pb.alloc_mr(65536, acc).context("mr")?);
+    let (ca, cb) = (a.create_cq(4096, None).context("cq")?, b.create_cq(4096, None).context("cq")?);
     let caps = QpCaps { max_send_wr: if nqps == 1 { 128 } else { 16 }, max_recv_wr: 1, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
-    let (ga, gb) = (a.query_gid(1, 1).map_err(err("gid"))?, b.query_gid(1, 1).map_err(err("gid"))?);
+    let (ga, gb) = (a.query_gid(1, 1).context("gid")?, b.query_gid(1, 1).context("gid")?);
     let before = rss();
     let mut qps = Vec::with_capacity(nqps);
     for i in 0..nqps {
-        let qa = pa.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &ca, recv_cq: &ca, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
-        let qb = pb.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cb, recv_cq: &cb, srq: None, cap: caps, sq_sig_all: true }).map_err(err("qp"))?;
+        let init = |cq| QpInit { qp_type: QpType::Rc, send_cq: cq, recv_cq: cq, srq: None, cap: caps, sq_sig_all: true };
+        let (qa, qb) = (pa.create_qp(&init(&ca)).context("qp")?, pb.create_qp(&init(&cb)).context("qp")?);
         let psn = i as u32 + 1;
-        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), gb, psn, psn) }).map_err(err("connect"))?;
-        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), ga, psn, psn) }).map_err(err("connect"))?;
+        qa.connect(&Connect { access: acc, ..Connect::new(qb.qp_num(), gb, psn, psn) }).context("connect")?;
+        qb.connect(&Connect { access: acc, ..Connect::new(qa.qp_num(), ga, psn, psn) }).context("connect")?;
         qps.push((qa, qb));
     }
     let per_qp = (rss().saturating_sub(before)) as f64 / (2 * nqps) as f64;
@@ -154,19 +160,25 @@ pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f6
     while done < iters {
         while posted < iters && posted - done < 128 {
             let (qa, _) = &qps[posted % nqps];
-            let wr = SendWr { wr_id: posted as u64, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![ma.sge(0, 65536)]), flags: SendFlags::SIGNALED, ud: None };
-            qa.post_send(&wr).map_err(err("post"))?;
+            let wr = SendWr {
+                wr_id: posted as u64,
+                op: SendOp::Write { remote },
+                payload: Payload::Sgl(vec![ma.sge(0, 65536)]),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            };
+            qa.post_send(&wr).context("post")?;
             posted += 1;
         }
         a.poll();
         b.poll();
-        let n = ca.poll(&mut wc).map_err(err("poll"))?;
+        let n = ca.poll(&mut wc).context("poll")?;
         if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
-            return Err(format!("completion {:?}", bad.status));
+            bail!("completion {:?}", bad.status);
         }
         done += n;
         if start.elapsed() > Duration::from_secs(120) {
-            return Err(format!("{nqps} QPs: only {done}/{iters} WRITEs in 120 s"));
+            bail!("{nqps} QPs: only {done}/{iters} WRITEs in 120 s");
         }
     }
     Ok(((iters * 65536) as f64 / start.elapsed().as_secs_f64() / 1e6, per_qp))
@@ -176,9 +188,9 @@ pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f6
 pub(super) type Sweep = Vec<(BwOp, Vec<f64>)>;
 
 /// Bandwidth (MB/s) of each op and size on a veth of `link_mtu`.
-pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Sweep, String> {
+pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Sweep> {
     let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("sweep", link_mtu).map_err(|e| format!("namespaces (root): {e}"))?;
+    let pair = VethPair::create("sweep", link_mtu).context("namespaces (root)")?;
     let max = sizes.iter().copied().max().unwrap_or(65536);
     let mut rig = rig(&pair, cores, 2 * max, "sw")?;
     warm_up(&mut rig, 65536)?;
