@@ -14,6 +14,29 @@
 
 use std::ops::Range;
 
+/// The UMEM as the reassembly reaches it: bytes by UMEM address, but only
+/// those in chunks the caller holds at the moment (received and not yet
+/// given back to the kernel). The AF_XDP port's view checks every request
+/// against the descriptors in hand, so no slice over a chunk the kernel
+/// may be writing is ever made; a plain byte slice (tests) holds everything.
+pub trait Held {
+    /// The bytes at UMEM addresses `range`, or `None` if any of them lies
+    /// outside the chunks held.
+    fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]>;
+}
+
+impl Held for [u8] {
+    fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
+        self.get_mut(range)
+    }
+}
+
+impl Held for Vec<u8> {
+    fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
+        self.get_mut(range)
+    }
+}
+
 /// The frame's pieces so far, back to back in UMEM.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Run {
@@ -40,6 +63,10 @@ pub enum Piece {
     TooLong,
     /// A piece of a frame already dropped.
     Skipped,
+    /// A piece outside the chunks held (a descriptor pointing past the
+    /// UMEM, or into a chunk the caller does not hold): its frame is
+    /// dropped whole, as for [`Piece::TooLong`].
+    Unheld,
 }
 
 /// Reassembly state of one RX queue.
@@ -64,38 +91,48 @@ impl Reassembly {
         &self.copied
     }
 
-    /// One piece: `len` bytes at UMEM address `addr` of `umem` (the whole
-    /// UMEM, chunks of `chunk` bytes); `more` if pieces follow. Frames
-    /// longer than `max` are dropped. May write into the chunks of the
-    /// frame's pieces (never elsewhere).
-    pub fn push(&mut self, umem: &mut [u8], addr: usize, len: usize, more: bool, chunk: usize, max: usize) -> Piece {
+    /// One piece: `len` bytes at UMEM address `addr` (chunks of `chunk`
+    /// bytes); `more` if pieces follow. Frames longer than `max` are
+    /// dropped. Reads and writes only the chunks of the frame's pieces
+    /// (through `umem`, which must hold them until the frame is handed up or
+    /// [`Reassembly::detach`]ed), never elsewhere.
+    pub fn push(&mut self, umem: &mut (impl Held + ?Sized), addr: usize, len: usize, more: bool, chunk: usize, max: usize) -> Piece {
         let so_far = self.run.map_or(self.gathered.len(), |r| r.len);
         let out = if self.bad {
             Piece::Skipped
-        } else if so_far + len > max || addr.saturating_add(len) > umem.len() {
-            self.bad = true;
-            self.run = None;
-            self.gathered.clear();
+        } else if so_far + len > max {
+            self.drop_frame();
             Piece::TooLong
+        } else if addr.checked_add(len).and_then(|end| umem.bytes(addr..end)).is_none() {
+            self.drop_frame();
+            Piece::Unheld
         } else if let Some(run) = self.run.as_mut() {
-            if run.ends_chunk && addr - addr % chunk == run.chunk_end {
-                umem.copy_within(addr..addr + len, run.start + run.len);
-                run.len += len;
-                run.chunk_end += chunk;
-                run.ends_chunk = addr + len == run.chunk_end;
-            } else {
-                self.gathered.extend_from_slice(&umem[run.start..run.start + run.len]);
-                self.gathered.extend_from_slice(&umem[addr..addr + len]);
-                self.run = None;
+            // Checked above: `addr..end` is held.
+            let end = addr + len;
+            let adjacent = run.ends_chunk && addr - addr % chunk == run.chunk_end;
+            // Adjacent: `run.start..end` covers the run's chunks and this
+            // piece's, which follows them, all held.
+            match if adjacent { umem.bytes(run.start..end) } else { None } {
+                Some(span) => {
+                    span.copy_within(addr - run.start..end - run.start, run.len);
+                    run.len += len;
+                    run.chunk_end += chunk;
+                    run.ends_chunk = end == run.chunk_end;
+                    Piece::Pending
+                }
+                None => {
+                    let run = *run;
+                    self.run = None;
+                    self.gather(umem, run.start..run.start + run.len);
+                    self.gather(umem, addr..end)
+                }
             }
-            Piece::Pending
         } else if self.gathered.is_empty() {
             let chunk_end = addr - addr % chunk + chunk;
             self.run = Some(Run { start: addr, len, chunk_end, ends_chunk: addr + len == chunk_end });
             Piece::Pending
         } else {
-            self.gathered.extend_from_slice(&umem[addr..addr + len]);
-            Piece::Pending
+            self.gather(umem, addr..addr + len)
         };
         if more {
             return out;
@@ -114,11 +151,39 @@ impl Reassembly {
         done
     }
 
+    /// Append the bytes at `range` to the frame being copied together.
+    fn gather(&mut self, umem: &mut (impl Held + ?Sized), range: Range<usize>) -> Piece {
+        if self.bad {
+            return Piece::Unheld;
+        }
+        match umem.bytes(range) {
+            Some(b) => {
+                self.gathered.extend_from_slice(b);
+                Piece::Pending
+            }
+            None => {
+                self.drop_frame();
+                Piece::Unheld
+            }
+        }
+    }
+
+    /// Forget the frame in progress; skip its remaining pieces.
+    fn drop_frame(&mut self) {
+        self.bad = true;
+        self.run = None;
+        self.gathered.clear();
+    }
+
     /// The receive batch ends in the middle of a frame and its chunks go
-    /// back to the kernel: keep a copy of what lies in them.
-    pub fn detach(&mut self, umem: &[u8]) {
+    /// back to the kernel: keep a copy of what lies in them (`umem` still
+    /// holds them).
+    pub fn detach(&mut self, umem: &mut (impl Held + ?Sized)) {
         if let Some(run) = self.run.take() {
-            self.gathered.extend_from_slice(&umem[run.start..run.start + run.len]);
+            match umem.bytes(run.start..run.start + run.len) {
+                Some(b) => self.gathered.extend_from_slice(b),
+                None => self.drop_frame(),
+            }
         }
     }
 }
@@ -163,11 +228,11 @@ mod tests {
     }
 
     /// Feed the pieces; the frame handed up.
-    fn run(r: &mut Reassembly, umem: &mut [u8], pieces: &[(usize, usize, bool)]) -> (Vec<u8>, bool) {
+    fn run(r: &mut Reassembly, umem: &mut (impl Held + ?Sized), pieces: &[(usize, usize, bool)]) -> (Vec<u8>, bool) {
         for &(addr, len, more) in pieces {
             match r.push(umem, addr, len, more, CHUNK, MAX) {
                 Piece::Pending => assert!(more),
-                Piece::InPlace(range) => return (umem[range].to_vec(), true),
+                Piece::InPlace(range) => return (umem.bytes(range).expect("the frame lies in held chunks").to_vec(), true),
                 Piece::Copied => {
                     return (r.copied().to_vec(), false);
                 }
@@ -238,7 +303,7 @@ mod tests {
         let f = frame(4154, 9);
         let pieces = lay_out(&mut umem, &f, &[1, 2]);
         assert_eq!(r.push(&mut umem, pieces[0].0, pieces[0].1, true, CHUNK, MAX), Piece::Pending);
-        r.detach(&umem);
+        r.detach(&mut umem);
         // The kernel reuses chunk 1 before the second piece is handled.
         umem[CHUNK..2 * CHUNK].fill(0xee);
         assert_eq!(r.push(&mut umem, pieces[1].0, pieces[1].1, false, CHUNK, MAX), Piece::Copied);
@@ -258,7 +323,61 @@ mod tests {
         let pieces = lay_out(&mut umem, &f, &[5, 6]);
         assert_eq!(run(&mut r, &mut umem, &pieces), (f, true));
         // A descriptor pointing past the UMEM is refused, not a panic.
-        assert_eq!(r.push(&mut umem, 8 * CHUNK - 10, 100, true, CHUNK, MAX), Piece::TooLong);
+        assert_eq!(r.push(&mut umem, 8 * CHUNK - 10, 100, true, CHUNK, MAX), Piece::Unheld);
+        assert_eq!(r.push(&mut umem, usize::MAX - 10, 100, true, CHUNK, MAX), Piece::Skipped);
         assert_eq!(r.push(&mut umem, 0, 10, false, CHUNK, MAX), Piece::Skipped);
+    }
+
+    /// A UMEM view holding only some chunks, as the AF_XDP port's does:
+    /// every request outside them is refused (and remembered).
+    struct Only {
+        umem: Vec<u8>,
+        held: Vec<usize>,
+        refused: usize,
+    }
+
+    impl Held for Only {
+        fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
+            let ok = range.start <= range.end
+                && (range.start / CHUNK..range.end.div_ceil(CHUNK)).all(|c| self.held.contains(&c));
+            if !ok {
+                self.refused += 1;
+                return None;
+            }
+            self.umem.get_mut(range)
+        }
+    }
+
+    #[test]
+    fn only_the_chunks_of_the_frame_in_hand_are_touched() {
+        let mut r = Reassembly::default();
+        // In place, copied together (not adjacent, backwards, partly
+        // adjacent): holding just the frame's chunks is enough.
+        for chunks in [&[2usize, 3][..], &[5, 6, 7], &[1, 5], &[6, 2], &[0, 3, 4]] {
+            let mut v = Only { umem: vec![0u8; 8 * CHUNK], held: chunks.to_vec(), refused: 0 };
+            let f = frame((chunks.len() - 1) * 3840 + 100, 2);
+            let pieces = lay_out(&mut v.umem, &f, chunks);
+            let (got, _) = run(&mut r, &mut v, &pieces);
+            assert_eq!((got, v.refused), (f, 0), "chunks {chunks:?}");
+        }
+        // A frame split across batches: detached while its chunk is held.
+        let mut v = Only { umem: vec![0u8; 8 * CHUNK], held: vec![1], refused: 0 };
+        let f = frame(4154, 9);
+        let pieces = lay_out(&mut v.umem, &f, &[1, 2]);
+        assert_eq!(r.push(&mut v, pieces[0].0, pieces[0].1, true, CHUNK, MAX), Piece::Pending);
+        r.detach(&mut v);
+        v.held = vec![2];
+        assert_eq!(r.push(&mut v, pieces[1].0, pieces[1].1, false, CHUNK, MAX), Piece::Copied);
+        assert_eq!((r.copied(), v.refused), (&f[..], 0));
+        // A piece in a chunk not held: the frame is dropped whole, the next arrives.
+        let mut v = Only { umem: vec![0u8; 8 * CHUNK], held: vec![3], refused: 0 };
+        let f = frame(4154, 1);
+        let pieces = lay_out(&mut v.umem, &f, &[3, 4]);
+        assert_eq!(r.push(&mut v, pieces[0].0, pieces[0].1, true, CHUNK, MAX), Piece::Pending);
+        assert_eq!(r.push(&mut v, pieces[1].0, pieces[1].1, false, CHUNK, MAX), Piece::Unheld);
+        assert!(!r.active());
+        v.held = vec![5, 6];
+        let pieces = lay_out(&mut v.umem, &f, &[5, 6]);
+        assert_eq!(run(&mut r, &mut v, &pieces), (f, true));
     }
 }

@@ -12,6 +12,7 @@
 
 use std::cell::Cell;
 use std::num::NonZeroU32;
+use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
@@ -21,7 +22,7 @@ use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::netdev::Interface;
 use crate::port::{Port, PortError, PortInfo};
-use crate::reassembly::{spread_tail, Piece, Reassembly};
+use crate::reassembly::{spread_tail, Held, Piece, Reassembly};
 
 /// The longest RoCEv2 frame: a 4096-byte payload (the largest IB MTU) with
 /// Ethernet + 802.1Q, IPv6, UDP, BTH, the largest extension headers (RETH +
@@ -29,17 +30,68 @@ use crate::reassembly::{spread_tail, Piece, Reassembly};
 /// ICRC.
 const MAX_ROCE_FRAME: usize = 4096 + 14 + 4 + 40 + 8 + 12 + 20 + 4;
 
-/// The whole UMEM mapping as bytes, from `XskPort::umem_area` (the
-/// mapping's exposed start address and its length).
+/// Bytes `range` (UMEM addresses) of the UMEM mapping `(base, len)` from
+/// `XskPort::umem_area` (its exposed start address and length); `None` if
+/// the range does not lie in the mapping.
 ///
 /// # Safety
 /// The port's `umem` must be alive for as long as the slice is used, and
-/// the caller may touch only chunks that are ours at the moment (received
-/// and not yet given back, or free for transmit), not ones lent to the
-/// kernel.
-unsafe fn umem_bytes<'a>((base, len): (usize, usize)) -> &'a mut [u8] {
-    // SAFETY: `base..base + len` is the UMEM mapping (see the contract).
-    unsafe { std::slice::from_raw_parts_mut(std::ptr::with_exposed_provenance_mut::<u8>(base), len) }
+/// every chunk `range` touches must be ours for that long: received and not
+/// yet given back to the fill ring, or free for transmit (not on the TX
+/// ring, not lent to the kernel). The kernel writes chunks it owns at any
+/// time; no slice may cover them.
+unsafe fn umem_span<'a>((base, len): (usize, usize), range: Range<usize>) -> Option<&'a mut [u8]> {
+    if range.start > range.end || range.end > len {
+        return None;
+    }
+    let start = std::ptr::with_exposed_provenance_mut::<u8>(base).wrapping_add(range.start);
+    // SAFETY: `range` lies in the UMEM mapping (checked), which is alive, and
+    // covers only chunks we own (see the contract): nothing else reads or
+    // writes them while the slice lives.
+    Some(unsafe { std::slice::from_raw_parts_mut(start, range.len()) })
+}
+
+/// Whether every chunk (of `chunk` bytes) that `range` touches is one that
+/// `held` (UMEM addresses within chunks) points into.
+fn chunks_held(range: &Range<usize>, chunk: usize, held: impl Iterator<Item = usize> + Clone) -> bool {
+    if range.is_empty() {
+        return true;
+    }
+    (range.start / chunk..=(range.end - 1) / chunk).all(|c| held.clone().any(|a| a / chunk == c))
+}
+
+/// The chunks of the multi-buffer frame in hand during one receive call:
+/// its pieces received in this call, which go back to the fill ring only at
+/// its end. The reassembly reaches the UMEM only through this, so no slice
+/// covers a chunk the kernel owns.
+struct FrameChunks<'a> {
+    area: (usize, usize),
+    chunk: usize,
+    /// The descriptors of the frame's pieces consumed in this call.
+    held: &'a [FrameDesc],
+}
+
+impl<'a> FrameChunks<'a> {
+    /// # Safety
+    /// `area` is the port's live UMEM mapping, chunks of `chunk` bytes, and
+    /// the chunks `held` point into are ours (received, not given back) for
+    /// as long as the value lives, with no other slice over them meanwhile.
+    unsafe fn new(area: (usize, usize), chunk: usize, held: &'a [FrameDesc]) -> Self {
+        FrameChunks { area, chunk, held }
+    }
+}
+
+impl Held for FrameChunks<'_> {
+    fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
+        if !chunks_held(&range, self.chunk, self.held.iter().map(|d| d.addr())) {
+            return None;
+        }
+        // SAFETY: every chunk of `range` is one `held` points into, ours for
+        // this value's life (the contract of `new`), inside the live UMEM
+        // (`umem_span` checks the bounds). The slice borrows `self`
+        // mutably, so two never coexist.
+        unsafe { umem_span(self.area, range) }
+    }
 }
 
 /// How the AF_XDP socket binds.
@@ -437,14 +489,18 @@ impl XskPort {
         let (a, b) = (self.free[k - 1], self.free[k - 2]);
         let (lo, hi) = if a.addr() < b.addr() { (a, b) } else { (b, a) };
         let head = lo.addr() % self.chunk;
-        if hi.addr() == lo.addr() + self.chunk && 2 * self.frame_len >= self.max_frame.min(MAX_ROCE_FRAME) {
-            // SAFETY: only the two free chunks `lo` and `hi` (not in flight,
-            // not lent to the kernel) are written.
-            let umem = unsafe { umem_bytes(self.umem_area) };
-            let start = lo.addr();
-            let room = (2 * self.frame_len).min(self.max_frame);
-            let Some(n) = fill(&mut umem[start..start + room]).filter(|&n| n > 0 && n <= room) else { return Ok(false) };
-            let (first, second) = spread_tail(umem, start, n, self.frame_len, head);
+        let room = (2 * self.frame_len).min(self.max_frame);
+        // From `lo`'s data area to the end of `hi`, the chunk after it: the
+        // frame and its tail moved up by `head` fit when a chunk is its
+        // headroom plus its data area (as xsk-rs lays them out).
+        let span = lo.addr()..lo.addr() - head + 2 * self.chunk;
+        if hi.addr() == lo.addr() + self.chunk && 2 * self.frame_len >= self.max_frame.min(MAX_ROCE_FRAME) && room + head <= span.len() {
+            // SAFETY: `span` lies in the two free chunks `lo` and `hi` (not in
+            // flight, not lent to the kernel), ours until pushed on the TX
+            // ring below; the UMEM lives as long as the port.
+            let Some(two) = (unsafe { umem_span(self.umem_area, span) }) else { return Ok(false) };
+            let Some(n) = fill(&mut two[..room]).filter(|&n| n > 0 && n <= room) else { return Ok(false) };
+            let (first, second) = spread_tail(two, 0, n, self.frame_len, head);
             self.free.truncate(k - 2);
             let mut lo = lo;
             // SAFETY: `lo` is a free frame of our UMEM; only its length is set.
@@ -554,6 +610,10 @@ impl Port for XskPort {
         self.give_back();
         let cap = self.scratch.len();
         let (mut taken, mut frames) = (0, 0);
+        // Index in `scratch` of the first piece, in this call, of the frame
+        // being reassembled (one that began in an earlier call continues
+        // from index 0).
+        let mut frame_first = 0;
         while frames < budget && taken < cap {
             let want = (budget - frames).min(cap - taken);
             // SAFETY: received descriptors belong to our UMEM.
@@ -566,20 +626,29 @@ impl Port for XskPort {
                 if desc.has_more_frames() || self.reassembly.active() {
                     // A multi-buffer frame (see `reassembly`).
                     let piece_len = data.len();
-                    // SAFETY: the reassembly writes only into the chunks of
-                    // this frame's pieces, which the kernel handed us and gets
-                    // back only at the end; `data` is not used from here on.
-                    let umem = unsafe { umem_bytes(self.umem_area) };
-                    match self.reassembly.push(umem, desc.addr(), piece_len, desc.has_more_frames(), self.chunk, self.max_frame) {
+                    if !self.reassembly.active() {
+                        frame_first = i;
+                    }
+                    // SAFETY: `scratch[frame_first..=i]` are this frame's
+                    // pieces so far, this one included, which the kernel
+                    // handed us in this call and gets back only at its end
+                    // (`refill` below), after `umem` is gone. `data` is not
+                    // used from here on.
+                    let mut umem = unsafe { FrameChunks::new(self.umem_area, self.chunk, &self.scratch[frame_first..=i]) };
+                    match self.reassembly.push(&mut umem, desc.addr(), piece_len, desc.has_more_frames(), self.chunk, self.max_frame) {
                         Piece::Pending | Piece::Skipped => {}
-                        Piece::TooLong => self.stats.rx_multibuffer_dropped += 1,
-                        Piece::InPlace(range) => {
-                            self.stats.rx_in_place += 1;
-                            self.stats.rx_frames += 1;
-                            self.stats.rx_bytes += range.len() as u64;
-                            frames += 1;
-                            handler(&umem[range]);
-                        }
+                        Piece::TooLong | Piece::Unheld => self.stats.rx_multibuffer_dropped += 1,
+                        Piece::InPlace(range) => match umem.bytes(range) {
+                            Some(frame) => {
+                                self.stats.rx_in_place += 1;
+                                self.stats.rx_frames += 1;
+                                self.stats.rx_bytes += frame.len() as u64;
+                                frames += 1;
+                                handler(frame);
+                            }
+                            // Cannot happen: the reassembly joins held chunks only.
+                            None => self.stats.rx_multibuffer_dropped += 1,
+                        },
                         Piece::Copied => {
                             let frame = self.reassembly.copied();
                             self.stats.rx_frames += 1;
@@ -602,10 +671,11 @@ impl Port for XskPort {
         }
         if self.reassembly.active() {
             // A frame goes on in the next call, but its chunks go back to
-            // the kernel now: keep a copy of its pieces so far.
-            // SAFETY: read only, before the chunks go back.
-            let umem = unsafe { umem_bytes(self.umem_area) };
-            self.reassembly.detach(umem);
+            // the kernel now: keep a copy of its pieces so far, before.
+            // SAFETY: the frame's pieces in this call, still ours: they go
+            // back to the fill ring just below, after `umem` is gone.
+            let mut umem = unsafe { FrameChunks::new(self.umem_area, self.chunk, &self.scratch[frame_first.min(taken)..taken]) };
+            self.reassembly.detach(&mut umem);
         }
         self.refill.extend_from_slice(&self.scratch[..taken]);
         self.give_back();
@@ -695,5 +765,38 @@ impl Port for XskPort {
         let up = crate::netdev::link_up(&self.iface.name).unwrap_or(up);
         self.link.set((up, Some(Instant::now())));
         up
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_is_held_only_if_every_chunk_it_touches_is() {
+        const C: usize = 4096;
+        // Pieces in chunks 2 and 3 (addresses after the headroom).
+        let held = [2 * C + 256, 3 * C + 256];
+        let h = || held.iter().copied();
+        assert!(chunks_held(&(2 * C + 256..4 * C), C, h()), "both chunks, headroom of the second included");
+        assert!(chunks_held(&(3 * C..3 * C + 1), C, h()));
+        assert!(chunks_held(&(5 * C..5 * C), C, h()), "an empty range touches nothing");
+        assert!(!chunks_held(&(2 * C..4 * C + 1), C, h()), "one byte into chunk 4");
+        assert!(!chunks_held(&(C + 4095..2 * C + 10), C, h()), "the last byte of chunk 1");
+        assert!(!chunks_held(&(0..10), C, std::iter::empty()));
+    }
+
+    #[test]
+    fn umem_spans_stay_inside_the_mapping() {
+        let mut m = vec![7u8; 64];
+        let area = (m.as_mut_ptr().expose_provenance(), m.len());
+        // SAFETY: `m` is alive and nothing else touches it while the spans live.
+        unsafe {
+            assert_eq!(umem_span(area, 60..64).map(|s| s.len()), Some(4));
+            assert!(umem_span(area, 60..65).is_none());
+            #[allow(clippy::reversed_empty_ranges)]
+            let reversed = umem_span(area, 10..5);
+            assert!(reversed.is_none());
+        }
     }
 }
