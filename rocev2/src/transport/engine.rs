@@ -1,10 +1,43 @@
-//! The engine: a device's QPs and SRQs, driven sans-IO.
+//! The engine: one device's QPs and SRQs, driven sans-IO.
 //!
-//! `handle_frame` parses and checks a received frame and dispatches it by
-//! BTH DestQP: requests to the QP's responder, responses to its completer.
-//! `poll_transmit` hands out one frame per call, round-robin over QPs,
-//! responses before requests. Timers are driven by `next_timeout` /
-//! `handle_timeout`; completions and async events are polled out.
+//! The engine owns the QP table, dispatches received frames by BTH DestQP,
+//! keeps the ready list (QPs that may have something to send) and the timer
+//! queue. Everything protocol-specific lives beside it, in rxe's split:
+//! `qp` (QP object, `ibv_modify_qp` rules), `requester`,
+//! `completer`, `responder`, [`memory`](super::memory), `recv`, `dcqcn`.
+//!
+//! # Calling contract
+//!
+//! The engine does no I/O, reads no clock and spawns nothing: the caller
+//! (the datapath's polling loop, the simulator, a test, an appliance's own
+//! run-to-completion loop) owns the wire and the time, as with quinn-proto's
+//! `Connection`. The calls fall into five groups:
+//!
+//! - **Getters** ([`Engine::stats`], [`Engine::qp_stats`],
+//!   [`Engine::query_qp`], [`Engine::qp_state`], [`Engine::qpns`],
+//!   [`Engine::qp_dcqcn`], [`Engine::memory`]) change nothing.
+//! - **Verbs** ([`Engine::create_qp`], [`Engine::modify_qp`],
+//!   [`Engine::post_send`], [`Engine::post_recv`], [`Engine::create_srq`], …)
+//!   validate their arguments first: on `Err` nothing changed. A post may
+//!   make a QP ready to send; call `poll_transmit` afterwards.
+//! - **Input**: [`Engine::handle_frame`] for every received frame (never
+//!   panics; a refused frame changes only a drop counter) and
+//!   [`Engine::handle_timeout`] once `now` has reached
+//!   [`Engine::next_timeout`].
+//! - **Output**: after any call above, drain [`Engine::poll_transmit`] (one
+//!   whole frame per call, responses before requests, round-robin over QPs)
+//!   until it returns `None`, then [`Engine::poll_completion`] and
+//!   [`Engine::poll_event`]. Each work request produces exactly one
+//!   completion (success or error) unless it was posted unsignaled and
+//!   succeeded.
+//! - **Time**: every `now` passed in is monotonic (an earlier `now` than one
+//!   already seen is treated as that one). `next_timeout` may be earlier than
+//!   the real deadline (a stale timer entry) but never later; calling
+//!   `handle_timeout` early is harmless.
+//!
+//! Received frames pass the checks of rxe's `rxe_rcv` before any QP sees
+//! them (ICRC and headers in `wire`, then service, state, peer address and
+//! P_Key here): a connected QP hears only its peer.
 
 use std::cmp::Reverse;
 
@@ -326,11 +359,13 @@ impl Engine {
     }
 
     /// Next completion, in the order they happened.
+    #[must_use]
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
 
     /// Next asynchronous event.
+    #[must_use]
     pub fn poll_event(&mut self) -> Option<AsyncEvent> {
         self.events.pop_front()
     }
@@ -457,6 +492,7 @@ impl Engine {
     }
 
     /// The next frame to send, written into `buf`; its length.
+    #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.last_now = self.last_now.max(now);
         for _ in 0..self.ready.len() {
@@ -554,6 +590,7 @@ impl Engine {
 
     /// When the engine next wants `handle_timeout`. May be earlier than any
     /// real deadline (a stale entry), never later.
+    #[must_use]
     pub fn next_timeout(&self) -> Option<Instant> {
         self.timers.peek().map(|Reverse((t, _))| *t)
     }

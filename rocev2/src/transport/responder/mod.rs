@@ -6,7 +6,7 @@
 //! READ/atomic resources) → length → R_Key → execute → complete → acknowledge.
 //! Responses (ACK, NAK, RNR NAK, READ responses, atomic ACKs) go into one FIFO
 //! so they leave in request order; READ responses are produced one packet per
-//! [`Responder::poll_transmit`] call, read from the registered memory straight
+//! `Responder::poll_transmit` call, read from the registered memory straight
 //! into the frame (nothing is buffered).
 //!
 //! Error classes (IBTA 9.9.3 "Responder error behavior", as rxe implements them):
@@ -16,7 +16,7 @@
 //! - class C (invalid request, remote access error) and class A (remote
 //!   operational error): NAK with the packet's PSN, the receive WQE in progress
 //!   completes in error, and the QP goes to the error state
-//!   ([`ResponderOutcome::QpError`]);
+//!   (`ResponderOutcome::QpError`);
 //! - class D (duplicate READ/atomic without a saved resource): silent drop.
 
 use std::collections::VecDeque;
