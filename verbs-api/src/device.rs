@@ -206,7 +206,7 @@ pub struct DeviceLimits {
 
 impl Default for DeviceLimits {
     fn default() -> Self {
-        // rxe's limits (PROTOCOL.md): rd_atom 128, inline 400, message 8 MiB;
+        // rxe's limits (rxe_param.h; ibv_devinfo -v on rxe): rd_atom 128, inline 400, message 8 MiB;
         // queue sizes are ours.
         DeviceLimits {
             max_qp: 4096,
