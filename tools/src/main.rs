@@ -9,6 +9,7 @@ mod perftest;
 mod pingpong;
 mod plot;
 mod report;
+mod soak;
 
 use std::process::ExitCode;
 
@@ -118,6 +119,10 @@ enum Cmd {
         #[arg(long, default_value = "target/dcqcn")]
         out: std::path::PathBuf,
     },
+    /// Soak test: two devices over veth, many RC QPs running every verb both
+    /// ways plus UD, XDP loss and corruption, a hostile injector; every byte
+    /// and completion checked for the given time (root).
+    Soak(soak::SoakArgs),
     /// Counters of the urnic devices running on this machine (published by
     /// each device into DIR while it runs).
     Stat {
@@ -466,6 +471,8 @@ fn main() -> ExitCode {
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
+        // soak reports its errors as text.
+        Cmd::Soak(a) => soak::run(&a).map_err(anyhow::Error::msg),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
