@@ -13,7 +13,8 @@ want_pip=()
 for g in "${groups[@]}"; do
   case "$g" in
     build) want_apt+=(clang llvm libelf-dev zlib1g-dev m4 pkg-config make libbpf-dev) ;;
-    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3); want_pip+=(scapy) ;;
+    # g++: libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets.
+    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3 g++); want_pip+=(scapy) ;;
     peer)  want_apt+=(qemu-system-x86 debootstrap cpio zstd kmod) ;;
     *) echo "deps.sh: unknown group '$g' (build, test, peer, all)" >&2; exit 64 ;;
   esac
@@ -50,5 +51,13 @@ if [ "$needs_cargo" = 1 ]; then
     cargo install --locked -q cargo-nextest
   fi
 fi
+# cargo-fuzz runs the fuzz targets (deploy/fuzz-smoke.sh); with
+# RUSTC_BOOTSTRAP=1 it works on the stable toolchain.
+for g in "${groups[@]}"; do
+  if [ "$g" = test ] && ! cargo fuzz --version >/dev/null 2>&1; then
+    echo "deps: installing cargo-fuzz"
+    cargo install --locked -q cargo-fuzz
+  fi
+done
 [ ${#missing[@]} -eq 0 ] && echo "deps: all present (${groups[*]})"
 exit 0

@@ -11,4 +11,6 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^urnic-.*-[0
 done
 cargo build --workspace --all-targets --quiet
 cargo test --workspace --doc --quiet
+# Fuzz smoke (issue 14): every target in fuzz/ builds and runs 20 s without a crash.
+bash deploy/fuzz-smoke.sh 20
 cargo nextest run --workspace --no-fail-fast
