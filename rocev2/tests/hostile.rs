@@ -14,7 +14,7 @@ use rocev2::time::Instant;
 use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpState, QpType};
 use rocev2::transport::engine::{Engine, EngineConfig};
 use rocev2::transport::memory::{Access, MemoryTable, PdId};
-use rocev2::transport::packet::PathHeaders;
+use rocev2::transport::path::PathHeaders;
 use rocev2::transport::wr::*;
 use rocev2::wire::{parse_frame, AckSyndrome, AethRepr, BthRepr, NakCode, Opcode, RethRepr, TransportRepr};
 

@@ -591,7 +591,7 @@ fn dcqcn_off_for_a_qp_counts_cnps_without_limiting() {
     cnp[at..at + 3].copy_from_slice(&qa.to_be_bytes()[1..]);
     cnp[14 + 12..14 + 16].copy_from_slice(&[10, 0, 0, 2]);
     cnp[14 + 16..14 + 20].copy_from_slice(&[10, 0, 0, 1]);
-    rocev2::wire::packet::Ipv4Packet::new_unchecked(&mut cnp[14..34]).fill_checksum();
+    rocev2::wire::Ipv4Packet::new_unchecked(&mut cnp[14..34]).fill_checksum();
     rocev2::wire::icrc::fill_frame(&mut cnp).unwrap();
     p.a.engine.handle_frame(Instant::from_nanos(10_000), &cnp);
     let s = *p.a.engine.qp_stats(qa).unwrap();

@@ -34,8 +34,8 @@ use std::net::IpAddr;
 use crate::psn::Psn;
 use crate::sim::rc::HostAddr;
 use crate::transport::attr::AddressVector;
-use crate::transport::packet::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP};
-use crate::wire::repr::{
+use crate::wire::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP};
+use crate::wire::{
     AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr,
     NakCode, RethRepr, TransportRepr, UdpRepr,
 };

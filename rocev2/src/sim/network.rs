@@ -4,7 +4,7 @@ use core::time::Duration;
 
 use crate::sim::link::{Link, LinkConfig};
 use crate::time::Instant;
-use crate::wire::repr::MacAddr;
+use crate::wire::MacAddr;
 
 /// A sans-IO endpoint the network drives: the transport [`Engine`] or a test double.
 ///

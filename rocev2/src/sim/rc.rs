@@ -8,7 +8,7 @@ use crate::time::Instant;
 use crate::transport::attr::{AddressVector, Mtu, QpAttr, QpAttrMask, QpState};
 use crate::transport::engine::{Engine, EngineError};
 use crate::transport::memory::Access;
-use crate::wire::repr::MacAddr;
+use crate::wire::MacAddr;
 
 impl Endpoint for Engine {
     fn handle_frame(&mut self, now: Instant, frame: &[u8]) {

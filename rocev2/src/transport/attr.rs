@@ -5,7 +5,7 @@ use bitflags::bitflags;
 use crate::psn::Psn;
 pub use crate::transport::ids::SrqId;
 use crate::transport::ids::{Access, CqId, PdId};
-use crate::wire::repr::{MacAddr, VlanTag};
+use crate::wire::{MacAddr, VlanTag};
 
 /// Transport service of a QP (`enum ibv_qp_type`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

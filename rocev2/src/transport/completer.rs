@@ -11,8 +11,8 @@ use crate::psn::Psn;
 use crate::time::Instant;
 use crate::transport::requester::{local_timeout, Kind, Requester, RequesterCtx, SqFatal};
 use crate::transport::wr::{Payload, WcStatus};
-use crate::wire::ext::rnr_timer_nanos;
-use crate::wire::repr::{AckSyndrome, NakCode};
+use crate::wire::rnr_timer_nanos;
+use crate::wire::{AckSyndrome, NakCode};
 use crate::wire::{Opcode, ParsedFrame};
 
 impl Requester {

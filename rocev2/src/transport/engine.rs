@@ -52,7 +52,7 @@ use crate::time::Instant;
 use crate::transport::attr::{QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
 use crate::transport::ids::PdId;
 use crate::transport::memory::MemoryTable;
-use crate::transport::packet::PathHeaders;
+use crate::transport::path::PathHeaders;
 use crate::transport::recv::RecvQueue;
 use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;

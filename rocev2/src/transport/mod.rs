@@ -12,7 +12,7 @@ pub mod engine;
 pub mod events;
 pub mod ids;
 pub mod memory;
-pub mod packet;
+pub mod path;
 mod qp;
 pub mod recv;
 pub mod requester;

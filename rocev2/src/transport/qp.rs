@@ -11,7 +11,7 @@ use crate::transport::dcqcn::{DcqcnParams, NotificationPoint, ReactionPoint};
 use crate::transport::events::{AsyncEvent, EngineError};
 use crate::transport::ids::{Access, CqId};
 use crate::transport::memory::MemoryTable;
-use crate::transport::packet::PathHeaders;
+use crate::transport::path::PathHeaders;
 use crate::transport::recv::RecvQueue;
 use crate::transport::requester::{Requester, RequesterCtx};
 use crate::transport::responder::{Responder, ResponderCtx};

@@ -20,10 +20,10 @@ use crate::time::Instant;
 use crate::transport::attr::{Mtu, QpType};
 use crate::transport::ids::{Access, CqId, PdId};
 use crate::transport::memory::MemoryTable;
-use crate::transport::packet::PathHeaders;
+use crate::transport::path::PathHeaders;
 use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, Payload, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
-use crate::wire::repr::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
+use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
 use crate::wire::{crc, sport, Opcode};
 
 /// AckReq at least every this many packets of a long message (rxe: 64 unacked packets).

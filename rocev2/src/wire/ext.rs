@@ -1,59 +1,316 @@
-//! The BTH and the extension transport headers (IBTA Vol 1 9.2, 9.3):
-//! DETH, RETH, AtomicETH, AETH, AtomicAckETH, ImmDt, IETH, and the 16
-//! reserved bytes of a RoCEv2 CNP.
+//! The extended transport headers (IBTA Vol 1 9.3) and the 16 reserved
+//! bytes of a RoCEv2 CNP (annex A17.9.3): for each, the checked view and,
+//! where it has more than one field, the `Repr` with its parse and emit.
+//! All are fixed-size; each view starts at its header. Wire order after the
+//! BTH (IBTA 9.3): DETH, RETH | AtomicETH, AETH, AtomicAckETH, ImmDt | IETH.
+//! [`TransportRepr`](super::TransportRepr) puts them together.
 
-use super::opcode::HeaderLayout;
-use super::packet::{
-    AethPacket, AtomicAckEthPacket, AtomicEthPacket, BthPacket, CnpPacket, DethPacket, IethPacket, ImmDtPacket,
-    RethPacket,
-};
-use super::repr::{AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, DethRepr, NakCode, RethRepr, TransportRepr};
-use super::{Header, WireError};
+use super::error::{Header, WireError};
+use super::field::{self, view};
 
-/// BTH length.
-pub const BTH_LEN: usize = 12;
+/// `LEN` and a `check_len` that reports `Truncated(ExtHeaders)`.
+macro_rules! fixed_len {
+    ($name:ident, $len:expr) => {
+        impl<T: AsRef<[u8]>> $name<T> {
+            /// Header length in bytes.
+            pub const LEN: usize = $len;
 
-impl BthRepr {
-    /// Parse the 12-byte BTH. The opcode is not checked here (see
-    /// [`TransportRepr::parse`]).
-    pub fn parse(b: &[u8]) -> Result<BthRepr, WireError> {
-        let p = BthPacket::new_checked(b)?;
-        Ok(BthRepr {
-            opcode: p.opcode(),
-            solicited: p.solicited(),
-            mig_req: p.mig_req(),
-            pad_count: p.pad_count(),
-            tver: p.tver(),
-            pkey: p.pkey(),
-            fecn: p.fecn(),
-            becn: p.becn(),
-            resv6: p.resv6(),
-            dest_qp: p.dest_qp(),
-            ack_req: p.ack_req(),
-            resv7: p.resv7(),
-            psn: p.psn(),
-        })
+            /// The buffer holds the whole header.
+            pub fn check_len(&self) -> Result<(), WireError> {
+                if self.buffer.as_ref().len() < Self::LEN {
+                    return Err(WireError::Truncated(Header::ExtHeaders));
+                }
+                Ok(())
+            }
+        }
+    };
+}
+
+// ---- DETH
+
+view! {
+    /// Datagram ETH (IBTA 9.3.2, 8 bytes): Q_Key, reserved(8), SrcQP(24).
+    /// Carried by every UD packet.
+    DethPacket
+}
+fixed_len!(DethPacket, 8);
+
+impl<T: AsRef<[u8]>> DethPacket<T> {
+    /// Queue key (GSI/QP1 uses 0x80010000).
+    pub fn qkey(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 0)
+    }
+    /// The reserved byte.
+    pub fn resv8(&self) -> u8 {
+        field::u8_at(self.buffer.as_ref(), 4)
+    }
+    /// Source QP number (24 bits).
+    pub fn src_qp(&self) -> u32 {
+        field::u24_at(self.buffer.as_ref(), 5)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> DethPacket<T> {
+    /// Set the Q_Key.
+    pub fn set_qkey(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 0, v);
+    }
+    /// Set the reserved byte.
+    pub fn set_resv8(&mut self, v: u8) {
+        field::set_u8(self.bytes_mut(), 4, v);
+    }
+    /// Set the source QP (low 24 bits).
+    pub fn set_src_qp(&mut self, qpn: u32) {
+        field::set_u24(self.bytes_mut(), 5, qpn);
+    }
+}
+
+/// Datagram Extended Transport Header (8 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct DethRepr {
+    /// Queue key.
+    pub qkey: u32,
+    /// Reserved byte (kept for re-emission).
+    pub resv8: u8,
+    /// Source QP number (24 bits).
+    pub src_qp: u32,
+}
+
+impl DethRepr {
+    /// Parse an 8-byte DETH.
+    pub fn parse(b: &[u8]) -> Result<DethRepr, WireError> {
+        let d = DethPacket::new_checked(b)?;
+        Ok(DethRepr { qkey: d.qkey(), resv8: d.resv8(), src_qp: d.src_qp() })
     }
 
-    /// Emit the 12-byte BTH (every bit of it).
+    /// Emit the 8-byte DETH. Returns bytes written.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        let h = out.get_mut(..BTH_LEN).ok_or(WireError::BufferTooSmall)?;
-        let mut p = BthPacket::new_unchecked(h);
-        p.set_opcode(self.opcode);
-        p.set_solicited(self.solicited);
-        p.set_mig_req(self.mig_req);
-        p.set_pad_count(self.pad_count);
-        p.set_tver(self.tver);
-        p.set_pkey(self.pkey);
-        p.set_fecn(self.fecn);
-        p.set_becn(self.becn);
-        p.set_resv6(self.resv6);
-        p.set_dest_qp(self.dest_qp);
-        p.set_ack_req(self.ack_req);
-        p.set_resv7(self.resv7);
-        p.set_psn(self.psn);
-        Ok(BTH_LEN)
+        let len = DethPacket::<&[u8]>::LEN;
+        let mut x = DethPacket::new_unchecked(out.get_mut(..len).ok_or(WireError::BufferTooSmall)?);
+        x.set_qkey(self.qkey);
+        x.set_resv8(self.resv8);
+        x.set_src_qp(self.src_qp);
+        Ok(len)
     }
+}
+
+// ---- RETH
+
+view! {
+    /// RDMA ETH (IBTA 9.3.3, 16 bytes): VA(64), R_Key, DMA length. Carried by
+    /// RDMA WRITE first/only and RDMA READ request.
+    RethPacket
+}
+fixed_len!(RethPacket, 16);
+
+impl<T: AsRef<[u8]>> RethPacket<T> {
+    /// Remote virtual address.
+    pub fn va(&self) -> u64 {
+        field::u64_at(self.buffer.as_ref(), 0)
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 8)
+    }
+    /// Length of the whole RDMA operation.
+    pub fn dma_len(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 12)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> RethPacket<T> {
+    /// Set the virtual address.
+    pub fn set_va(&mut self, v: u64) {
+        field::set_u64(self.bytes_mut(), 0, v);
+    }
+    /// Set the remote key.
+    pub fn set_rkey(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 8, v);
+    }
+    /// Set the DMA length.
+    pub fn set_dma_len(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 12, v);
+    }
+}
+
+/// RDMA Extended Transport Header (16 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct RethRepr {
+    /// Remote virtual address.
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Length of the whole RDMA operation in bytes.
+    pub dma_len: u32,
+}
+
+impl RethRepr {
+    /// Parse a 16-byte RETH.
+    pub fn parse(b: &[u8]) -> Result<RethRepr, WireError> {
+        let x = RethPacket::new_checked(b)?;
+        Ok(RethRepr { va: x.va(), rkey: x.rkey(), dma_len: x.dma_len() })
+    }
+
+    /// Emit the 16-byte RETH. Returns bytes written.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let len = RethPacket::<&[u8]>::LEN;
+        let mut x = RethPacket::new_unchecked(out.get_mut(..len).ok_or(WireError::BufferTooSmall)?);
+        x.set_va(self.va);
+        x.set_rkey(self.rkey);
+        x.set_dma_len(self.dma_len);
+        Ok(len)
+    }
+}
+
+// ---- AtomicETH
+
+view! {
+    /// Atomic ETH (IBTA 9.3.4, 28 bytes): VA(64), R_Key, swap/add data(64),
+    /// compare data(64). Carried by CMP_SWAP and FETCH_ADD.
+    AtomicEthPacket
+}
+fixed_len!(AtomicEthPacket, 28);
+
+impl<T: AsRef<[u8]>> AtomicEthPacket<T> {
+    /// Remote virtual address (must be 8-byte aligned; the responder checks it).
+    pub fn va(&self) -> u64 {
+        field::u64_at(self.buffer.as_ref(), 0)
+    }
+    /// Remote key.
+    pub fn rkey(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 8)
+    }
+    /// Swap value (CMP_SWAP) or add value (FETCH_ADD).
+    pub fn swap_add(&self) -> u64 {
+        field::u64_at(self.buffer.as_ref(), 12)
+    }
+    /// Compare value (CMP_SWAP).
+    pub fn compare(&self) -> u64 {
+        field::u64_at(self.buffer.as_ref(), 20)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicEthPacket<T> {
+    /// Set the virtual address.
+    pub fn set_va(&mut self, v: u64) {
+        field::set_u64(self.bytes_mut(), 0, v);
+    }
+    /// Set the remote key.
+    pub fn set_rkey(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 8, v);
+    }
+    /// Set the swap/add value.
+    pub fn set_swap_add(&mut self, v: u64) {
+        field::set_u64(self.bytes_mut(), 12, v);
+    }
+    /// Set the compare value.
+    pub fn set_compare(&mut self, v: u64) {
+        field::set_u64(self.bytes_mut(), 20, v);
+    }
+}
+
+/// Atomic Extended Transport Header (28 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct AtomicEthRepr {
+    /// Remote virtual address (8-byte aligned).
+    pub va: u64,
+    /// Remote key.
+    pub rkey: u32,
+    /// Swap value (CMP_SWAP) or add value (FETCH_ADD).
+    pub swap_add: u64,
+    /// Compare value (CMP_SWAP).
+    pub compare: u64,
+}
+
+impl AtomicEthRepr {
+    /// Parse a 28-byte AtomicETH.
+    pub fn parse(b: &[u8]) -> Result<AtomicEthRepr, WireError> {
+        let x = AtomicEthPacket::new_checked(b)?;
+        Ok(AtomicEthRepr { va: x.va(), rkey: x.rkey(), swap_add: x.swap_add(), compare: x.compare() })
+    }
+
+    /// Emit the 28-byte AtomicETH. Returns bytes written.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let len = AtomicEthPacket::<&[u8]>::LEN;
+        let mut x = AtomicEthPacket::new_unchecked(out.get_mut(..len).ok_or(WireError::BufferTooSmall)?);
+        x.set_va(self.va);
+        x.set_rkey(self.rkey);
+        x.set_swap_add(self.swap_add);
+        x.set_compare(self.compare);
+        Ok(len)
+    }
+}
+
+// ---- AETH
+
+view! {
+    /// ACK ETH (IBTA 9.3.5, 4 bytes): syndrome(8), MSN(24). Carried by ACK,
+    /// ATOMIC ACK and READ response first/last/only.
+    AethPacket
+}
+fixed_len!(AethPacket, 4);
+
+impl<T: AsRef<[u8]>> AethPacket<T> {
+    /// The raw syndrome byte.
+    pub fn syndrome_byte(&self) -> u8 {
+        field::u8_at(self.buffer.as_ref(), 0)
+    }
+    /// The decoded syndrome (IBTA 9.7.5.1 table 42).
+    pub fn syndrome(&self) -> AckSyndrome {
+        AckSyndrome::from_byte(self.syndrome_byte())
+    }
+    /// Message sequence number (24 bits).
+    pub fn msn(&self) -> u32 {
+        field::u24_at(self.buffer.as_ref(), 1)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AethPacket<T> {
+    /// Set the syndrome.
+    pub fn set_syndrome(&mut self, s: AckSyndrome) {
+        field::set_u8(self.bytes_mut(), 0, s.to_byte());
+    }
+    /// Set the MSN (low 24 bits).
+    pub fn set_msn(&mut self, msn: u32) {
+        field::set_u24(self.bytes_mut(), 1, msn);
+    }
+}
+
+/// What an AETH syndrome says (IBTA 9.7.5.1, table 42).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AckSyndrome {
+    /// Positive ACK with an end-to-end credit count (31 = "invalid"/none).
+    Ack {
+        /// Credit count code (5 bits).
+        credits: u8,
+    },
+    /// Receiver not ready, with its timer code (5 bits, see `rnr_timer`).
+    RnrNak {
+        /// RNR timer code.
+        timer: u8,
+    },
+    /// NAK of the given kind.
+    Nak(NakCode),
+    /// A reserved syndrome, kept whole: bits 6:5 = 10, or bit 7 (reserved,
+    /// 0 in IBTA 9.3.5) set.
+    Reserved(u8),
+}
+
+/// NAK codes (AETH syndrome 0b011_xxxxx).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum NakCode {
+    /// 0: PSN sequence error.
+    PsnSequenceError,
+    /// 1: invalid request.
+    InvalidRequest,
+    /// 2: remote access error.
+    RemoteAccessError,
+    /// 3: remote operational error.
+    RemoteOperationalError,
+    /// 4: invalid RD request.
+    InvalidRdRequest,
+    /// Any other (reserved) value.
+    Reserved(u8),
 }
 
 impl AckSyndrome {
@@ -115,147 +372,185 @@ pub const fn rnr_timer_nanos(code: u8) -> u64 {
     US_X100[(code & 0x1f) as usize] * 10_000
 }
 
-impl TransportRepr {
-    /// Length of the BTH plus the extension headers of `layout`.
-    pub const fn header_len(layout: &HeaderLayout) -> usize {
-        BTH_LEN + layout.ext_len()
+/// ACK Extended Transport Header (4 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AethRepr {
+    /// The decoded syndrome.
+    pub syndrome: AckSyndrome,
+    /// Message sequence number (24 bits).
+    pub msn: u32,
+}
+
+impl AethRepr {
+    /// Parse a 4-byte AETH.
+    pub fn parse(b: &[u8]) -> Result<AethRepr, WireError> {
+        let x = AethPacket::new_checked(b)?;
+        Ok(AethRepr { syndrome: x.syndrome(), msn: x.msn() })
     }
 
-    /// Parse the BTH and the extension headers its opcode calls for.
-    /// Returns the repr and the number of bytes the headers took.
-    ///
-    /// A CNP's 16 reserved bytes are ignored (A17.9.3) and [`emit`](Self::emit)
-    /// writes zeros, so a received CNP with non-zero reserved bytes re-emits
-    /// differently (with the same repr).
-    ///
-    /// Errors: `Truncated(Bth)`, `UnknownOpcode` (IBTA 9.2: reserved, RD and
-    /// manufacturer opcodes are not handled by urnic), `BadTver` (IBTA 9.2:
-    /// the transport header version is 0), `Truncated(ExtHeaders)`.
-    pub fn parse(b: &[u8]) -> Result<(TransportRepr, usize), WireError> {
-        let bth = BthRepr::parse(b)?;
-        let layout = bth.opcode.layout().ok_or(WireError::UnknownOpcode(bth.opcode.0))?;
-        if bth.tver != 0 {
-            return Err(WireError::BadTver(bth.tver));
-        }
-        let len = Self::header_len(&layout);
-        let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        let mut r = TransportRepr::bth_only(bth);
-        // `h` holds all `len` bytes, so every view below is complete.
-        let at = |off: usize| h.get(off..).unwrap_or(&[]);
-        let mut off = BTH_LEN;
-        // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH],
-        // [AETH], [AtomicAckETH], [ImmDt | IETH].
-        if layout.deth {
-            let d = DethPacket::new_unchecked(at(off));
-            r.deth = Some(DethRepr { qkey: d.qkey(), resv8: d.resv8(), src_qp: d.src_qp() });
-            off += DethPacket::<&[u8]>::LEN;
-        }
-        if layout.reth {
-            let x = RethPacket::new_unchecked(at(off));
-            r.reth = Some(RethRepr { va: x.va(), rkey: x.rkey(), dma_len: x.dma_len() });
-            off += RethPacket::<&[u8]>::LEN;
-        }
-        if layout.atomic_eth {
-            let x = AtomicEthPacket::new_unchecked(at(off));
-            r.atomic_eth = Some(AtomicEthRepr { va: x.va(), rkey: x.rkey(), swap_add: x.swap_add(), compare: x.compare() });
-            off += AtomicEthPacket::<&[u8]>::LEN;
-        }
-        if layout.aeth {
-            let x = AethPacket::new_unchecked(at(off));
-            r.aeth = Some(AethRepr { syndrome: x.syndrome(), msn: x.msn() });
-            off += AethPacket::<&[u8]>::LEN;
-        }
-        if layout.atomic_ack_eth {
-            r.atomic_ack = Some(AtomicAckEthPacket::new_unchecked(at(off)).orig_remote_data());
-            off += AtomicAckEthPacket::<&[u8]>::LEN;
-        }
-        if layout.immdt {
-            r.immediate = Some(ImmDtPacket::new_unchecked(at(off)).immediate());
-            off += ImmDtPacket::<&[u8]>::LEN;
-        }
-        if layout.ieth {
-            r.invalidate_rkey = Some(IethPacket::new_unchecked(at(off)).rkey());
-            off += IethPacket::<&[u8]>::LEN;
-        }
-        if layout.cnp_reserved {
-            // A17.9.3: reserved, ignored on receipt.
-            off += CnpPacket::<&[u8]>::LEN;
-        }
-        debug_assert_eq!(off, len);
-        Ok((r, len))
-    }
-
-    /// Emit the BTH and the extension headers the opcode calls for. A header
-    /// the opcode needs but the repr lacks is emitted as zeros (an absent
-    /// AETH as a plain ACK with credits "invalid", 0x1f); headers the opcode
-    /// does not carry are ignored. Returns bytes written.
+    /// Emit the 4-byte AETH. Returns bytes written.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        let layout = self.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.bth.opcode.0))?;
-        let len = Self::header_len(&layout);
-        let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
-        self.bth.emit(h)?;
-        let mut off = BTH_LEN;
-        // `h` holds all `len` bytes, so every view below is complete.
-        fn at(h: &mut [u8], off: usize) -> &mut [u8] {
-            h.get_mut(off..).unwrap_or(&mut [])
-        }
-        if layout.deth {
-            let d = self.deth.unwrap_or_default();
-            let mut x = DethPacket::new_unchecked(at(h, off));
-            x.set_qkey(d.qkey);
-            x.set_resv8(d.resv8);
-            x.set_src_qp(d.src_qp);
-            off += DethPacket::<&[u8]>::LEN;
-        }
-        if layout.reth {
-            let r = self.reth.unwrap_or_default();
-            let mut x = RethPacket::new_unchecked(at(h, off));
-            x.set_va(r.va);
-            x.set_rkey(r.rkey);
-            x.set_dma_len(r.dma_len);
-            off += RethPacket::<&[u8]>::LEN;
-        }
-        if layout.atomic_eth {
-            let a = self.atomic_eth.unwrap_or_default();
-            let mut x = AtomicEthPacket::new_unchecked(at(h, off));
-            x.set_va(a.va);
-            x.set_rkey(a.rkey);
-            x.set_swap_add(a.swap_add);
-            x.set_compare(a.compare);
-            off += AtomicEthPacket::<&[u8]>::LEN;
-        }
-        if layout.aeth {
-            let a = self.aeth.unwrap_or(AethRepr { syndrome: AckSyndrome::Ack { credits: 0x1f }, msn: 0 });
-            let mut x = AethPacket::new_unchecked(at(h, off));
-            x.set_syndrome(a.syndrome);
-            x.set_msn(a.msn);
-            off += AethPacket::<&[u8]>::LEN;
-        }
-        if layout.atomic_ack_eth {
-            AtomicAckEthPacket::new_unchecked(at(h, off)).set_orig_remote_data(self.atomic_ack.unwrap_or(0));
-            off += AtomicAckEthPacket::<&[u8]>::LEN;
-        }
-        if layout.immdt {
-            ImmDtPacket::new_unchecked(at(h, off)).set_immediate(self.immediate.unwrap_or(0));
-            off += ImmDtPacket::<&[u8]>::LEN;
-        }
-        if layout.ieth {
-            IethPacket::new_unchecked(at(h, off)).set_rkey(self.invalidate_rkey.unwrap_or(0));
-            off += IethPacket::<&[u8]>::LEN;
-        }
-        if layout.cnp_reserved {
-            CnpPacket::new_unchecked(at(h, off)).clear_reserved();
-            off += CnpPacket::<&[u8]>::LEN;
-        }
-        debug_assert_eq!(off, len);
+        let len = AethPacket::<&[u8]>::LEN;
+        let mut x = AethPacket::new_unchecked(out.get_mut(..len).ok_or(WireError::BufferTooSmall)?);
+        x.set_syndrome(self.syndrome);
+        x.set_msn(self.msn);
         Ok(len)
+    }
+}
+
+// ---- AtomicAckETH, ImmDt, IETH: one field each, read and written through the view
+
+view! {
+    /// Atomic ACK ETH (IBTA 9.3.6, 8 bytes): the original remote data.
+    AtomicAckEthPacket
+}
+fixed_len!(AtomicAckEthPacket, 8);
+
+impl<T: AsRef<[u8]>> AtomicAckEthPacket<T> {
+    /// The value at the remote address before the atomic operation.
+    pub fn orig_remote_data(&self) -> u64 {
+        field::u64_at(self.buffer.as_ref(), 0)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> AtomicAckEthPacket<T> {
+    /// Set the original remote data.
+    pub fn set_orig_remote_data(&mut self, v: u64) {
+        field::set_u64(self.bytes_mut(), 0, v);
+    }
+}
+
+view! {
+    /// Immediate data ETH (IBTA 9.3.7, 4 bytes).
+    ImmDtPacket
+}
+fixed_len!(ImmDtPacket, 4);
+
+impl<T: AsRef<[u8]>> ImmDtPacket<T> {
+    /// The immediate data (read big-endian, as [`TransportRepr::immediate`](crate::wire::TransportRepr) holds it).
+    pub fn immediate(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 0)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> ImmDtPacket<T> {
+    /// Set the immediate data.
+    pub fn set_immediate(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 0, v);
+    }
+}
+
+view! {
+    /// Invalidate ETH (IBTA 9.3.8, 4 bytes): the R_Key to invalidate.
+    /// Carried by SEND last/only with invalidate.
+    IethPacket
+}
+fixed_len!(IethPacket, 4);
+
+impl<T: AsRef<[u8]>> IethPacket<T> {
+    /// The R_Key to invalidate.
+    pub fn rkey(&self) -> u32 {
+        field::u32_at(self.buffer.as_ref(), 0)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> IethPacket<T> {
+    /// Set the R_Key to invalidate.
+    pub fn set_rkey(&mut self, v: u32) {
+        field::set_u32(self.bytes_mut(), 0, v);
+    }
+}
+
+// ---- CNP
+
+view! {
+    /// The 16 reserved bytes that follow the BTH of a CNP (opcode 0x81,
+    /// RoCEv2 annex A17.9.3): senders write zeros, receivers ignore them.
+    CnpPacket
+}
+fixed_len!(CnpPacket, 16);
+
+impl<T: AsRef<[u8]>> CnpPacket<T> {
+    /// The reserved bytes as stored.
+    pub fn reserved(&self) -> [u8; 16] {
+        field::rd(self.buffer.as_ref(), 0)
+    }
+}
+
+impl<T: AsRef<[u8]> + AsMut<[u8]>> CnpPacket<T> {
+    /// Zero the reserved bytes (what a sender must write).
+    pub fn clear_reserved(&mut self) {
+        field::wr(self.bytes_mut(), 0, [0u8; 16]);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::wire::Opcode;
+
+    #[test]
+    fn each_header_in_place() {
+        let mut b = [0u8; 28];
+        let mut r = RethPacket::new_unchecked(&mut b[..16]);
+        r.set_va(0x0102_0304_0506_0708);
+        r.set_rkey(0x1122_3344);
+        r.set_dma_len(4096);
+        let r = RethPacket::new_checked(&b[..16]).unwrap();
+        assert_eq!((r.va(), r.rkey(), r.dma_len()), (0x0102_0304_0506_0708, 0x1122_3344, 4096));
+        assert_eq!(&b[..12], &[1, 2, 3, 4, 5, 6, 7, 8, 0x11, 0x22, 0x33, 0x44]);
+
+        let mut a = AtomicEthPacket::new_unchecked(&mut b[..]);
+        a.set_va(8);
+        a.set_rkey(9);
+        a.set_swap_add(u64::MAX - 1);
+        a.set_compare(42);
+        let a = AtomicEthPacket::new_checked(&b[..]).unwrap();
+        assert_eq!((a.va(), a.rkey(), a.swap_add(), a.compare()), (8, 9, u64::MAX - 1, 42));
+
+        let mut k = AethPacket::new_unchecked(&mut b[..4]);
+        k.set_syndrome(AckSyndrome::Nak(NakCode::RemoteAccessError));
+        k.set_msn(0x0100_0203); // only the low 24 bits
+        let k = AethPacket::new_checked(&b[..4]).unwrap();
+        assert_eq!((k.syndrome_byte(), k.syndrome(), k.msn()), (0x62, AckSyndrome::Nak(NakCode::RemoteAccessError), 0x0203));
+
+        AtomicAckEthPacket::new_unchecked(&mut b[..8]).set_orig_remote_data(7);
+        assert_eq!(AtomicAckEthPacket::new_checked(&b[..8]).unwrap().orig_remote_data(), 7);
+        ImmDtPacket::new_unchecked(&mut b[..4]).set_immediate(0xdead_beef);
+        assert_eq!(&b[..4], &[0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(ImmDtPacket::new_checked(&b[..4]).unwrap().immediate(), 0xdead_beef);
+        IethPacket::new_unchecked(&mut b[..4]).set_rkey(0x55);
+        assert_eq!(IethPacket::new_checked(&b[..4]).unwrap().rkey(), 0x55);
+
+        let mut d = DethPacket::new_unchecked(&mut b[..8]);
+        d.set_qkey(0x8001_0000);
+        d.set_resv8(0xaa);
+        d.set_src_qp(0xff_0001);
+        assert_eq!(&b[..8], &[0x80, 0x01, 0, 0, 0xaa, 0xff, 0, 1]);
+        let d = DethPacket::new_checked(&b[..8]).unwrap();
+        assert_eq!((d.qkey(), d.resv8(), d.src_qp()), (0x8001_0000, 0xaa, 0xff_0001));
+
+        let mut c = CnpPacket::new_unchecked(&mut b[..16]);
+        c.clear_reserved();
+        assert_eq!(CnpPacket::new_checked(&b[..16]).unwrap().reserved(), [0; 16]);
+    }
+
+    #[test]
+    fn short_buffers() {
+        let b = [0xffu8; 27];
+        let t = Err(WireError::Truncated(Header::ExtHeaders));
+        assert_eq!(RethPacket::new_checked(&b[..15]).map(|_| ()), t);
+        assert_eq!(AtomicEthPacket::new_checked(&b[..]).map(|_| ()), t);
+        assert_eq!(AethPacket::new_checked(&b[..3]).map(|_| ()), t);
+        assert_eq!(AtomicAckEthPacket::new_checked(&b[..7]).map(|_| ()), t);
+        assert_eq!(ImmDtPacket::new_checked(&b[..3]).map(|_| ()), t);
+        assert_eq!(IethPacket::new_checked(&b[..3]).map(|_| ()), t);
+        assert_eq!(DethPacket::new_checked(&b[..7]).map(|_| ()), t);
+        assert_eq!(CnpPacket::new_checked(&b[..15]).map(|_| ()), t);
+        // never panics: what is missing reads as zero
+        let a = AtomicEthPacket::new_unchecked(&b[..]);
+        assert_eq!(a.compare(), 0);
+        assert_eq!(a.swap_add(), u64::MAX);
+    }
 
     #[test]
     fn syndrome_roundtrip_and_values() {
@@ -281,14 +576,28 @@ mod tests {
     }
 
     #[test]
-    fn unknown_opcode_and_truncation() {
-        let mut b = [0u8; 40];
-        b[0] = 0x15;
-        assert_eq!(TransportRepr::parse(&b), Err(WireError::UnknownOpcode(0x15)));
-        b[0] = Opcode::RC_CMP_SWAP.0;
-        assert_eq!(TransportRepr::parse(&b[..30]), Err(WireError::Truncated(Header::ExtHeaders)));
-        b[1] = 1;
-        assert_eq!(TransportRepr::parse(&b), Err(WireError::BadTver(1)));
-        assert_eq!(TransportRepr::parse(&b[..5]), Err(WireError::Truncated(Header::Bth)));
+    fn reprs_roundtrip_through_their_views() {
+        let mut b = [0u8; 28];
+        let d = DethRepr { qkey: 0x8001_0000, resv8: 0xaa, src_qp: 0xff_0001 };
+        assert_eq!(d.emit(&mut b), Ok(8));
+        assert_eq!(&b[..8], &[0x80, 0x01, 0, 0, 0xaa, 0xff, 0, 1]);
+        assert_eq!(DethRepr::parse(&b), Ok(d));
+        let r = RethRepr { va: 0x0102_0304_0506_0708, rkey: 0x1122_3344, dma_len: 4096 };
+        assert_eq!(r.emit(&mut b), Ok(16));
+        assert_eq!(RethRepr::parse(&b), Ok(r));
+        let a = AtomicEthRepr { va: 8, rkey: 9, swap_add: u64::MAX - 1, compare: 42 };
+        assert_eq!(a.emit(&mut b), Ok(28));
+        assert_eq!(AtomicEthRepr::parse(&b), Ok(a));
+        let k = AethRepr { syndrome: AckSyndrome::RnrNak { timer: 14 }, msn: 0x12_3456 };
+        assert_eq!(k.emit(&mut b), Ok(4));
+        assert_eq!(&b[..4], &[0x2e, 0x12, 0x34, 0x56]);
+        assert_eq!(AethRepr::parse(&b), Ok(k));
+        let t = WireError::Truncated(Header::ExtHeaders);
+        assert_eq!(DethRepr::parse(&b[..7]), Err(t));
+        assert_eq!(RethRepr::parse(&b[..15]), Err(t));
+        assert_eq!(AtomicEthRepr::parse(&b[..27]), Err(t));
+        assert_eq!(AethRepr::parse(&b[..3]), Err(t));
+        let small = Err(WireError::BufferTooSmall);
+        assert_eq!((d.emit(&mut b[..7]), r.emit(&mut b[..15]), a.emit(&mut b[..27]), k.emit(&mut b[..3])), (small, small, small, small));
     }
 }

@@ -10,18 +10,30 @@
 //!   values of those fields in the repr are ignored. The UDP checksum is
 //!   emitted as given (0 for RoCEv2 over IPv4).
 
-use super::ext::BTH_LEN;
-use super::{crc, icrc};
-use super::ip::{IPV4_LEN, IPV6_LEN, UDP_LEN};
-use super::repr::{EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr};
-use super::{Header, WireError, ROCEV2_UDP_PORT};
+use super::bth::BTH_LEN;
+use super::crc;
+use super::error::{Header, WireError};
+use super::ethernet::{EthernetRepr, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
+use super::icrc::{self, ICRC_LEN};
+use super::ip::{IpRepr, IPPROTO_UDP};
+use super::ipv4::{Ipv4Repr, IPV4_LEN};
+use super::ipv6::{Ipv6Repr, IPV6_LEN};
 use super::opcode::Opcode;
+use super::transport_headers::TransportRepr;
+use super::udp::{UdpRepr, ROCEV2_UDP_PORT, UDP_LEN};
 
-/// ICRC length.
-pub const ICRC_LEN: usize = 4;
-const ETHERTYPE_IPV4: u16 = 0x0800;
-const ETHERTYPE_IPV6: u16 = 0x86dd;
-const IPPROTO_UDP: u8 = 17;
+/// A whole RoCEv2 frame's headers: Ethernet, IP, UDP and transport.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct FrameRepr {
+    /// Ethernet header.
+    pub eth: EthernetRepr,
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH and extension headers.
+    pub transport: TransportRepr,
+}
 
 /// Pad bytes that make a payload of `len` bytes a multiple of 4 (IBTA 9.2,
 /// BTH PadCnt: the payload is padded to a 4-byte boundary).
@@ -115,10 +127,7 @@ fn parse_ip(packet: &[u8], want_version: Option<u8>) -> Result<ParsedL3<'_>, Wir
         }
         v => return Err(WireError::BadIpVersion(v)),
     };
-    let protocol = match ip {
-        IpRepr::V4(v4) => v4.protocol,
-        IpRepr::V6(v6) => v6.next_header,
-    };
+    let protocol = ip.protocol();
     if protocol != IPPROTO_UDP {
         return Err(WireError::NotUdp { protocol });
     }
@@ -181,10 +190,7 @@ impl FrameRepr {
     /// (Saturates instead of overflowing for absurd `payload_len`s, which
     /// [`emit_with`](Self::emit_with) refuses.)
     pub fn frame_len(&self, payload_len: usize) -> usize {
-        let ip = match self.ip {
-            IpRepr::V4(_) => IPV4_LEN,
-            IpRepr::V6(_) => IPV6_LEN,
-        };
+        let ip = self.ip.header_len();
         let ib = self.layout_len().unwrap_or(0);
         if ib == 0 {
             return 0;
@@ -227,10 +233,7 @@ impl FrameRepr {
         let total = self.frame_len(payload_len);
         let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
         let eth_len = self.eth.emit(buf)?;
-        let ip_len = match self.ip {
-            IpRepr::V4(_) => IPV4_LEN,
-            IpRepr::V6(_) => IPV6_LEN,
-        };
+        let ip_len = self.ip.header_len();
         let udp_len = UDP_LEN + ib_len + payload_len + pad + ICRC_LEN;
         let udp_len16 = u16::try_from(udp_len).map_err(|_| WireError::FieldOverflow)?;
         let l3 = &mut buf[eth_len..];
@@ -266,30 +269,31 @@ impl FrameRepr {
 /// optionally VLAN-tagged), from the headers' length fields alone (no
 /// validation beyond "UDP"). `None` if the frame is too short or not UDP.
 fn peek_bth_offset(frame: &[u8]) -> Option<usize> {
-    let mut off = 12;
+    let mut off = ETHERNET_LEN - 2;
     let mut ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
-    if ethertype == 0x8100 || ethertype == 0x88a8 {
+    // an 802.1Q tag, or an 802.1ad service tag (0x88a8) in its place
+    if ethertype == ETHERTYPE_VLAN || ethertype == 0x88a8 {
         off += 4;
         ethertype = u16::from_be_bytes([*frame.get(off)?, *frame.get(off + 1)?]);
     }
     off += 2;
     let udp = match ethertype {
-        0x0800 => {
+        ETHERTYPE_IPV4 => {
             let ihl = usize::from(frame.get(off)? & 0x0f) * 4;
-            if ihl < 20 || *frame.get(off + 9)? != 17 {
+            if ihl < IPV4_LEN || *frame.get(off + 9)? != IPPROTO_UDP {
                 return None;
             }
             off + ihl
         }
-        0x86dd => {
-            if *frame.get(off + 6)? != 17 {
+        ETHERTYPE_IPV6 => {
+            if *frame.get(off + 6)? != IPPROTO_UDP {
                 return None;
             }
-            off + 40
+            off + IPV6_LEN
         }
         _ => return None,
     };
-    Some(udp + 8)
+    Some(udp + UDP_LEN)
 }
 
 /// The destination QPN of an Ethernet frame carrying RoCEv2, without
@@ -312,8 +316,7 @@ pub fn peek_opcode(frame: &[u8]) -> Option<Opcode> {
 mod tests {
     use super::*;
     use crate::psn::Psn;
-    use crate::wire::opcode::Opcode;
-    use crate::wire::repr::{BthRepr, RethRepr};
+    use crate::wire::{BthRepr, RethRepr};
 
     fn hex(s: &str) -> Vec<u8> {
         (0..s.len()).step_by(2).map(|i| u8::from_str_radix(&s[i..i + 2], 16).unwrap()).collect()

@@ -19,11 +19,17 @@
 //! starts a CRC that a sender continues over the payload as it copies it
 //! ([`crc::copy_update`]).
 
-use super::ext::BTH_LEN;
-use super::frame::ICRC_LEN;
-use super::ip::{IPV6_LEN, UDP_LEN};
-use super::packet::{EthernetFrame, Ipv4Packet, Ipv6Packet};
-use super::{crc, Header, WireError};
+use super::bth::BTH_LEN;
+use super::crc;
+use super::error::{Header, WireError};
+use super::ethernet::EthernetFrame;
+use super::field;
+use super::ipv4::Ipv4Packet;
+use super::ipv6::{Ipv6Packet, IPV6_LEN};
+use super::udp::UDP_LEN;
+
+/// ICRC length.
+pub const ICRC_LEN: usize = 4;
 
 /// CRC-32 register after the 8 bytes of 0xFF that stand for the masked LRH
 /// (the value rxe starts from; `crc32fast` takes the complemented form,
@@ -157,7 +163,7 @@ pub fn fill_frame(frame: &mut [u8]) -> Result<u32, WireError> {
 
 /// The 4 stored ICRC bytes at `at` (zeros if out of range; callers check lengths first).
 pub(crate) fn rd_icrc(packet: &[u8], at: usize) -> [u8; 4] {
-    super::packet::field::rd(packet, at)
+    field::rd(packet, at)
 }
 
 #[cfg(test)]

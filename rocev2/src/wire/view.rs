@@ -4,10 +4,16 @@
 //! copying or re-parsing. Used where a frame is inspected or patched on the
 //! hot path (ECN marking, dispatch by DestQP) rather than fully parsed.
 
-use super::frame::{parse_frame, ICRC_LEN};
+use super::bth::BthPacket;
+use super::error::WireError;
+use super::field;
+use super::frame::parse_frame;
+use super::icrc::ICRC_LEN;
+use super::ip::IpRepr;
+use super::ipv4::Ipv4Packet;
+use super::ipv6::{Ipv6Packet, IPV6_LEN};
 use super::opcode::Opcode;
-use super::packet::{field, BthPacket, Ipv4Packet, Ipv6Packet};
-use super::WireError;
+use super::udp::UDP_LEN;
 use crate::psn::Psn;
 
 /// A validated RoCEv2 frame; `T` is `&[u8]`, `&mut [u8]`, `Vec<u8>`, ...
@@ -31,9 +37,10 @@ impl<T: AsRef<[u8]>> FrameView<T> {
             let b = buffer.as_ref();
             let p = parse_frame(b)?;
             let ip = p.repr.eth.header_len();
-            let ipv4 = matches!(p.repr.ip, super::IpRepr::V4(_));
-            let ip_len = if ipv4 { usize::from(b[ip] & 0x0f) * 4 } else { 40 };
-            let bth = ip + ip_len + 8;
+            let ipv4 = matches!(p.repr.ip, IpRepr::V4(_));
+            let l3 = b.get(ip..).unwrap_or(&[]);
+            let ip_len = if ipv4 { Ipv4Packet::new_unchecked(l3).header_len() } else { IPV6_LEN };
+            let bth = ip + ip_len + UDP_LEN;
             let payload = p.payload.as_ptr() as usize - b.as_ptr() as usize;
             let udp_len = usize::from(p.repr.udp.length);
             (ip, ipv4, bth, payload, p.payload.len(), ip + ip_len + udp_len)
@@ -104,6 +111,19 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> FrameView<T> {
             Ipv6Packet::new_unchecked(b).set_ecn(ecn);
         }
     }
+
+    /// Mark the frame Congestion Experienced as an ECN-capable switch does
+    /// (RFC 3168 section 5): an ECT(0) or ECT(1) frame becomes CE, through
+    /// [`set_ecn`](Self::set_ecn) (IPv4 header checksum fixed, ICRC still
+    /// valid); a not-ECT frame is not marked and a CE frame stays as it is.
+    /// Returns whether the frame was changed.
+    pub fn mark_ce(&mut self) -> bool {
+        if !matches!(self.ecn(), 1 | 2) {
+            return false;
+        }
+        self.set_ecn(3);
+        true
+    }
 }
 
 #[cfg(test)]
@@ -129,5 +149,83 @@ mod tests {
         let again = FrameView::new_checked(v.into_inner()).expect("still valid: checksum fixed, ICRC masks ECN");
         assert_eq!(again.ecn(), 3);
         assert!(FrameView::new_checked(&[0u8; 10][..]).is_err());
+    }
+
+    fn frame(v6: bool, vlan: bool, ecn: u8) -> Vec<u8> {
+        let ip = if v6 {
+            IpRepr::V6(Ipv6Repr { src: [1; 16], dst: [2; 16], traffic_class: (26 << 2) | ecn, flow_label: 0xabcde, next_header: IPPROTO_UDP, hop_limit: 64, payload_len: 0 })
+        } else {
+            IpRepr::V4(Ipv4Repr { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], dscp: 26, ecn, ident: 9, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 })
+        };
+        let repr = FrameRepr {
+            eth: EthernetRepr {
+                dst: [2; 6],
+                src: [4; 6],
+                vlan: vlan.then_some(VlanTag { pcp: 3, dei: false, vid: 7 }),
+                ethertype: if v6 { ETHERTYPE_IPV6 } else { ETHERTYPE_IPV4 },
+            },
+            ip,
+            udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+            transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(7))),
+        };
+        let mut buf = vec![0u8; 256];
+        let n = repr.emit(b"data", &mut buf).unwrap();
+        buf.truncate(n);
+        buf
+    }
+
+    /// IPv4 and IPv6, tagged or not, every ECN value: only ECT frames are
+    /// marked, only the ECN bits (and the IPv4 checksum) change, and the
+    /// frame stays valid.
+    #[test]
+    fn mark_ce_marks_only_ect_and_keeps_the_frame_valid() {
+        for v6 in [false, true] {
+            for vlan in [false, true] {
+                for ecn in 0..4u8 {
+                    let before = frame(v6, vlan, ecn);
+                    let mut v = FrameView::new_checked(before.clone()).unwrap();
+                    let marked = v.mark_ce();
+                    let case = format!("v6 {v6} vlan {vlan} ecn {ecn}");
+                    assert_eq!(marked, ecn == 1 || ecn == 2, "{case}");
+                    let after = v.into_inner();
+                    let p = parse_frame(&after).unwrap_or_else(|e| panic!("{case}: {e}"));
+                    let want = if marked { 3 } else { ecn };
+                    let got = match p.repr.ip {
+                        IpRepr::V4(v4) => v4.ecn,
+                        IpRepr::V6(v6) => v6.traffic_class & 3,
+                    };
+                    assert_eq!(got, want, "{case}");
+                    let l3 = if vlan { 18 } else { 14 };
+                    let may_change: &[usize] = if v6 { &[l3 + 1] } else { &[l3 + 1, l3 + 10, l3 + 11] };
+                    for (i, (a, b)) in before.iter().zip(&after).enumerate() {
+                        assert!(a == b || may_change.contains(&i), "{case}: byte {i} changed");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The IPv4 checksum is recomputed over the whole header, options included.
+    #[test]
+    fn mark_ce_fixes_the_checksum_of_an_ipv4_header_with_options() {
+        let plain = frame(false, false, 2);
+        let mut f = plain[..34].to_vec();
+        f.extend_from_slice(&[1, 1, 1, 0]); // NOP NOP NOP EOL
+        f.extend_from_slice(&plain[34..]);
+        {
+            let mut ip = Ipv4Packet::new_unchecked(&mut f[14..]);
+            ip.set_version_and_header_len(24);
+            let total = ip.total_len();
+            ip.set_total_len(total + 4);
+            ip.fill_checksum();
+        }
+        icrc::fill_frame(&mut f).unwrap();
+        let mut v = FrameView::new_checked(&mut f[..]).unwrap();
+        assert_eq!(v.payload(), b"data");
+        assert!(v.mark_ce());
+        assert_eq!(v.ecn(), 3);
+        let ip = Ipv4Packet::new_checked(&f[14..]).unwrap();
+        assert_eq!((ip.header_len(), ip.ecn(), ip.verify_checksum()), (24, 3, true));
+        assert_eq!(parse_frame(&f).map(|p| p.payload), Ok(&b"data"[..]));
     }
 }

@@ -3,9 +3,9 @@
 //! registered memory straight into the frame, atomic ACKs.
 
 use crate::psn::Psn;
-use crate::transport::packet::PathHeaders;
+use crate::transport::path::PathHeaders;
 use crate::transport::wr::WcStatus;
-use crate::wire::repr::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
+use crate::wire::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
 use crate::wire::Opcode;
 
 use super::*;

@@ -30,7 +30,7 @@ use crate::transport::memory::MemoryTable;
 use crate::transport::recv::RecvQueue;
 use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, RecvWr, WcOpcode, WcStatus};
-use crate::wire::repr::{AckSyndrome, IpRepr, NakCode};
+use crate::wire::{AckSyndrome, IpRepr, NakCode};
 use crate::wire::{Opcode, ParsedFrame, Segment, Service};
 
 mod acknowledge;

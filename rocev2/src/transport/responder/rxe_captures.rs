@@ -16,8 +16,8 @@ use super::*;
 use crate::transport::attr::AddressVector;
 use crate::transport::wr::Sge;
 use crate::wire::parse_frame;
-use crate::transport::packet::PathHeaders;
-use crate::wire::repr::{AethRepr, TransportRepr};
+use crate::transport::path::PathHeaders;
+use crate::wire::{AethRepr, TransportRepr};
 
 const SERVER: [u8; 4] = [10, 99, 0, 1];
 const PD: PdId = PdId(1);

@@ -7,11 +7,11 @@ use crate::transport::attr::SrqId;
 use crate::transport::attr::AddressVector;
 use crate::transport::memory::{MrKeys, MwType};
 use crate::transport::wr::{RecvWr, Sge};
-use crate::wire::repr::{AtomicEthRepr, DethRepr, RethRepr};
+use crate::wire::{AtomicEthRepr, DethRepr, RethRepr};
 use crate::wire::parse_frame;
 use crate::transport::memory::AccessError;
-use crate::transport::packet::PathHeaders;
-use crate::wire::repr::{AethRepr, BthRepr, TransportRepr};
+use crate::transport::path::PathHeaders;
+use crate::wire::{AethRepr, BthRepr, TransportRepr};
 
 const PD: PdId = PdId(3);
 const QPN: u32 = 0x11;
@@ -934,7 +934,7 @@ fn ud_places_ipv4_grh_then_payload() {
     assert_eq!(ip[9], 17);
     assert_eq!(&ip[12..16], &[10, 0, 0, 1]);
     assert_eq!(&ip[16..20], &[10, 0, 0, 2]);
-    assert_eq!(crate::wire::ip::internet_checksum(ip), 0, "a valid IPv4 header");
+    assert_eq!(crate::wire::internet_checksum(ip), 0, "a valid IPv4 header");
     assert_eq!(&placed[40..], &data[..]);
     assert!(h.responses().is_empty());
 }

@@ -1,9 +1,27 @@
-//! UDP header (RFC 768).
+//! UDP (RFC 768): the [`UdpPacket`] view, [`UdpRepr`] with its parse and
+//! emit, and the RoCEv2 port.
 
-use super::field;
-use super::view;
-use crate::wire::ip::UDP_LEN;
-use crate::wire::{Header, WireError};
+use super::error::{Header, WireError};
+use super::field::{self, view};
+
+/// UDP header length.
+pub const UDP_LEN: usize = 8;
+
+/// UDP destination port of RoCEv2 (IANA).
+pub const ROCEV2_UDP_PORT: u16 = 4791;
+
+/// UDP header.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct UdpRepr {
+    /// Source port (flow entropy for RoCEv2).
+    pub src_port: u16,
+    /// Destination port (4791 for RoCEv2).
+    pub dst_port: u16,
+    /// Length of UDP header + payload.
+    pub length: u16,
+    /// Checksum as on the wire (RoCEv2 over IPv4 sends 0).
+    pub checksum: u16,
+}
 
 view! {
     /// A checked view of a UDP datagram.
@@ -84,6 +102,25 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> UdpPacket<T> {
     }
 }
 
+impl UdpRepr {
+    /// Parse a UDP header; `length` must fit in `b` and cover the header.
+    pub fn parse(b: &[u8]) -> Result<UdpRepr, WireError> {
+        let p = UdpPacket::new_checked(b)?;
+        Ok(UdpRepr { src_port: p.src_port(), dst_port: p.dst_port(), length: p.len(), checksum: p.checksum() })
+    }
+
+    /// Emit the 8-byte header as given.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let h = out.get_mut(..UDP_LEN).ok_or(WireError::BufferTooSmall)?;
+        let mut p = UdpPacket::new_unchecked(h);
+        p.set_src_port(self.src_port);
+        p.set_dst_port(self.dst_port);
+        p.set_len(self.length);
+        p.set_checksum(self.checksum);
+        Ok(UDP_LEN)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +141,14 @@ mod tests {
         b[5] = 7;
         assert_eq!(UdpPacket::new_checked(&b[..]), Err(WireError::BadUdpLength));
         assert_eq!(UdpPacket::new_unchecked(&b[..1]).payload(), &[][..]);
+    }
+
+    #[test]
+    fn udp_length_checked() {
+        let u = UdpRepr { src_port: 1, dst_port: 4791, length: 20, checksum: 0 };
+        let mut b = [0u8; 20];
+        u.emit(&mut b).unwrap();
+        assert_eq!(UdpRepr::parse(&b).unwrap(), u);
+        assert_eq!(UdpRepr::parse(&b[..19]), Err(WireError::BadUdpLength));
     }
 }

@@ -1,9 +1,30 @@
-//! IPv6 fixed header (RFC 8200 section 3); extension headers are not parsed.
+//! IPv6 (RFC 8200 section 3): the [`Ipv6Packet`] view of the fixed header
+//! (extension headers are not parsed) and [`Ipv6Repr`] with its parse and emit.
 
-use super::field;
-use super::view;
-use crate::wire::ip::IPV6_LEN;
-use crate::wire::{Header, WireError};
+use super::error::{Header, WireError};
+use super::field::{self, view};
+
+/// IPv6 header length.
+pub const IPV6_LEN: usize = 40;
+
+/// IPv6 header fields (no extension headers).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv6Repr {
+    /// Source address.
+    pub src: [u8; 16],
+    /// Destination address.
+    pub dst: [u8; 16],
+    /// Traffic class (DSCP << 2 | ECN).
+    pub traffic_class: u8,
+    /// Flow label (20 bits).
+    pub flow_label: u32,
+    /// Next header (17 for UDP).
+    pub next_header: u8,
+    /// Hop limit.
+    pub hop_limit: u8,
+    /// Payload length.
+    pub payload_len: u16,
+}
 
 view! {
     /// A checked view of an IPv6 packet (the 40-byte fixed header, then the
@@ -141,6 +162,39 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv6Packet<T> {
     pub fn payload_mut(&mut self) -> &mut [u8] {
         let end = IPV6_LEN + usize::from(self.payload_len());
         field::slice_mut(self.bytes_mut(), IPV6_LEN, end)
+    }
+}
+
+impl Ipv6Repr {
+    /// Parse an IPv6 header (no extension headers). Checks the version and
+    /// the payload length against `b`.
+    pub fn parse(b: &[u8]) -> Result<(Ipv6Repr, usize), WireError> {
+        let p = Ipv6Packet::new_checked(b)?;
+        let repr = Ipv6Repr {
+            src: p.src_addr(),
+            dst: p.dst_addr(),
+            traffic_class: p.traffic_class(),
+            flow_label: p.flow_label(),
+            next_header: p.next_header(),
+            hop_limit: p.hop_limit(),
+            payload_len: p.payload_len(),
+        };
+        Ok((repr, IPV6_LEN))
+    }
+
+    /// Emit the 40-byte header.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let h = out.get_mut(..IPV6_LEN).ok_or(WireError::BufferTooSmall)?;
+        let mut p = Ipv6Packet::new_unchecked(h);
+        p.set_version();
+        p.set_traffic_class(self.traffic_class);
+        p.set_flow_label(self.flow_label);
+        p.set_payload_len(self.payload_len);
+        p.set_next_header(self.next_header);
+        p.set_hop_limit(self.hop_limit);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
+        Ok(IPV6_LEN)
     }
 }
 

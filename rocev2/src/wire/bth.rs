@@ -1,5 +1,5 @@
 //! Base Transport Header (IBTA Vol 1 9.2; FECN/BECN in byte 4 per RoCEv2
-//! annex A17.9.3).
+//! annex A17.9.3): the [`BthPacket`] view and [`BthRepr`] with its parse and emit.
 //!
 //! ```text
 //! byte 0      opcode
@@ -11,12 +11,44 @@
 //! bytes 9-11  PSN
 //! ```
 
-use super::field;
-use super::view;
+use super::error::{Header, WireError};
+use super::field::{self, view};
+use super::opcode::Opcode;
 use crate::psn::Psn;
-use crate::wire::ext::BTH_LEN;
-use crate::wire::opcode::Opcode;
-use crate::wire::{Header, WireError};
+
+/// BTH length.
+pub const BTH_LEN: usize = 12;
+
+/// Base Transport Header (IBTA 9.2, 12 bytes).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct BthRepr {
+    /// Operation code.
+    pub opcode: Opcode,
+    /// Solicited event.
+    pub solicited: bool,
+    /// Migration request (ConnectX-3 Pro sets it; receivers ignore it).
+    pub mig_req: bool,
+    /// Pad count (0..=3): bytes added to make the payload a multiple of 4.
+    pub pad_count: u8,
+    /// Transport header version (0).
+    pub tver: u8,
+    /// Partition key (0xffff default).
+    pub pkey: u16,
+    /// Forward ECN (not used by RoCEv2; carried for re-emission).
+    pub fecn: bool,
+    /// Backward ECN (set in CNPs).
+    pub becn: bool,
+    /// The 6 reserved bits of byte 8 (kept so captured frames re-emit identically).
+    pub resv6: u8,
+    /// Destination QP number (24 bits).
+    pub dest_qp: u32,
+    /// Acknowledge request.
+    pub ack_req: bool,
+    /// The 7 reserved bits of byte 8 (kept for re-emission).
+    pub resv7: u8,
+    /// Packet sequence number.
+    pub psn: Psn,
+}
 
 view! {
     /// A checked view of a BTH followed by the rest of the transport packet.
@@ -183,6 +215,71 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> BthPacket<T> {
     }
 }
 
+impl BthRepr {
+    /// A BTH for `opcode` to `dest_qp` at `psn` with everything else at its
+    /// usual value: the default P_Key 0xffff, transport version 0, no pad,
+    /// no flags (solicited, MigReq, FECN, BECN, AckReq), reserved bits zero.
+    /// Set the rest with struct update syntax.
+    pub const fn new(opcode: Opcode, dest_qp: u32, psn: Psn) -> BthRepr {
+        BthRepr {
+            opcode,
+            solicited: false,
+            mig_req: false,
+            pad_count: 0,
+            tver: 0,
+            pkey: 0xffff,
+            fecn: false,
+            becn: false,
+            resv6: 0,
+            dest_qp,
+            ack_req: false,
+            resv7: 0,
+            psn,
+        }
+    }
+
+    /// Parse the 12-byte BTH. The opcode is not checked here (see
+    /// [`TransportRepr::parse`](crate::wire::TransportRepr::parse)).
+    pub fn parse(b: &[u8]) -> Result<BthRepr, WireError> {
+        let p = BthPacket::new_checked(b)?;
+        Ok(BthRepr {
+            opcode: p.opcode(),
+            solicited: p.solicited(),
+            mig_req: p.mig_req(),
+            pad_count: p.pad_count(),
+            tver: p.tver(),
+            pkey: p.pkey(),
+            fecn: p.fecn(),
+            becn: p.becn(),
+            resv6: p.resv6(),
+            dest_qp: p.dest_qp(),
+            ack_req: p.ack_req(),
+            resv7: p.resv7(),
+            psn: p.psn(),
+        })
+    }
+
+    /// Emit the 12-byte BTH (every bit of it).
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let h = out.get_mut(..BTH_LEN).ok_or(WireError::BufferTooSmall)?;
+        let mut p = BthPacket::new_unchecked(h);
+        p.set_opcode(self.opcode);
+        p.set_solicited(self.solicited);
+        p.set_mig_req(self.mig_req);
+        p.set_pad_count(self.pad_count);
+        p.set_tver(self.tver);
+        p.set_pkey(self.pkey);
+        p.set_fecn(self.fecn);
+        p.set_becn(self.becn);
+        p.set_resv6(self.resv6);
+        p.set_dest_qp(self.dest_qp);
+        p.set_ack_req(self.ack_req);
+        p.set_resv7(self.resv7);
+        p.set_psn(self.psn);
+        Ok(BTH_LEN)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -212,5 +309,23 @@ mod tests {
         assert_eq!((p.psn(), p.payload()), (Psn::new(0xab_cdef), &[9u8, 9][..]));
         assert_eq!(BthPacket::new_checked(&b[..11]), Err(WireError::Truncated(Header::Bth)));
         assert_eq!(BthPacket::new_unchecked(&b[..6]).dest_qp(), 0);
+    }
+
+    #[test]
+    fn repr_roundtrip_keeps_every_bit() {
+        let r = BthRepr {
+            solicited: true,
+            mig_req: true,
+            pad_count: 2,
+            fecn: true,
+            resv6: 0x2a,
+            resv7: 0x55,
+            ..BthRepr::new(Opcode::RC_SEND_LAST, 0xab_cdef, Psn::new(0x12_3456))
+        };
+        let mut b = [0u8; BTH_LEN];
+        assert_eq!(r.emit(&mut b), Ok(BTH_LEN));
+        assert_eq!(BthRepr::parse(&b), Ok(r));
+        assert_eq!(r.emit(&mut b[..11]), Err(WireError::BufferTooSmall));
+        assert_eq!(BthRepr::parse(&b[..11]), Err(WireError::Truncated(Header::Bth)));
     }
 }

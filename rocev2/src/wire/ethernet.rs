@@ -1,10 +1,47 @@
-//! Ethernet II header with at most one 802.1Q tag (IEEE 802.3 / 802.1Q).
+//! Ethernet II with at most one 802.1Q tag (IEEE 802.3 / 802.1Q): the
+//! [`EthernetFrame`] view, [`EthernetRepr`] with its parse and emit, and the
+//! EtherTypes a RoCEv2 frame uses.
 
-use super::field;
-use super::view;
-use crate::wire::ip::{ETHERNET_LEN, ETHERTYPE_VLAN};
-use crate::wire::repr::{MacAddr, VlanTag};
-use crate::wire::{Header, WireError};
+use super::error::{Header, WireError};
+use super::field::{self, view};
+
+/// A 48-bit Ethernet MAC address.
+pub type MacAddr = [u8; 6];
+
+/// EtherType of IPv4.
+pub const ETHERTYPE_IPV4: u16 = 0x0800;
+/// EtherType of IPv6.
+pub const ETHERTYPE_IPV6: u16 = 0x86dd;
+/// EtherType (TPID) of an 802.1Q tag.
+pub const ETHERTYPE_VLAN: u16 = 0x8100;
+/// Ethernet header length without a tag.
+pub const ETHERNET_LEN: usize = 14;
+/// Length of an 802.1Q tag (TPID and TCI).
+const VLAN_TAG_LEN: usize = 4;
+
+/// An 802.1Q tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub struct VlanTag {
+    /// Priority code point (3 bits).
+    pub pcp: u8,
+    /// Drop eligible indicator.
+    pub dei: bool,
+    /// VLAN identifier (12 bits).
+    pub vid: u16,
+}
+
+/// Ethernet II header, optionally with one 802.1Q tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EthernetRepr {
+    /// Destination MAC.
+    pub dst: MacAddr,
+    /// Source MAC.
+    pub src: MacAddr,
+    /// 802.1Q tag, if any (TPID 0x8100).
+    pub vlan: Option<VlanTag>,
+    /// EtherType of the payload (0x0800 IPv4, 0x86dd IPv6).
+    pub ethertype: u16,
+}
 
 view! {
     /// A checked view of an Ethernet II frame: destination and source MAC,
@@ -23,7 +60,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         if len < ETHERNET_LEN {
             return Err(WireError::Truncated(Header::Ethernet));
         }
-        if self.has_vlan() && len < ETHERNET_LEN + 4 {
+        if self.has_vlan() && len < ETHERNET_LEN + VLAN_TAG_LEN {
             return Err(WireError::Truncated(Header::Vlan));
         }
         Ok(())
@@ -56,7 +93,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
     /// Header length: 14, or 18 with a tag.
     pub fn header_len(&self) -> usize {
         if self.has_vlan() {
-            ETHERNET_LEN + 4
+            ETHERNET_LEN + VLAN_TAG_LEN
         } else {
             ETHERNET_LEN
         }
@@ -109,6 +146,41 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> EthernetFrame<T> {
     }
 }
 
+impl EthernetRepr {
+    /// Bytes this header takes on the wire.
+    pub const fn header_len(&self) -> usize {
+        if self.vlan.is_some() {
+            ETHERNET_LEN + VLAN_TAG_LEN
+        } else {
+            ETHERNET_LEN
+        }
+    }
+
+    /// Parse an Ethernet II header with at most one 802.1Q tag. Returns the
+    /// repr and the header length.
+    pub fn parse(b: &[u8]) -> Result<(EthernetRepr, usize), WireError> {
+        let f = EthernetFrame::new_checked(b)?;
+        let repr = EthernetRepr { dst: f.dst_addr(), src: f.src_addr(), vlan: f.vlan(), ethertype: f.ethertype() };
+        Ok((repr, f.header_len()))
+    }
+
+    /// Emit into the start of `out` (at least `header_len()` bytes).
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let len = self.header_len();
+        let out = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
+        let mut f = EthernetFrame::new_unchecked(out);
+        f.set_dst_addr(self.dst);
+        f.set_src_addr(self.src);
+        match self.vlan {
+            Some(tag) => f.set_vlan(tag),
+            // an untagged header: make sure no stale TPID moves the EtherType
+            None => field::set_u16(f.bytes_mut(), 12, 0),
+        }
+        f.set_ethertype(self.ethertype);
+        Ok(len)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,5 +216,15 @@ mod tests {
         f.set_vlan(VlanTag::default());
         f.set_ethertype(1);
         assert_eq!(f.payload_mut(), &mut [][..]);
+    }
+
+    #[test]
+    fn ethernet_with_vlan() {
+        let e = EthernetRepr { dst: [1; 6], src: [2; 6], vlan: Some(VlanTag { pcp: 3, dei: true, vid: 100 }), ethertype: 0x0800 };
+        let mut b = [0u8; 18];
+        assert_eq!(e.emit(&mut b).unwrap(), 18);
+        assert_eq!(EthernetRepr::parse(&b).unwrap(), (e, 18));
+        assert_eq!(EthernetRepr::parse(&b[..15]), Err(WireError::Truncated(Header::Vlan)));
+        assert_eq!(EthernetRepr::parse(&b[..5]), Err(WireError::Truncated(Header::Ethernet)));
     }
 }

@@ -1,9 +1,51 @@
-//! IPv4 header (RFC 791), options allowed.
+//! IPv4 (RFC 791): the [`Ipv4Packet`] view (options allowed), [`Ipv4Repr`]
+//! with its parse and emit, and the Internet checksum.
 
-use super::field;
-use super::view;
-use crate::wire::ip::{internet_checksum, IPV4_LEN};
-use crate::wire::{Header, WireError};
+use super::error::{Header, WireError};
+use super::field::{self, view};
+
+/// IPv4 header length without options.
+pub const IPV4_LEN: usize = 20;
+
+/// The Internet checksum (RFC 1071) of `data`.
+pub fn internet_checksum(data: &[u8]) -> u16 {
+    let mut sum: u32 = 0;
+    let mut chunks = data.chunks_exact(2);
+    for c in &mut chunks {
+        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    }
+    if let [last] = chunks.remainder() {
+        sum += u32::from(*last) << 8;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// IPv4 header fields a RoCEv2 frame needs (no options: IHL 5 is emitted;
+/// a received header with options is accepted and the options skipped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Ipv4Repr {
+    /// Source address.
+    pub src: [u8; 4],
+    /// Destination address.
+    pub dst: [u8; 4],
+    /// DSCP (6 bits).
+    pub dscp: u8,
+    /// ECN (2 bits): 0 not-ECT, 1 ECT(1), 2 ECT(0), 3 CE.
+    pub ecn: u8,
+    /// Identification.
+    pub ident: u16,
+    /// Don't-fragment flag (RoCEv2 sets it).
+    pub dont_frag: bool,
+    /// Time to live.
+    pub ttl: u8,
+    /// IP protocol (17 for UDP).
+    pub protocol: u8,
+    /// Length of everything after the IPv4 header.
+    pub payload_len: u16,
+}
 
 view! {
     /// A checked view of an IPv4 packet. Options are accepted (IHL 5..=15);
@@ -206,6 +248,56 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Ipv4Packet<T> {
     }
 }
 
+impl Ipv4Repr {
+    /// Parse an IPv4 header (options accepted and skipped). Checks, in this
+    /// order: version, IHL (RFC 791: at least 5), total length against `b`,
+    /// the header checksum, and that the packet is not a fragment (RoCEv2
+    /// sets DF and is never fragmented). Returns the repr and the header length.
+    pub fn parse(b: &[u8]) -> Result<(Ipv4Repr, usize), WireError> {
+        let p = Ipv4Packet::new_checked(b)?;
+        if !p.verify_checksum() {
+            return Err(WireError::BadIpv4Checksum);
+        }
+        if p.more_frags() || p.frag_offset() != 0 {
+            return Err(WireError::Fragmented);
+        }
+        let hlen = p.header_len();
+        let repr = Ipv4Repr {
+            src: p.src_addr(),
+            dst: p.dst_addr(),
+            dscp: p.dscp(),
+            ecn: p.ecn(),
+            ident: p.ident(),
+            dont_frag: p.dont_frag(),
+            ttl: p.ttl(),
+            protocol: p.protocol(),
+            // check_len: total length >= header length
+            payload_len: p.total_len() - hlen as u16,
+        };
+        Ok((repr, hlen))
+    }
+
+    /// Emit a 20-byte header (IHL 5) with the header checksum computed.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let h = out.get_mut(..IPV4_LEN).ok_or(WireError::BufferTooSmall)?;
+        let total = usize::from(self.payload_len) + IPV4_LEN;
+        let total = u16::try_from(total).map_err(|_| WireError::FieldOverflow)?;
+        let mut p = Ipv4Packet::new_unchecked(h);
+        p.set_version_and_header_len(IPV4_LEN);
+        p.set_dscp(self.dscp);
+        p.set_ecn(self.ecn);
+        p.set_total_len(total);
+        p.set_ident(self.ident);
+        p.set_flags_frag(self.dont_frag, false, 0);
+        p.set_ttl(self.ttl);
+        p.set_protocol(self.protocol);
+        p.set_src_addr(self.src);
+        p.set_dst_addr(self.dst);
+        p.fill_checksum();
+        Ok(IPV4_LEN)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -261,5 +353,34 @@ mod tests {
         assert_eq!(Ipv4Packet::new_checked(&v[..]), Err(WireError::BadIpLength));
         let p = Ipv4Packet::new_unchecked(&b[..3]);
         assert_eq!((p.total_len(), p.ttl(), p.options(), p.payload(), p.verify_checksum()), (0, 0, &[][..], &[][..], false));
+    }
+
+    #[test]
+    fn ipv4_roundtrip_and_checks() {
+        let r = Ipv4Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            dscp: 26,
+            ecn: 2,
+            ident: 0x1234,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 8,
+        };
+        let mut b = [0u8; 28];
+        assert_eq!(r.emit(&mut b).unwrap(), 20);
+        assert_eq!(Ipv4Repr::parse(&b).unwrap(), (r, 20));
+        let mut bad = b;
+        bad[8] ^= 1;
+        assert_eq!(Ipv4Repr::parse(&bad), Err(WireError::BadIpv4Checksum));
+        let mut ihl = b;
+        ihl[0] = 0x44;
+        assert_eq!(Ipv4Repr::parse(&ihl), Err(WireError::BadIhl(4)));
+        assert_eq!(Ipv4Repr::parse(&b[..27]), Err(WireError::BadIpLength));
+        assert_eq!(Ipv4Repr::parse(&b[..10]), Err(WireError::Truncated(Header::Ipv4)));
+        let mut v6 = b;
+        v6[0] = 0x65;
+        assert_eq!(Ipv4Repr::parse(&v6), Err(WireError::BadIpVersion(6)));
     }
 }

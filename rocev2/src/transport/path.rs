@@ -1,17 +1,10 @@
 //! Framing: turning transport headers into whole Ethernet frames for a path.
 
 use crate::transport::attr::AddressVector;
-use crate::wire::repr::{
-    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr,
+use crate::wire::{
+    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4,
+    ETHERTYPE_IPV6, IPPROTO_UDP, ROCEV2_UDP_PORT,
 };
-use crate::wire::{WireError, ROCEV2_UDP_PORT};
-
-/// EtherType of IPv4.
-pub const ETHERTYPE_IPV4: u16 = 0x0800;
-/// EtherType of IPv6.
-pub const ETHERTYPE_IPV6: u16 = 0x86dd;
-/// IP protocol number of UDP.
-pub const IPPROTO_UDP: u8 = 17;
 
 /// Everything below the BTH for frames sent on one path: built once per QP
 /// (or per UD destination) and reused for every packet.

@@ -1,0 +1,170 @@
+//! All transport headers of one packet: [`TransportRepr`], the BTH and the
+//! extension headers its opcode calls for (IBTA Vol 1 9.2, 9.3), parsed and
+//! emitted in wire order. Each header's own view, `Repr`, parse and emit are
+//! in [`bth`](super::bth) and [`ext`](super::ext).
+
+use super::bth::{BthRepr, BTH_LEN};
+use super::error::{Header, WireError};
+use super::ext::{
+    AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket,
+    DethRepr, IethPacket, ImmDtPacket, RethPacket, RethRepr,
+};
+use super::opcode::HeaderLayout;
+
+/// All transport headers of one packet: the BTH and its extension headers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TransportRepr {
+    /// Base transport header.
+    pub bth: BthRepr,
+    /// DETH (UD).
+    pub deth: Option<DethRepr>,
+    /// RETH (WRITE first/only, READ request).
+    pub reth: Option<RethRepr>,
+    /// AtomicETH (CMP_SWAP, FETCH_ADD).
+    pub atomic_eth: Option<AtomicEthRepr>,
+    /// AETH (ACKs and READ responses).
+    pub aeth: Option<AethRepr>,
+    /// AtomicAckETH: the original remote value.
+    pub atomic_ack: Option<u64>,
+    /// ImmDt: immediate data, as on the wire (big-endian value).
+    pub immediate: Option<u32>,
+    /// IETH: R_Key to invalidate.
+    pub invalidate_rkey: Option<u32>,
+}
+
+impl TransportRepr {
+    /// A BTH with no extension headers (SEND/WRITE MIDDLE, CNP, and the
+    /// start that parsing fills in).
+    pub const fn bth_only(bth: BthRepr) -> TransportRepr {
+        TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None }
+    }
+
+    /// Length of the BTH plus the extension headers of `layout`.
+    pub const fn header_len(layout: &HeaderLayout) -> usize {
+        BTH_LEN + layout.ext_len()
+    }
+
+    /// Parse the BTH and the extension headers its opcode calls for.
+    /// Returns the repr and the number of bytes the headers took.
+    ///
+    /// A CNP's 16 reserved bytes are ignored (A17.9.3) and [`emit`](Self::emit)
+    /// writes zeros, so a received CNP with non-zero reserved bytes re-emits
+    /// differently (with the same repr).
+    ///
+    /// Errors: `Truncated(Bth)`, `UnknownOpcode` (IBTA 9.2: reserved, RD and
+    /// manufacturer opcodes are not handled by urnic), `BadTver` (IBTA 9.2:
+    /// the transport header version is 0), `Truncated(ExtHeaders)`.
+    pub fn parse(b: &[u8]) -> Result<(TransportRepr, usize), WireError> {
+        let bth = BthRepr::parse(b)?;
+        let layout = bth.opcode.layout().ok_or(WireError::UnknownOpcode(bth.opcode.0))?;
+        if bth.tver != 0 {
+            return Err(WireError::BadTver(bth.tver));
+        }
+        let len = Self::header_len(&layout);
+        let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
+        let mut r = TransportRepr::bth_only(bth);
+        // `h` holds all `len` bytes, so every header below is complete.
+        let at = |off: usize| h.get(off..).unwrap_or(&[]);
+        let mut off = BTH_LEN;
+        // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH],
+        // [AETH], [AtomicAckETH], [ImmDt | IETH].
+        if layout.deth {
+            r.deth = Some(DethRepr::parse(at(off))?);
+            off += DethPacket::<&[u8]>::LEN;
+        }
+        if layout.reth {
+            r.reth = Some(RethRepr::parse(at(off))?);
+            off += RethPacket::<&[u8]>::LEN;
+        }
+        if layout.atomic_eth {
+            r.atomic_eth = Some(AtomicEthRepr::parse(at(off))?);
+            off += AtomicEthPacket::<&[u8]>::LEN;
+        }
+        if layout.aeth {
+            r.aeth = Some(AethRepr::parse(at(off))?);
+            off += AethPacket::<&[u8]>::LEN;
+        }
+        if layout.atomic_ack_eth {
+            r.atomic_ack = Some(AtomicAckEthPacket::new_checked(at(off))?.orig_remote_data());
+            off += AtomicAckEthPacket::<&[u8]>::LEN;
+        }
+        if layout.immdt {
+            r.immediate = Some(ImmDtPacket::new_checked(at(off))?.immediate());
+            off += ImmDtPacket::<&[u8]>::LEN;
+        }
+        if layout.ieth {
+            r.invalidate_rkey = Some(IethPacket::new_checked(at(off))?.rkey());
+            off += IethPacket::<&[u8]>::LEN;
+        }
+        if layout.cnp_reserved {
+            // A17.9.3: reserved, ignored on receipt.
+            off += CnpPacket::<&[u8]>::LEN;
+        }
+        debug_assert_eq!(off, len);
+        Ok((r, len))
+    }
+
+    /// Emit the BTH and the extension headers the opcode calls for. A header
+    /// the opcode needs but the repr lacks is emitted as zeros (an absent
+    /// AETH as a plain ACK with credits "invalid", 0x1f); headers the opcode
+    /// does not carry are ignored. Returns bytes written.
+    pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        let layout = self.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.bth.opcode.0))?;
+        let len = Self::header_len(&layout);
+        let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
+        let mut off = self.bth.emit(h)?;
+        // `h` holds all `len` bytes, so every header below fits.
+        fn at(h: &mut [u8], off: usize) -> &mut [u8] {
+            h.get_mut(off..).unwrap_or(&mut [])
+        }
+        if layout.deth {
+            off += self.deth.unwrap_or_default().emit(at(h, off))?;
+        }
+        if layout.reth {
+            off += self.reth.unwrap_or_default().emit(at(h, off))?;
+        }
+        if layout.atomic_eth {
+            off += self.atomic_eth.unwrap_or_default().emit(at(h, off))?;
+        }
+        if layout.aeth {
+            let a = self.aeth.unwrap_or(AethRepr { syndrome: AckSyndrome::Ack { credits: 0x1f }, msn: 0 });
+            off += a.emit(at(h, off))?;
+        }
+        if layout.atomic_ack_eth {
+            AtomicAckEthPacket::new_checked(at(h, off))?.set_orig_remote_data(self.atomic_ack.unwrap_or(0));
+            off += AtomicAckEthPacket::<&[u8]>::LEN;
+        }
+        if layout.immdt {
+            ImmDtPacket::new_checked(at(h, off))?.set_immediate(self.immediate.unwrap_or(0));
+            off += ImmDtPacket::<&[u8]>::LEN;
+        }
+        if layout.ieth {
+            IethPacket::new_checked(at(h, off))?.set_rkey(self.invalidate_rkey.unwrap_or(0));
+            off += IethPacket::<&[u8]>::LEN;
+        }
+        if layout.cnp_reserved {
+            CnpPacket::new_checked(at(h, off))?.clear_reserved();
+            off += CnpPacket::<&[u8]>::LEN;
+        }
+        debug_assert_eq!(off, len);
+        Ok(len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::Opcode;
+
+    #[test]
+    fn unknown_opcode_and_truncation() {
+        let mut b = [0u8; 40];
+        b[0] = 0x15;
+        assert_eq!(TransportRepr::parse(&b), Err(WireError::UnknownOpcode(0x15)));
+        b[0] = Opcode::RC_CMP_SWAP.0;
+        assert_eq!(TransportRepr::parse(&b[..30]), Err(WireError::Truncated(Header::ExtHeaders)));
+        b[1] = 1;
+        assert_eq!(TransportRepr::parse(&b), Err(WireError::BadTver(1)));
+        assert_eq!(TransportRepr::parse(&b[..5]), Err(WireError::Truncated(Header::Bth)));
+    }
+}
