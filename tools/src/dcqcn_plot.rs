@@ -20,7 +20,14 @@ fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> anyhow::Result<()> {
     bottom.frame(&mut c);
     let ms = |v: f64| format!("{:.0}", v / 1e3);
     top.label(&mut c, &linear_ticks(tmax, 5, ms), &linear_ticks(top.ymax, 4, |v| format!("{:.0}", v / 1e3)), "", "GBIT/S", "RATE OF EACH FLOW");
-    bottom.label(&mut c, &linear_ticks(tmax, 5, ms), &linear_ticks(bottom.ymax, 4, |v| format!("{:.0}", v / 1e3)), "TIME (MS)", "KB", "BOTTLENECK QUEUE, RED DASHED: KMIN, KMAX");
+    bottom.label(
+        &mut c,
+        &linear_ticks(tmax, 5, ms),
+        &linear_ticks(bottom.ymax, 4, |v| format!("{:.0}", v / 1e3)),
+        "TIME (MS)",
+        "KB",
+        "BOTTLENECK QUEUE, RED DASHED: KMIN, KMAX",
+    );
     // Kmin and Kmax as dashed red lines.
     for k in [sc.red.kmin, sc.red.kmax] {
         c.dashed_line(bottom.at(0.0, k as f64), bottom.at(tmax, k as f64), [200, 0, 0]);
@@ -64,7 +71,8 @@ pub fn run_all(dir: &Path) -> anyhow::Result<()> {
     }
     let mut jl = Scenario::incast(2);
     jl.duration = Duration::from_millis(120);
-    jl.flows = vec![FlowSpec { start: Duration::ZERO, stop: None }, FlowSpec { start: Duration::from_millis(30), stop: Some(Duration::from_millis(80)) }];
+    jl.flows =
+        vec![FlowSpec { start: Duration::ZERO, stop: None }, FlowSpec { start: Duration::from_millis(30), stop: Some(Duration::from_millis(80)) }];
     scenarios.push(("join-leave".into(), jl));
     let mut off = Scenario::incast(4);
     off.params.enabled = false;

@@ -5,8 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use urnic::{
-    Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType,
-    RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
 use crate::report::{LatStats, RULE};
@@ -25,7 +24,6 @@ pub struct Endpoint {
     /// (empty when each device has its own datapath thread).
     pub drive: Vec<Context>,
 }
-
 
 impl Endpoint {
     /// Create the endpoint's objects with a `buf_len` buffer.
@@ -242,14 +240,12 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
         bail!("message of {size} bytes does not fit the {half}-byte receive area");
     }
     let recv = |ep: &Endpoint, id: u64| RecvWr { wr_id: id, sgl: vec![ep.mr.sge(half, half as u32)] };
-    let send = |ep: &Endpoint, id: u64| {
-        SendWr {
-            wr_id: id,
-            op: SendOp::Send,
-            payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        }
+    let send = |ep: &Endpoint, id: u64| SendWr {
+        wr_id: id,
+        op: SendOp::Send,
+        payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
+        flags: SendFlags::SIGNALED,
+        ud: None,
     };
     b.qp.post_recv(&recv(b, 1)).context("post_recv")?;
     a.qp.post_recv(&recv(a, 1)).context("post_recv")?;

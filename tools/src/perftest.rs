@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
 use urnic::{
-    Access, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr,
-    RemoteAddr, SendFlags, SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
+    Access, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr, RemoteAddr, SendFlags,
+    SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
 use crate::report::{bw_header, bw_row, lat_header, lat_row, LatStats, RULE};
@@ -443,7 +443,8 @@ fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res> {
         })
         .context("Couldn't create QP")?;
     let init = QpAttr { qp_state: QpState::Init, qp_access_flags: access, ..QpAttr::default() };
-    qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).context("Failed to modify QP to INIT")?;
+    qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+        .context("Failed to modify QP to INIT")?;
     Ok(Res { ctx: ctx.clone(), qp, cq, mr, half })
 }
 
@@ -472,10 +473,7 @@ fn banner(o: &Opts, mtu: Mtu, port: &urnic::PortAttr) {
 
 fn print_keys(side: &str, k: &Keys) {
     let gid: Vec<String> = k.gid.iter().map(|b| format!("{b:02}")).collect();
-    println!(
-        " {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}",
-        k.lid, k.qpn, k.psn, k.rkey, k.vaddr
-    );
+    println!(" {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}", k.lid, k.qpn, k.psn, k.rkey, k.vaddr);
     println!(" GID: {}", gid.join(":"));
 }
 
@@ -484,7 +482,13 @@ fn poll(r: &Res, wc: &mut [WorkCompletion]) -> Result<usize> {
     r.ctx.poll();
     let n = r.cq.poll(wc).context("poll CQ")?;
     if let Some(bad) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
-        bail!(" Completion with error at {}:\n Failed status {:?}: wr_id {} opcode {:?}", if bad.opcode == WcOpcode::Recv { "server" } else { "client" }, bad.status, bad.wr_id, bad.opcode);
+        bail!(
+            " Completion with error at {}:\n Failed status {:?}: wr_id {} opcode {:?}",
+            if bad.opcode == WcOpcode::Recv { "server" } else { "client" },
+            bad.status,
+            bad.wr_id,
+            bad.opcode
+        );
     }
     Ok(n)
 }
@@ -567,8 +571,7 @@ fn bw_test(
                 // stands for the unsignaled ones before it.
                 let signaled = posted % cq_mod == 0 || posted == iters;
                 let flags = if signaled { SendFlags::SIGNALED } else { SendFlags::empty() };
-                r.qp.post_send(&SendWr { wr_id: posted, op, payload: Payload::Sgl(vec![local]), flags, ud: None })
-                    .context("Couldn't post send")?;
+                r.qp.post_send(&SendWr { wr_id: posted, op, payload: Payload::Sgl(vec![local]), flags, ud: None }).context("Couldn't post send")?;
             }
             let n = poll(r, &mut wc)?;
             for w in &wc[..n] {
@@ -597,8 +600,16 @@ fn bw_test(
 
 fn xchg_report(ch: &mut Channel, mine: &BwReport) -> Result<BwReport> {
     let u = |ch: &mut Channel, v: u64| -> Result<u64> { Ok(u64::from_be_bytes(ch.xchg(&v.to_be_bytes())?.try_into().unwrap_or([0; 8]))) };
-    let f = |ch: &mut Channel, v: f64| -> Result<f64> { Ok(f64::from_bits(u64::from_be_bytes(ch.xchg(&v.to_bits().to_be_bytes())?.try_into().unwrap_or([0; 8])))) };
-    Ok(BwReport { size: u(ch, mine.size)?, iters: u(ch, mine.iters)?, peak: f(ch, mine.peak)?, avg: f(ch, mine.avg)?, msg_rate: f(ch, mine.msg_rate)? })
+    let f = |ch: &mut Channel, v: f64| -> Result<f64> {
+        Ok(f64::from_bits(u64::from_be_bytes(ch.xchg(&v.to_bits().to_be_bytes())?.try_into().unwrap_or([0; 8]))))
+    };
+    Ok(BwReport {
+        size: u(ch, mine.size)?,
+        iters: u(ch, mine.iters)?,
+        peak: f(ch, mine.peak)?,
+        avg: f(ch, mine.avg)?,
+        msg_rate: f(ch, mine.msg_rate)?,
+    })
 }
 
 fn json_bw(o: &Opts, r: &BwReport) -> String {
@@ -676,8 +687,14 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     // SAFETY: inside our buffer; nothing else writes the send half.
                     unsafe { std::ptr::write_volatile(post_ptr, scnt as u8) };
                     let remote = RemoteAddr { addr: rem.vaddr, rkey: rem.rkey };
-                    r.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None })
-                        .context("Couldn't post send")?;
+                    r.qp.post_send(&SendWr {
+                        wr_id: 1,
+                        op: SendOp::Write { remote },
+                        payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]),
+                        flags: SendFlags::SIGNALED,
+                        ud: None,
+                    })
+                    .context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::RdmaWrite, &mut wc)?;
                 }
                 if rcnt > 0 {
@@ -692,8 +709,14 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                 for _ in 0..iters {
                     let t = Instant::now();
                     let remote = RemoteAddr { addr: rem.vaddr, rkey: rem.rkey };
-                    r.qp.post_send(&SendWr { wr_id: 1, op: SendOp::Read { remote }, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None })
-                        .context("Couldn't post send")?;
+                    r.qp.post_send(&SendWr {
+                        wr_id: 1,
+                        op: SendOp::Read { remote },
+                        payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]),
+                        flags: SendFlags::SIGNALED,
+                        ud: None,
+                    })
+                    .context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::RdmaRead, &mut wc)?;
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
                 }
@@ -709,7 +732,8 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
     println!("{}", lat_row(size, iters, &s));
     println!("{RULE}");
     Ok(format!(
-        "{{\"test\": \"{:?}\", \"bytes\": {size}, \"iterations\": {iters}, \"t_min_us\": {:.2}, \"t_typical_us\": {:.2}, \"t_avg_us\": {:.2}, \"t_p99_us\": {:.2}, \"t_p999_us\": {:.2}, \"t_max_us\": {:.2}}}",
+        "{{\"test\": \"{:?}\", \"bytes\": {size}, \"iterations\": {iters}, \"t_min_us\": {:.2}, \"t_typical_us\": {:.2}, \
+         \"t_avg_us\": {:.2}, \"t_p99_us\": {:.2}, \"t_p999_us\": {:.2}, \"t_max_us\": {:.2}}}",
         o.test, s.min, s.typical, s.avg, s.p99, s.p999, s.max
     ))
 }

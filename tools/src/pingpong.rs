@@ -10,8 +10,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
 use urnic::{
-    AhAttr, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
+    AhAttr, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
+    Sge, UdDest, WcStatus, WorkCompletion,
 };
 
 const RECV_WRID: u64 = 1;
@@ -262,8 +262,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     let send_sge = c.mr.sge(0, opts.size as u32);
     let post_send = || -> Result<()> {
         let payload = Payload::Sgl(vec![send_sge]);
-        qp.post_send(&SendWr { wr_id: SEND_WRID, op: SendOp::Send, payload, flags: SendFlags::SIGNALED, ud: None })
-            .context("Couldn't post send")
+        qp.post_send(&SendWr { wr_id: SEND_WRID, op: SendOp::Send, payload, flags: SendFlags::SIGNALED, ud: None }).context("Couldn't post send")
     };
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {
@@ -303,8 +302,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
     // (sic: rdma-core prints a colon before the GID here)
     println!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid));
     let pd_ah = |rem: &Dest| -> Result<urnic::Ah> {
-        c.pd.create_ah(&AhAttr { dgid: rem.gid, sgid_index: gidx, hop_limit: 1, port_num: 1, ..AhAttr::default() })
-            .context("Failed to create AH")
+        c.pd.create_ah(&AhAttr { dgid: rem.gid, sgid_index: gidx, hop_limit: 1, port_num: 1, ..AhAttr::default() }).context("Failed to create AH")
     };
     let mut ah = None;
     let rem = match &opts.server {
@@ -329,8 +327,14 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
     let send_sge = c.mr.sge(GRH, opts.size as u32);
     let dest = UdDest { av: *ah.address_vector(), remote_qpn: rem.qpn, remote_qkey: UD_QKEY };
     let post_send = || -> Result<()> {
-        qp.post_send(&SendWr { wr_id: SEND_WRID, op: SendOp::Send, payload: Payload::Sgl(vec![send_sge]), flags: SendFlags::SIGNALED, ud: Some(dest) })
-            .context("Couldn't post send")
+        qp.post_send(&SendWr {
+            wr_id: SEND_WRID,
+            op: SendOp::Send,
+            payload: Payload::Sgl(vec![send_sge]),
+            flags: SendFlags::SIGNALED,
+            ud: Some(dest),
+        })
+        .context("Couldn't post send")
     };
     run_loop(&c, opts, recv_sge, &post_send, routs, opts.server.is_some())?;
     if opts.server.is_none() && opts.validate {

@@ -12,7 +12,8 @@ pub(crate) const W: usize = 1000;
 /// Canvas height, pixels.
 pub(crate) const H: usize = 600;
 /// Series colours (matplotlib's tab10).
-pub(crate) const COLORS: [[u8; 3]; 8] = [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
+pub(crate) const COLORS: [[u8; 3]; 8] =
+    [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
 /// Black.
 pub(crate) const BLACK: [u8; 3] = [0, 0, 0];
 

@@ -140,17 +140,17 @@ fn one_run() -> Result<Run> {
         // Each bandwidth figure next to its ceiling (see `bracketed`).
         let mut cpu = Vec::new();
         (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
-            || urnic_write_64k(&pair, cores, "bn").map(|(mbs, c)| {
-                cpu.push(c);
-                mbs
-            }),
+            || {
+                urnic_write_64k(&pair, cores, "bn").map(|(mbs, c)| {
+                    cpu.push(c);
+                    mbs
+                })
+            },
             || raw_afxdp(&pair, write_frame_len(1024), cores, 1.0),
         )?;
         r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
-            || urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs),
-            || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0),
-        )?;
+        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) =
+            bracketed(|| urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs), || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0))?;
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
@@ -170,7 +170,8 @@ fn runs(n: usize) -> Result<Vec<Run>> {
     for i in 0..n.max(1) {
         let r = one_run()?;
         eprintln!(
-            "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; TCP {:.0} MB/s; UDP p50 {:.1} us",
+            "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; \
+             TCP {:.0} MB/s; UDP p50 {:.1} us",
             i + 1,
             r.urnic[0].write_64k,
             r.urnic[1].write_64k,

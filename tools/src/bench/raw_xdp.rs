@@ -39,17 +39,7 @@ fn raw_frame_from(pair: &VethPair, from: usize, frame_len: usize) -> Result<Vec<
 fn roce_repr(opcode: Opcode, macs: ([u8; 6], [u8; 6]), ips: ([u8; 4], [u8; 4])) -> FrameRepr {
     FrameRepr {
         eth: EthernetRepr { dst: macs.1, src: macs.0, vlan: None, ethertype: 0x0800 },
-        ip: IpRepr::V4(Ipv4Repr {
-            src: ips.0,
-            dst: ips.1,
-            dscp: 0,
-            ecn: 2,
-            ident: 0,
-            dont_frag: true,
-            ttl: 64,
-            protocol: 17,
-            payload_len: 0,
-        }),
+        ip: IpRepr::V4(Ipv4Repr { src: ips.0, dst: ips.1, dscp: 0, ecn: 2, ident: 0, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
         udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr::bth_only(BthRepr::new(opcode, 0x77, rocev2::Psn::new(1))),
     }

@@ -4,13 +4,13 @@
 
 use std::fmt::Write as _;
 
-use anyhow::{Context as _, Result};
 use super::metrics::{median, pct};
 use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
 use super::{Cores, Run};
 use crate::perf::BwOp;
 use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
+use anyhow::{Context as _, Result};
 
 /// The measurements of several runs: medians, ratios, pooled latency samples.
 pub(super) struct Summary {
@@ -28,46 +28,104 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     // host's load drifts between runs, and a ratio of medians can pair a
     // fast run's urnic with a slow run's baseline.
     let mut t = String::new();
-    let _ = writeln!(t, "| measure (medians of {} runs, same veth; ratio: median of the per-run ratios) | urnic | baseline | urnic / baseline |", runs.len());
+    let _ = writeln!(
+        t,
+        "| measure (medians of {} runs, same veth; ratio: median of the per-run ratios) | urnic | baseline | urnic / baseline |",
+        runs.len()
+    );
     t.push_str("|---|---|---|---|\n");
+    // One row: what is compared, urnic's figure, the baseline's, the ratio.
+    let row = |t: &mut String, measure: String, urnic: String, baseline: String, ratio: f64| {
+        let _ = writeln!(t, "| {measure} | {urnic} | {baseline} | {ratio:.2} |");
+    };
+    let mbs = |v: f64| format!("{v:.0} MB/s");
+    let mps = |v: f64| format!("{:.2} M/s", v / 1e6);
+    let us = |v: f64| format!("{v:.1} us");
     let tcp = med(&|r| r.tcp_mbps) / 8.0;
     let tcp9k = med(&|r| r.tcp_mbps_9k) / 8.0;
+    let (frame1k, frame4k) = (write_frame_len(1024), write_frame_len(4096));
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();
         let threads = if cores == Cores::One { "1 thread sending and receiving" } else { "a sender and a receiver thread" };
         let w = med(&|r| r.urnic[i].write_64k);
         let raw = med(&|r| r.raw_1k[i]) * 1024.0 / 1e6;
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}; payload bytes) | {w:.0} MB/s | {raw:.0} MB/s | {:.2} |", write_frame_len(1024), med(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)));
+        row(
+            &mut t,
+            format!("64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({frame1k}-byte frames, {threads}; payload bytes)"),
+            mbs(w),
+            mbs(raw),
+            med(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)),
+        );
         let w4 = med(&|r| r.urnic[i].write_64k_mtu4096);
         let raw4 = med(&|r| r.raw_4k[i]) * 4096.0 / 1e6;
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({}-byte frames, {threads}) | {w4:.0} MB/s | {raw4:.0} MB/s | {:.2} |", write_frame_len(4096), med(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)));
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth) | {w:.0} MB/s | {tcp:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)));
-        let _ = writeln!(t, "| 64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth) | {w4:.0} MB/s | {tcp9k:.0} MB/s | {:.2} |", med(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)));
+        row(
+            &mut t,
+            format!("64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({frame4k}-byte frames, {threads})"),
+            mbs(w4),
+            mbs(raw4),
+            med(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)),
+        );
+        row(
+            &mut t,
+            format!("64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth)"),
+            mbs(w),
+            mbs(tcp),
+            med(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)),
+        );
+        row(
+            &mut t,
+            format!("64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth)"),
+            mbs(w4),
+            mbs(tcp9k),
+            med(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)),
+        );
         let m = med(&|r| r.urnic[i].msg_rate);
-        let raws = med(&|r| r.raw_small[i]);
-        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads}) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, raws / 1e6, med(&|r| r.urnic[i].msg_rate / r.raw_small[i]));
-        let tm = med(&|r| r.tcp_msgs);
-        let _ = writeln!(t, "| 64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N) | {:.2} M/s | {:.2} M/s | {:.2} |", m / 1e6, tm / 1e6, med(&|r| r.urnic[i].msg_rate / r.tcp_msgs));
-        for (name, f) in [("SEND", (|r: &Run, i: usize| &r.urnic[i].send_lat) as fn(&Run, usize) -> &Vec<f64>), ("WRITE", |r: &Run, i: usize| &r.urnic[i].write_lat)] {
+        row(
+            &mut t,
+            format!("64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads})"),
+            mps(m),
+            mps(med(&|r| r.raw_small[i])),
+            med(&|r| r.urnic[i].msg_rate / r.raw_small[i]),
+        );
+        row(
+            &mut t,
+            format!("64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N)"),
+            mps(m),
+            mps(med(&|r| r.tcp_msgs)),
+            med(&|r| r.urnic[i].msg_rate / r.tcp_msgs),
+        );
+        let send: fn(&Run, usize) -> &Vec<f64> = |r, i| &r.urnic[i].send_lat;
+        let write: fn(&Run, usize) -> &Vec<f64> = |r, i| &r.urnic[i].write_lat;
+        for (name, f) in [("SEND", send), ("WRITE", write)] {
             for (p, pl) in [(0.5, "p50"), (0.99, "p99")] {
                 let u = lat(&|r| f(r, i), p);
-                let k = lat(&|r| &r.udp_lat, p);
-                let kt = lat(&|r| &r.tcp_lat, p);
-                let ru = med(&|r| lat_of(f(r, i), p) / lat_of(&r.udp_lat, p));
-                let rt = med(&|r| lat_of(f(r, i), p) / lat_of(&r.tcp_lat, p));
-                let kr = lat(&|r| &r.raw_lat[i], p);
-                let rr = med(&|r| lat_of(f(r, i), p) / lat_of(&r.raw_lat[i], p));
-                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs raw AF_XDP ping-pong {pl} ({SEND8_FRAME}-byte frames, {threads}; one-way) | {u:.1} us | {kr:.1} us | {rr:.2} |");
-                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel UDP ping-pong {pl} (one-way) | {u:.1} us | {k:.1} us | {ru:.2} |");
-                let _ = writeln!(t, "| 8 B {name} latency {pl}, {c} vs kernel TCP ping-pong {pl} (one-way, TCP_NODELAY) | {u:.1} us | {kt:.1} us | {rt:.2} |");
+                // Against each baseline: its figure and the per-run ratios.
+                let vs = |base: &dyn Fn(&Run) -> &Vec<f64>| (lat(base, p), med(&|r| lat_of(f(r, i), p) / lat_of(base(r), p)));
+                let (kr, rr) = vs(&|r| &r.raw_lat[i]);
+                let (k, ru) = vs(&|r| &r.udp_lat);
+                let (kt, rt) = vs(&|r| &r.tcp_lat);
+                let what = format!("8 B {name} latency {pl}, {c} vs");
+                row(&mut t, format!("{what} raw AF_XDP ping-pong {pl} ({SEND8_FRAME}-byte frames, {threads}; one-way)"), us(u), us(kr), rr);
+                row(&mut t, format!("{what} kernel UDP ping-pong {pl} (one-way)"), us(u), us(k), ru);
+                row(&mut t, format!("{what} kernel TCP ping-pong {pl} (one-way, TCP_NODELAY)"), us(u), us(kt), rt);
             }
         }
-        let uc = med(&|r| r.urnic[i].cpu_per_gb);
-        let tc = med(&|r| r.tcp_cpu_per_gb);
-        let _ = writeln!(t, "| CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes) | {uc:.2} s/GB | {tc:.2} s/GB | {:.2} |", med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb));
+        row(
+            &mut t,
+            format!("CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes)"),
+            format!("{:.2} s/GB", med(&|r| r.urnic[i].cpu_per_gb)),
+            format!("{:.2} s/GB", med(&|r| r.tcp_cpu_per_gb)),
+            med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb),
+        );
     }
-    let (one, many, mem) = (med(&|r| r.one_qp), med(&|r| r.many_qp), med(&|r| r.mem_per_qp));
-    let _ = writeln!(t, "| 1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core | {many:.0} MB/s | {one:.0} MB/s | {:.2} |", med(&|r| r.many_qp / r.one_qp));
+    row(
+        &mut t,
+        "1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core".into(),
+        mbs(med(&|r| r.many_qp)),
+        mbs(med(&|r| r.one_qp)),
+        med(&|r| r.many_qp / r.one_qp),
+    );
+    let mem = med(&|r| r.mem_per_qp);
     let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
     let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
     let latency = vec![
@@ -131,7 +189,14 @@ fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result
     };
     let p = Panel { area: (100, 50, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
     p.frame(&mut c);
-    p.label(&mut c, &linear_ticks(xmax, steps, |v| format!("{v:.0}")), &linear_ticks(1.0, 5, |v| format!("{v:.1}")), "ONE-WAY LATENCY (US), 8 BYTES", "CDF", "LATENCY DISTRIBUTION");
+    p.label(
+        &mut c,
+        &linear_ticks(xmax, steps, |v| format!("{v:.0}")),
+        &linear_ticks(1.0, 5, |v| format!("{v:.1}")),
+        "ONE-WAY LATENCY (US), 8 BYTES",
+        "CDF",
+        "LATENCY DISTRIBUTION",
+    );
     let mut legend = Vec::new();
     for (k, (label, v)) in series.iter().enumerate() {
         let mut s = v.clone();

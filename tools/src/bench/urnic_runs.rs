@@ -111,9 +111,7 @@ pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Resul
     let mut rig = rig(pair, cores, 2 * 65536, tag)?;
     warm_up(&mut rig, 65536)?;
     let cpu0 = cpu_self();
-    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128)
-        .with_context(|| format!("{}: 64 KiB", cores.label()))?
-        .avg_mbs;
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).with_context(|| format!("{}: 64 KiB", cores.label()))?.avg_mbs;
     Ok((mbs, (cpu_self() - cpu0) / ((65536 * WRITE_64K_ITERS) as f64 / 1e9)))
 }
 
