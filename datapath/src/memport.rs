@@ -14,6 +14,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rocev2::wire::FrameView;
 
 use crate::port::{Port, PortError, PortInfo};
 
@@ -31,7 +32,7 @@ pub struct Impairments {
     pub reorder: f64,
     /// Flip one random bit after the Ethernet header (the ICRC catches it).
     pub corrupt: f64,
-    /// Mark ECN-capable IPv4/IPv6 frames Congestion Experienced.
+    /// Mark ECN-capable (ECT) RoCEv2 frames Congestion Experienced ([`mark_ce`]).
     pub ecn_mark: f64,
     /// Limit the sending rate to this many bytes per second (tail drop past
     /// `rate_burst_bytes` of backlog). `None`: unlimited.
@@ -258,56 +259,13 @@ impl MemPort {
     }
 }
 
-/// Set ECN to CE (0b11) on an ECN-capable IPv4 or IPv6 frame, fixing the IPv4
-/// header checksum. The ICRC does not cover these bits. Returns whether it marked.
+/// Mark an ECN-capable (ECT) RoCEv2 frame Congestion Experienced, as a
+/// switch does: [`FrameView::mark_ce`], which fixes the IPv4 header checksum
+/// (the ICRC does not cover the ECN bits). A frame that is not valid RoCEv2
+/// (the receiver drops it anyway), not ECN-capable, or already CE is left as
+/// it is. Returns whether the frame was marked.
 pub fn mark_ce(frame: &mut [u8]) -> bool {
-    let mut off = 12;
-    let mut ethertype = match frame.get(off..off + 2) {
-        Some(b) => u16::from_be_bytes([b[0], b[1]]),
-        None => return false,
-    };
-    if ethertype == 0x8100 {
-        off += 4;
-        ethertype = match frame.get(off..off + 2) {
-            Some(b) => u16::from_be_bytes([b[0], b[1]]),
-            None => return false,
-        };
-    }
-    let ip = off + 2;
-    match ethertype {
-        0x0800 => {
-            let Some(hdr) = frame.get_mut(ip..ip + 20) else { return false };
-            if hdr[1] & 3 == 0 {
-                return false;
-            }
-            hdr[1] |= 3;
-            let ihl = usize::from(hdr[0] & 0x0f) * 4;
-            let Some(hdr) = frame.get_mut(ip..ip + ihl.max(20)) else { return false };
-            hdr[10] = 0;
-            hdr[11] = 0;
-            let mut sum = 0u32;
-            for c in hdr.chunks(2) {
-                sum += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-            }
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            let ck = !(sum as u16);
-            hdr[10..12].copy_from_slice(&ck.to_be_bytes());
-            true
-        }
-        0x86dd => {
-            let Some(hdr) = frame.get_mut(ip..ip + 2) else { return false };
-            // Traffic class spans the low nibble of byte 0 and the high nibble of byte 1;
-            // ECN is the traffic class's low two bits: bits 5:4 of byte 1.
-            if (hdr[1] >> 4) & 3 == 0 {
-                return false;
-            }
-            hdr[1] |= 0x30;
-            true
-        }
-        _ => false,
-    }
+    FrameView::new_checked(frame).is_ok_and(|mut v| v.mark_ce())
 }
 
 impl Port for MemPort {
@@ -429,9 +387,24 @@ mod tests {
         assert_eq!(drain(&mut b).len(), 2);
     }
 
+    /// A RoCEv2 SEND from A to B over IPv4 with the given ECN bits.
+    fn roce_frame(ecn: u8) -> Vec<u8> {
+        use rocev2::wire::*;
+        let repr = FrameRepr {
+            eth: EthernetRepr { dst: B, src: A, vlan: None, ethertype: ETHERTYPE_IPV4 },
+            ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+            udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+            transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, rocev2::Psn::new(1))),
+        };
+        let mut f = vec![0u8; 128];
+        let n = repr.emit(&[7u8; 16], &mut f).unwrap();
+        f.truncate(n);
+        f
+    }
+
     #[test]
     fn ce_marking_fixes_ipv4_checksum() {
-        let mut f = frame(B, A, 0);
+        let mut f = roce_frame(2);
         // valid checksum first
         assert!(mark_ce(&mut f));
         assert_eq!(f[15] & 3, 3);
@@ -443,8 +416,7 @@ mod tests {
             sum = (sum & 0xffff) + (sum >> 16);
         }
         assert_eq!(sum, 0xffff, "header checksum verifies");
-        let mut not_ect = frame(B, A, 0);
-        not_ect[15] = 0;
+        let mut not_ect = roce_frame(0);
         assert!(!mark_ce(&mut not_ect));
         assert!(!mark_ce(&mut [0u8; 10]));
     }

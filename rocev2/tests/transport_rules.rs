@@ -486,12 +486,10 @@ fn sharded_engines_hand_out_only_their_qpns_and_srq_ids() {
     }
 }
 
-/// Set the ECN bits of an IPv4 frame to CE (as a switch would) and fix the
-/// header checksum (the ICRC masks the TOS byte, so it stays valid).
+/// Set the ECN bits of a frame to CE (as a switch would); `FrameView` fixes
+/// the IPv4 header checksum (the ICRC masks the TOS byte, so it stays valid).
 fn mark_ce(frame: &mut [u8]) {
-    use rocev2::wire::Ipv4Packet;
-    frame[15] |= 3;
-    Ipv4Packet::new_unchecked(&mut frame[14..]).fill_checksum();
+    rocev2::wire::FrameView::new_checked(frame).expect("the engine sends valid frames").set_ecn(3);
 }
 
 #[test]

@@ -22,6 +22,7 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use crate::time::Instant;
+use crate::wire::{FrameView, ETHERNET_LEN};
 
 /// Impairments and shape of one direction of a link.
 ///
@@ -41,8 +42,10 @@ pub struct LinkConfig {
     pub reorder_max: Duration,
     /// Probability that one random bit after the Ethernet header is flipped.
     pub corrupt: f64,
-    /// Probability that an ECN-capable (ECT) IP frame is marked Congestion
-    /// Experienced, as a switch above its marking threshold would.
+    /// Probability that an ECN-capable (ECT) frame is marked Congestion
+    /// Experienced, as a switch above its marking threshold would. Only a
+    /// frame that is valid RoCEv2 is marked ([`FrameView::mark_ce`]); one a
+    /// receiver would drop anyway (e.g. corrupted just before) is left alone.
     pub ecn_mark: f64,
     /// Serialization rate in bits per second; `None`: infinitely fast (no
     /// serializer, no queue).
@@ -170,9 +173,6 @@ impl core::fmt::Debug for Link {
     }
 }
 
-/// Length of an untagged Ethernet header.
-const ETH_HLEN: usize = 14;
-
 impl Link {
     /// A link with `config`, its random decisions drawn from ChaCha8 seeded with `seed`.
     pub fn new(config: LinkConfig, seed: u64) -> Link {
@@ -281,8 +281,8 @@ impl Link {
         buf.clear();
         buf.extend_from_slice(frame);
         if corrupt {
-            let (start, span) = if buf.len() > ETH_HLEN {
-                (ETH_HLEN, buf.len() - ETH_HLEN)
+            let (start, span) = if buf.len() > ETHERNET_LEN {
+                (ETHERNET_LEN, buf.len() - ETHERNET_LEN)
             } else {
                 (0, buf.len())
             };
@@ -292,7 +292,7 @@ impl Link {
                 self.stats.corrupted += 1;
             }
         }
-        if mark && mark_ce(&mut buf) {
+        if mark && FrameView::new_checked(&mut buf[..]).is_ok_and(|mut v| v.mark_ce()) {
             self.stats.ecn_marked += 1;
         }
         let mut at = departs + self.config.delay;
@@ -348,59 +348,6 @@ impl Link {
     fn chance(&mut self, p: f64) -> bool {
         let x: f64 = self.rng.gen();
         x < p
-    }
-}
-
-/// Set ECN to CE (0b11) on an ECN-capable IPv4 or IPv6 frame, fixing the IPv4
-/// header checksum as a router does. Returns whether the frame was marked.
-fn mark_ce(frame: &mut [u8]) -> bool {
-    let mut l3 = ETH_HLEN;
-    if frame.len() < ETH_HLEN {
-        return false;
-    }
-    let mut ethertype = u16::from_be_bytes([frame[12], frame[13]]);
-    if ethertype == 0x8100 {
-        if frame.len() < 18 {
-            return false;
-        }
-        ethertype = u16::from_be_bytes([frame[16], frame[17]]);
-        l3 = 18;
-    }
-    match ethertype {
-        0x0800 => {
-            if frame.len() < l3 + 20 {
-                return false;
-            }
-            let tos = frame[l3 + 1];
-            if tos & 3 == 0 || tos & 3 == 3 {
-                return false;
-            }
-            frame[l3 + 1] = tos | 3;
-            // RFC 1624 incremental update: HC' = ~(~HC + ~m + m').
-            let old = u16::from_be_bytes([frame[l3], tos]);
-            let new = u16::from_be_bytes([frame[l3], tos | 3]);
-            let hc = u16::from_be_bytes([frame[l3 + 10], frame[l3 + 11]]);
-            let mut sum = u32::from(!hc) + u32::from(!old) + u32::from(new);
-            while sum > 0xffff {
-                sum = (sum & 0xffff) + (sum >> 16);
-            }
-            frame[l3 + 10..l3 + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-            true
-        }
-        0x86dd => {
-            if frame.len() < l3 + 40 {
-                return false;
-            }
-            // Traffic class spans the low nibble of byte 0 and the high nibble of byte 1;
-            // ECN is bits 5:4 of byte 1.
-            let ecn = (frame[l3 + 1] >> 4) & 3;
-            if ecn == 0 || ecn == 3 {
-                return false;
-            }
-            frame[l3 + 1] |= 0x30;
-            true
-        }
-        _ => false,
     }
 }
 
@@ -537,7 +484,7 @@ mod tests {
         for (_, f) in got {
             let diff: Vec<usize> = (0..f.len()).filter(|&i| f[i] != orig[i]).collect();
             assert_eq!(diff.len(), 1);
-            assert!(diff[0] >= ETH_HLEN);
+            assert!(diff[0] >= ETHERNET_LEN);
             assert_eq!((f[diff[0]] ^ orig[diff[0]]).count_ones(), 1);
             positions.insert(diff[0]);
         }
@@ -609,16 +556,22 @@ mod tests {
 
     #[test]
     fn ecn_marking_sets_ce_and_keeps_the_ipv4_checksum_valid() {
-        // Ethernet + a minimal IPv4 header with ECT(0).
-        let mut f = vec![0u8; 64];
-        f[12] = 0x08;
-        f[14] = 0x45;
-        f[15] = 0x02; // DSCP 0, ECT(0)
-        f[16..18].copy_from_slice(&50u16.to_be_bytes());
-        f[22] = 64;
-        f[23] = 17;
-        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
-        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        // A RoCEv2 frame over IPv4 with ECT(0), and the same not ECN-capable.
+        let roce = |ecn: u8| {
+            use crate::psn::Psn;
+            use crate::wire::*;
+            let repr = FrameRepr {
+                eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: ETHERTYPE_IPV4 },
+                ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+                udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+                transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(1))),
+            };
+            let mut f = vec![0u8; 128];
+            let n = repr.emit(&[7u8; 16], &mut f).unwrap();
+            f.truncate(n);
+            f
+        };
+        let f = roce(2);
         let csum = |h: &[u8]| {
             let mut s: u32 = h.chunks(2).map(|c| u32::from(u16::from_be_bytes([c[0], c[1]]))).sum();
             while s > 0xffff {
@@ -626,12 +579,10 @@ mod tests {
             }
             !(s as u16)
         };
-        let c = csum(&f[14..34]);
-        f[24..26].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(csum(&f[14..34]), 0);
         let mut link = Link::new(LinkConfig { ecn_mark: 1.0, ..LinkConfig::default() }, 0);
         link.send(Instant::ZERO, &f);
-        let mut not_ect = f.clone();
-        not_ect[15] = 0;
+        let not_ect = roce(0);
         link.send(Instant::ZERO, &not_ect);
         let got = drain(&mut link, Instant::from_nanos(u64::MAX));
         assert_eq!(got[0].1[15] & 3, 3);
