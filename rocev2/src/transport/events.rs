@@ -3,24 +3,28 @@
 //! frames dropped before they reach a QP.
 
 use std::collections::HashMap;
-use std::fmt;
 
 use crate::transport::attr::{QpAttrMask, QpState};
 use crate::transport::ids::SrqId;
 use crate::wire::WireError;
 
 /// Why an engine call failed. Nothing changed when one is returned.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum EngineError {
     /// No QP with this number.
+    #[error("no QP {0:#x}")]
     NoSuchQp(u32),
     /// No SRQ with this id.
+    #[error("no SRQ {}", (.0).0)]
     NoSuchSrq(SrqId),
     /// QP or SRQ limit reached.
+    #[error("resource limit reached")]
     TooMany,
     /// The QP's state does not allow the call (e.g. post_send before RTS).
+    #[error("not allowed in state {0:?}")]
     WrongState(QpState),
     /// `ibv_modify_qp`: a transition the state machine does not have.
+    #[error("no transition {from:?} -> {to:?}")]
     BadTransition {
         /// Current state.
         from: QpState,
@@ -28,38 +32,24 @@ pub enum EngineError {
         to: QpState,
     },
     /// `ibv_modify_qp`: a required attribute is missing from the mask.
+    #[error("required attributes missing: {0:?}")]
     MissingAttr(QpAttrMask),
     /// `ibv_modify_qp`: an attribute not allowed for this transition / QP type.
+    #[error("attributes not allowed here: {0:?}")]
     ExtraAttr(QpAttrMask),
     /// An attribute value is out of range (named).
+    #[error("bad value: {0}")]
     BadValue(&'static str),
     /// The send or receive queue is full.
+    #[error("queue full")]
     QueueFull,
     /// A WR is not valid for this QP (type, SGE count, ...).
+    #[error("bad work request: {0}")]
     BadWr(&'static str),
     /// The SRQ is still used by QPs.
+    #[error("still in use")]
     Busy,
 }
-
-impl fmt::Display for EngineError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            EngineError::NoSuchQp(q) => write!(f, "no QP {q:#x}"),
-            EngineError::NoSuchSrq(s) => write!(f, "no SRQ {}", s.0),
-            EngineError::TooMany => write!(f, "resource limit reached"),
-            EngineError::WrongState(s) => write!(f, "not allowed in state {s:?}"),
-            EngineError::BadTransition { from, to } => write!(f, "no transition {from:?} -> {to:?}"),
-            EngineError::MissingAttr(m) => write!(f, "required attributes missing: {m:?}"),
-            EngineError::ExtraAttr(m) => write!(f, "attributes not allowed here: {m:?}"),
-            EngineError::BadValue(w) => write!(f, "bad value: {w}"),
-            EngineError::QueueFull => write!(f, "queue full"),
-            EngineError::BadWr(w) => write!(f, "bad work request: {w}"),
-            EngineError::Busy => write!(f, "still in use"),
-        }
-    }
-}
-
-impl std::error::Error for EngineError {}
 
 /// Asynchronous events (`enum ibv_event_type`, the ones urnic raises).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -218,3 +208,21 @@ impl From<WireError> for WireErrorKind {
     }
 }
 
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn engine_errors_say_what_is_wrong() {
+        assert_eq!(EngineError::NoSuchQp(0x11).to_string(), "no QP 0x11");
+        assert_eq!(EngineError::NoSuchSrq(SrqId(7)).to_string(), "no SRQ 7");
+        assert_eq!(
+            EngineError::BadTransition { from: QpState::Reset, to: QpState::Rts }.to_string(),
+            "no transition Reset -> Rts"
+        );
+        assert_eq!(EngineError::BadWr("too many SGEs").to_string(), "bad work request: too many SGEs");
+        let e: &dyn std::error::Error = &EngineError::Busy;
+        assert!(e.source().is_none());
+    }
+}

@@ -16,36 +16,26 @@
 
 use std::collections::vec_deque::Drain;
 use std::collections::VecDeque;
-use std::fmt;
 
 use crate::transport::ids::{PdId, SrqId};
 use crate::transport::wr::RecvWr;
 
 /// Why a receive-queue operation was refused (nothing was changed).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum RecvQueueError {
     /// The queue holds `max_wr` WRs already (`ibv_post_recv`: ENOMEM).
+    #[error("receive queue full")]
     Full,
     /// The WR has more SGEs than the queue's `max_sge` (EINVAL).
+    #[error("too many scatter/gather elements")]
     TooManySge,
     /// An SRQ limit above the SRQ's depth (`ibv_modify_srq`: EINVAL).
+    #[error("SRQ limit exceeds the SRQ depth")]
     InvalidLimit,
     /// A limit on a queue that is not an SRQ.
+    #[error("not a shared receive queue")]
     NotSrq,
 }
-
-impl fmt::Display for RecvQueueError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RecvQueueError::Full => "receive queue full",
-            RecvQueueError::TooManySge => "too many scatter/gather elements",
-            RecvQueueError::InvalidLimit => "SRQ limit exceeds the SRQ depth",
-            RecvQueueError::NotSrq => "not a shared receive queue",
-        })
-    }
-}
-
-impl std::error::Error for RecvQueueError {}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct SrqLimit {

@@ -4,7 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{AccessError, AtomicOp, MemoryTable};
+use super::{AccessError, AtomicOp, MemoryTable, SgeError};
 use crate::transport::ids::{Access, PdId, Sge};
 use crate::wire::crc;
 
@@ -82,12 +82,22 @@ impl MemoryTable {
 
     // ---- local side (lkeys in SGE lists) ----
 
-    /// Check every SGE of `sgl` (lkey, PD, bounds, `needed` rights).
+    /// Check every SGE of `sgl` (lkey, PD, state, `needed` rights, bounds in
+    /// the region's address space: IOVA, or offsets for ZERO_BASED).
     /// Zero-length SGEs are skipped.
     pub fn local_check(&self, pd: PdId, sgl: &[Sge], needed: Access) -> Result<(), AccessError> {
+        self.local_check_sgl(pd, sgl, needed).map_err(|e| e.error)
+    }
+
+    /// [`local_check`](Self::local_check) that says which SGE failed: the
+    /// verbs layer's post-time validation, so that a WR is refused at post
+    /// time exactly when the data movers ([`local_gather`](Self::local_gather),
+    /// [`local_scatter`](Self::local_scatter)) would refuse it now. Zero-length
+    /// SGEs are skipped, as the movers skip them.
+    pub fn local_check_sgl(&self, pd: PdId, sgl: &[Sge], needed: Access) -> Result<(), SgeError> {
         let t = self.read();
-        for s in sgl.iter().filter(|s| s.length != 0) {
-            t.resolve_local(pd, s.lkey, s.addr, u64::from(s.length), needed)?;
+        for (index, s) in sgl.iter().enumerate().filter(|(_, s)| s.length != 0) {
+            t.resolve_local(pd, s.lkey, s.addr, u64::from(s.length), needed).map_err(|error| SgeError { index, sge: *s, error })?;
         }
         Ok(())
     }

@@ -41,10 +41,10 @@
 //! has been polled (ibverbs rules), and the table never creates Rust references
 //! to registered memory; it copies with raw pointers.
 
-use std::fmt;
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 pub use crate::transport::ids::{Access, PdId};
+use crate::transport::ids::Sge;
 
 mod check;
 mod dma;
@@ -55,8 +55,6 @@ mod window;
 pub use dma::sgl_len;
 use keys::{key_of, Object, Table, MAX_INDEX};
 use region::{Region, RegionPtr};
-
-
 
 /// Memory-window type.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -70,39 +68,44 @@ pub enum MwType {
 /// Why an access to registered memory was refused. The responder maps these
 /// to NAK codes (remote access error) and the requester to completion status
 /// (local protection / local access errors).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum AccessError {
     /// No region or window with this key (or stale key byte).
+    #[error("no memory region or window with this key")]
     InvalidKey,
     /// The key belongs to another protection domain.
+    #[error("the key belongs to another protection domain")]
     PdMismatch,
     /// The region/window does not grant the needed access.
+    #[error("the region or window does not grant this access")]
     AccessDenied,
     /// The range falls outside the region/window (or overflows).
+    #[error("the range lies outside the region or window")]
     OutOfBounds,
     /// An atomic address is not 8-byte aligned.
+    #[error("the atomic target is not 8-byte aligned")]
     Misaligned,
     /// The key was invalidated.
+    #[error("the key was invalidated")]
     Invalidated,
     /// A type-2 window used by a QP it is not bound to.
+    #[error("the type-2 window is bound to another QP")]
     WrongQp,
 }
 
-impl fmt::Display for AccessError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            AccessError::InvalidKey => "no memory region or window with this key",
-            AccessError::PdMismatch => "the key belongs to another protection domain",
-            AccessError::AccessDenied => "the region or window does not grant this access",
-            AccessError::OutOfBounds => "the range lies outside the region or window",
-            AccessError::Misaligned => "the atomic target is not 8-byte aligned",
-            AccessError::Invalidated => "the key was invalidated",
-            AccessError::WrongQp => "the type-2 window is bound to another QP",
-        })
-    }
+/// The first SGE of a list that the checker refused
+/// ([`MemoryTable::local_check_sgl`]): where it is in the list, the SGE
+/// itself, and why.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
+#[error("sge[{index}] (addr {:#x}, length {}, lkey {:#x}): {error}", sge.addr, sge.length, sge.lkey)]
+pub struct SgeError {
+    /// Its index in the list.
+    pub index: usize,
+    /// The SGE.
+    pub sge: Sge,
+    /// Why it was refused.
+    pub error: AccessError,
 }
-
-impl std::error::Error for AccessError {}
 
 /// An atomic operation on 8 bytes of registered memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -132,33 +135,24 @@ pub struct MrKeys {
 }
 
 /// Why a registration-side call failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
 pub enum RegError {
     /// Bad argument: null address, `iova + len` overflowing, REMOTE_WRITE or
     /// REMOTE_ATOMIC without LOCAL_WRITE (`ibv_reg_mr`: EINVAL), a key of the
     /// wrong kind (an MW key given to `deregister`, ...).
+    #[error("invalid argument")]
     InvalidArgument,
     /// The table is full (2^24 - 1 keys, or the limit given to
     /// [`MemoryTable::with_max_entries`]).
+    #[error("no free memory keys")]
     NoResources,
     /// No object with this key (or a stale key byte).
+    #[error("no memory region or window with this key")]
     InvalidKey,
     /// The region still has memory windows bound to it (`ibv_dereg_mr`: EBUSY).
+    #[error("memory windows are still bound to the region")]
     Busy,
 }
-
-impl fmt::Display for RegError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            RegError::InvalidArgument => "invalid argument",
-            RegError::NoResources => "no free memory keys",
-            RegError::InvalidKey => "no memory region or window with this key",
-            RegError::Busy => "memory windows are still bound to the region",
-        })
-    }
-}
-
-impl std::error::Error for RegError {}
 
 /// A seed from the operating system's randomness: std's `RandomState` keys
 /// come from the OS (getrandom) once per thread and differ for every

@@ -144,6 +144,52 @@ fn zero_based_regions_use_offsets() {
 }
 
 #[test]
+fn local_check_sgl_names_the_first_refused_sge_and_agrees_with_the_movers() {
+    let t = MemoryTable::new();
+    let (mut a, mut z) = (Buf::new(64), Buf::new(64));
+    let ka = reg(&t, &mut a, 0x4000, ALL);
+    let kz = reg(&t, &mut z, 0x9000, ALL | Access::ZERO_BASED);
+    let ro = reg(&t, &mut a, 0x8000, Access::REMOTE_READ);
+    let cases: Vec<(Sge, Access, Option<AccessError>)> = vec![
+        (Sge { addr: 0x4000, length: 64, lkey: ka.lkey }, Access::LOCAL_WRITE, None),
+        (Sge { addr: 0x4001, length: 64, lkey: ka.lkey }, Access::empty(), Some(AccessError::OutOfBounds)),
+        (Sge { addr: 0x3fff, length: 1, lkey: ka.lkey }, Access::empty(), Some(AccessError::OutOfBounds)),
+        // ZERO_BASED: offsets from 0, never the IOVA given at registration.
+        (Sge { addr: 0, length: 64, lkey: kz.lkey }, Access::LOCAL_WRITE, None),
+        (Sge { addr: 60, length: 4, lkey: kz.lkey }, Access::empty(), None),
+        (Sge { addr: 61, length: 4, lkey: kz.lkey }, Access::empty(), Some(AccessError::OutOfBounds)),
+        (Sge { addr: 0x9000, length: 4, lkey: kz.lkey }, Access::empty(), Some(AccessError::OutOfBounds)),
+        (Sge { addr: u64::MAX, length: 4, lkey: kz.lkey }, Access::empty(), Some(AccessError::OutOfBounds)),
+        (Sge { addr: 0x8000, length: 8, lkey: ro.lkey }, Access::LOCAL_WRITE, Some(AccessError::AccessDenied)),
+        (Sge { addr: 0x8000, length: 8, lkey: ro.lkey ^ 0x80 }, Access::empty(), Some(AccessError::InvalidKey)),
+    ];
+    for (sge, needed, want) in cases {
+        let got = t.local_check_sgl(PD, &[sge], needed);
+        assert_eq!(got.err().map(|e| e.error), want, "{sge:?} {needed:?}");
+        // The movers decide the same way.
+        let len = sge.length as usize;
+        let moved = if needed.contains(Access::LOCAL_WRITE) {
+            t.local_scatter(PD, &[sge], 0, &vec![0; len])
+        } else {
+            t.local_gather(PD, &[sge], 0, &mut vec![0; len])
+        };
+        assert_eq!(moved.err(), want, "{sge:?} {needed:?}");
+    }
+    // The index counts zero-length SGEs, which are skipped.
+    let sgl = [
+        Sge { addr: 0, length: 8, lkey: kz.lkey },
+        Sge { addr: 0, length: 0, lkey: 0 },
+        Sge { addr: 0x4000, length: 8, lkey: ka.lkey },
+        Sge { addr: 0x4000, length: 8, lkey: kz.lkey },
+    ];
+    let e = t.local_check_sgl(PD, &sgl, Access::empty()).unwrap_err();
+    assert_eq!(e, SgeError { index: 3, sge: sgl[3], error: AccessError::OutOfBounds });
+    assert_eq!(e.to_string(), format!("sge[3] (addr 0x4000, length 8, lkey {:#x}): the range lies outside the region or window", kz.lkey));
+    assert_eq!(t.local_check(PD, &sgl, Access::empty()), Err(AccessError::OutOfBounds));
+    assert_eq!(t.local_check_sgl(OTHER_PD, &sgl[1..3], Access::empty()).unwrap_err().index, 1);
+}
+
+#[test]
 fn sge_lists_scatter_and_gather_across_elements() {
     let t = MemoryTable::new();
     let mut b = Buf::new(64);
