@@ -228,6 +228,14 @@ struct Side {
     rcq: Cq,
 }
 
+/// Resident set sizes over the run, KiB.
+struct Rss {
+    start: u64,
+    setup: u64,
+    end: u64,
+    max: u64,
+}
+
 /// What a finished soak reports.
 struct Outcome {
     failure: Option<String>,
@@ -274,7 +282,7 @@ impl Snap {
                 k.starts_with("port.xdp_impair_")
                     || matches!(*k, "port.xsk_rx_dropped" | "port.xsk_rx_ring_full" | "port.xsk_rx_multibuffer_dropped")
                     || (k.starts_with("tr.rx_") && !matches!(*k, "tr.rx_frames" | "tr.rx_cnps"))
-                    || (k.starts_with("qp.") && ["dropped", "duplicate", "ghost", "stale", "bad_", "replays"].iter().any(|w| k.contains(w)))
+                    || (k.starts_with("qp.") && ["dropped", "duplicate", "ghost", "stale", "bad_"].iter().any(|w| k.contains(w)))
                     || matches!(*k, "dp.port_errors" | "dp.cq_overruns" | "dp.rx_handoff_drops" | "dp.completions_orphaned")
             })
             .map(|k| (k, k.split_once('.').map(|(_, n)| n).unwrap_or(k)))
@@ -321,7 +329,7 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     drop(net);
     let rss_end = rss_kib();
     let out = out?;
-    println!(" RSS: start {}, end {} (namespaces and devices closed), max {}", mib(rss_start), mib(rss_end), mib(rss_max.max(rss_end)));
+    println!(" RSS after closing the devices and removing the namespaces: {}", mib(rss_end));
     match out.failure {
         Some(f) => Err(format!("soak FAILED after {}: {f}", fmt_secs(out.elapsed))),
         None => {
@@ -522,6 +530,9 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
 
     let ctx_refs = [&ctxs[0], &ctxs[1]];
     let base = Snap::take(&ctx_refs);
+    // Devices, QPs, memory and receives in place: the traffic starts from here.
+    let rss_setup = rss_kib();
+    *rss_max = (*rss_max).max(rss_setup);
     let start = Instant::now();
     let deadline = start + a.duration;
     let mut next_report = start + a.report_every;
@@ -695,9 +706,11 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
     if let Some(inj) = injector.as_mut() {
         inj.stop();
     }
-    *rss_max = (*rss_max).max(rss_kib());
+    let rss_end = rss_kib();
+    *rss_max = (*rss_max).max(rss_end);
     let snap = Snap::take(&ctx_refs);
-    summary(a, seed, elapsed, &snap, &base, &tot, &flows, &uds, injector.as_ref(), rss_start, *rss_max);
+    let rss = Rss { start: rss_start, setup: rss_setup, end: rss_end, max: *rss_max };
+    summary(a, seed, elapsed, &snap, &base, &tot, &flows, &uds, injector.as_ref(), &rss);
     let failure = result.err();
     for c in &ctxs {
         let _ = c.nic().set_capture(None);
@@ -842,8 +855,7 @@ fn summary(
     flows: &[RcFlow],
     uds: &[UdFlow],
     inj: Option<&Injector>,
-    rss_start: u64,
-    rss_max: u64,
+    rss: &Rss,
 ) {
     let secs = elapsed.as_secs_f64().max(1e-9);
     let ud_sent: u64 = uds.iter().map(|f| f.sent).sum();
@@ -875,12 +887,14 @@ fn summary(
         human_bytes(tot.swept_bytes)
     );
     println!(
-        " retransmissions {} (timeouts {}, PSN sequence NAKs received {}, RNR NAKs received {}), duplicates answered {}",
+        " retransmissions {} (timeouts {}, PSN sequence NAKs received {}, RNR NAKs received {}); duplicate requests answered {} (READs replayed {}, atomics replayed from the cache {})",
         delta(snap, base, "qp.req_retransmits"),
         delta(snap, base, "qp.req_timeouts"),
         delta(snap, base, "qp.req_naks_seq_received"),
         delta(snap, base, "qp.req_rnr_naks_received"),
         delta(snap, base, "qp.resp_duplicates"),
+        delta(snap, base, "qp.resp_read_replays"),
+        delta(snap, base, "qp.resp_atomic_replays"),
     );
     println!(
         " UD: {ud_sent} sent, {} received intact, {ud_lost} lost ({:.2}%)",
@@ -899,5 +913,12 @@ fn summary(
         let per: Vec<String> = i.counts.classes.iter().enumerate().map(|(k, a)| format!("{a} {}", i.counts.sent(k))).collect();
         println!(" injected by class: {}", per.join(", "));
     }
-    println!(" RSS now {} (start {}, max {})", mib(rss_kib()), mib(rss_start), mib(rss_max));
+    println!(
+        " RSS: start {} (before the devices), {} once set up, end {} (growth during the traffic {:+.1} MiB), max {}",
+        mib(rss.start),
+        mib(rss.setup),
+        mib(rss.end),
+        (rss.end as f64 - rss.setup as f64) / 1024.0,
+        mib(rss.max)
+    );
 }
