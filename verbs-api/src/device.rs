@@ -277,7 +277,6 @@ pub(crate) struct DeviceInner {
     pub(crate) active_mtu: Mtu,
     pub(crate) limits: DeviceLimits,
     pub(crate) resolve: Resolver,
-    pub(crate) keys: crate::mr::KeyDirectory,
     pub(crate) next_id: AtomicU32,
     pub(crate) qp_count: AtomicU32,
     pub(crate) cq_count: AtomicU32,
@@ -298,7 +297,7 @@ impl DeviceInner {
 
     /// Retry deregistering regions dropped while windows were bound.
     pub(crate) fn reclaim_deferred(&self) {
-        self.deferred.reclaim(&self.keys, &self.memory);
+        self.deferred.reclaim(&self.memory);
     }
 
     /// Resolve `dgid` into a full path from our GID at `sgid_index`.
@@ -412,7 +411,6 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             active_mtu,
             limits,
             resolve,
-            keys: crate::mr::KeyDirectory::default(),
             next_id: AtomicU32::new(1),
             qp_count: AtomicU32::new(0),
             cq_count: AtomicU32::new(0),
@@ -523,7 +521,7 @@ impl Drop for DeviceInner {
         // Regions still registered because windows stay bound: freed after
         // the NIC (field order) if nothing else holds it, else leaked.
         let datapath_gone = Arc::strong_count(&self.nic) == 1 && Arc::weak_count(&self.nic) == 0;
-        self.deferred.close(&self.keys, &self.memory, datapath_gone);
+        self.deferred.close(&self.memory, datapath_gone);
     }
 }
 

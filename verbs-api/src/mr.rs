@@ -16,10 +16,19 @@
 //! # Deregistration is one step
 //!
 //! `ibv_dereg_mr` either removes a region completely or leaves it as it was:
-//! [`Mr::dereg`] first asks the memory table (which refuses with
+//! [`Mr::dereg`] asks the memory table, which refuses with
 //! [`ErrorKind::Busy`], `EBUSY`, while memory windows are bound to the
-//! region) and only then forgets the lkey for post-time checks; on failure
-//! the region is handed back still registered, usable locally and remotely.
+//! region; on failure the region is handed back still registered, usable
+//! locally and remotely.
+//!
+//! # One checker
+//!
+//! Posting a WR checks its SGEs with the memory table's own checker
+//! ([`MemoryTable::local_check_sgl`]), the one the datapath runs before it
+//! moves a byte: a WR is refused at post time exactly when the datapath
+//! would refuse it at that moment. A region registered with
+//! [`Access::ZERO_BASED`] is addressed by offsets from 0 ([`Mr::iova`] is
+//! 0; [`Mr::sge`] makes such SGEs), not by its host address.
 //! `Drop` cannot return the error: a dropped region with windows still bound
 //! stays registered and its memory stays allocated, held by the device,
 //! until the windows are unbound, invalidated or deallocated (retried then,
@@ -28,152 +37,44 @@
 //! `verbs.mr_dereg_pending` and `verbs.mr_deferred_freed` tell how often
 //! that happened.
 
-use std::collections::HashMap;
 use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
-use arc_swap::ArcSwap;
 use memmap2::{MmapMut, MmapRaw};
-use rocev2::transport::memory::{Access, MemoryTable, MrKeys, MwType, PdId, RegError};
+use rocev2::transport::memory::{Access, MemoryTable, MwType, PdId, RegError};
 use rocev2::transport::wr::Sge;
 
 use crate::device::Context;
 use crate::error::{Error, ErrorKind, Result};
 
-/// What the verbs layer knows about a registered key, for checking SGEs at
-/// post time without a lock (a copy-on-write snapshot).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct KeyInfo {
-    pub(crate) key: u32,
-    pub(crate) pd: PdId,
-    pub(crate) iova: u64,
-    pub(crate) len: u64,
-    pub(crate) access: Access,
+/// Check an SGE list at post time against the memory table, needing
+/// LOCAL_WRITE if `need_local_write`: the checker the datapath uses when it
+/// moves the data ([`MemoryTable::local_check_sgl`]), so a WR is refused here
+/// exactly when the datapath would refuse it now (same keys, PD, state,
+/// rights, and bounds in the region's address space: the IOVA, or offsets
+/// from 0 for ZERO_BASED regions). `ibv_post_send` / `ibv_post_recv`: EINVAL.
+pub(crate) fn check_sgl(memory: &MemoryTable, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
+    let needed = if need_local_write { Access::LOCAL_WRITE } else { Access::empty() };
+    memory.local_check_sgl(pd, sgl, needed).map_err(|e| Error::with_source(ErrorKind::InvalidArgument, e.to_string(), e))
 }
 
-/// Lock-free lookup of live lkeys. Writers serialize on a mutex, and every
-/// change of the memory table's MRs (register, re-register, deregister) is
-/// made under it together with the directory's, so the two never disagree
-/// for another writer.
-#[derive(Default)]
-pub(crate) struct KeyDirectory {
-    snapshot: ArcSwap<HashMap<u32, KeyInfo>>,
-    writer: Mutex<()>,
-}
-
-impl KeyDirectory {
-    /// Apply `f` to a copy of the directory and publish it. Call with `writer` held.
-    fn publish(&self, f: impl FnOnce(&mut HashMap<u32, KeyInfo>)) {
-        let mut m = HashMap::clone(&self.snapshot.load());
-        f(&mut m);
-        self.snapshot.store(Arc::new(m));
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        self.writer.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// Register `[ptr, ptr + len)` in `memory` (IOVA = host address) and
-    /// publish its lkey.
-    ///
-    /// # Safety
-    /// As [`MemoryTable::register`]: the memory stays valid for reads and
-    /// writes until its deregistration succeeds.
-    unsafe fn register(&self, memory: &MemoryTable, pd: PdId, ptr: *mut u8, len: usize, access: Access) -> core::result::Result<MrKeys, RegError> {
-        let _g = self.lock();
-        // SAFETY: the caller's promise.
-        let keys = unsafe { memory.register(pd, ptr, len, ptr as u64, access) }?;
-        self.publish(|m| {
-            m.insert(keys.lkey >> 8, KeyInfo { key: keys.lkey, pd, iova: ptr as u64, len: len as u64, access });
-        });
-        Ok(keys)
-    }
-
-    /// Re-register `lkey` with new access rights: the memory table keeps the
-    /// index and changes the key byte in one step (refusing with `Busy` while
-    /// windows are bound, leaving everything as it was); the directory
-    /// follows only on success.
-    ///
-    /// # Safety
-    /// As [`KeyDirectory::register`], for the same memory.
-    unsafe fn reregister(
-        &self,
-        memory: &MemoryTable,
-        lkey: u32,
-        pd: PdId,
-        ptr: *mut u8,
-        len: usize,
-        access: Access,
-    ) -> core::result::Result<MrKeys, RegError> {
-        let _g = self.lock();
-        // SAFETY: the caller's promise.
-        let keys = unsafe { memory.reregister(lkey, pd, ptr, len, ptr as u64, access) }?;
-        self.publish(|m| {
-            remove_key(m, lkey);
-            m.insert(keys.lkey >> 8, KeyInfo { key: keys.lkey, pd, iova: ptr as u64, len: len as u64, access });
-        });
-        Ok(keys)
-    }
-
-    /// Deregister `lkey` (`ibv_dereg_mr`) as one step: the memory table
-    /// first, which refuses with `Busy` while windows are bound (then nothing
-    /// changes: the region stays usable locally and remotely), then the
-    /// directory. A key the table no longer knows leaves the directory too.
-    pub(crate) fn deregister(&self, memory: &MemoryTable, lkey: u32) -> core::result::Result<(), RegError> {
-        let _g = self.lock();
-        let r = memory.deregister(lkey);
-        if matches!(r, Ok(()) | Err(RegError::InvalidKey)) {
-            self.publish(|m| remove_key(m, lkey));
-        }
-        r
-    }
-
-    /// Check an SGE list against live keys of `pd`, needing `access` locally.
-    pub(crate) fn check_sgl(&self, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
-        let snap = self.snapshot.load();
-        for (i, s) in sgl.iter().enumerate() {
-            if s.length == 0 {
-                continue;
-            }
-            let info = snap
-                .get(&(s.lkey >> 8))
-                .filter(|k| k.key == s.lkey)
-                .ok_or_else(|| Error::invalid(format!("sge[{i}]: lkey {:#x} is not a registered memory region", s.lkey)))?;
-            if info.pd != pd {
-                return Err(Error::invalid(format!("sge[{i}]: lkey {:#x} belongs to another protection domain", s.lkey)));
-            }
-            let end = s.addr.checked_add(u64::from(s.length));
-            if s.addr < info.iova || end.is_none_or(|e| e > info.iova + info.len) {
-                return Err(Error::invalid(format!(
-                    "sge[{i}]: [{:#x}, +{}) lies outside the region [{:#x}, +{})",
-                    s.addr, s.length, info.iova, info.len
-                )));
-            }
-            if need_local_write && !info.access.contains(Access::LOCAL_WRITE) {
-                return Err(Error::invalid(format!("sge[{i}]: lkey {:#x} lacks LOCAL_WRITE", s.lkey)));
-            }
-        }
-        Ok(())
-    }
-}
-
-fn remove_key(m: &mut HashMap<u32, KeyInfo>, key: u32) {
-    if m.get(&(key >> 8)).is_some_and(|i| i.key == key) {
-        m.remove(&(key >> 8));
-    }
-}
-
-/// The verbs error for a failed registration-side call of the memory table.
+/// The verbs error for a failed registration-side call of the memory table,
+/// with the `RegError` as its source.
 fn reg_error(e: RegError, what: &str) -> Error {
     let kind = match e {
+        // ibv_reg_mr(3) / ibv_rereg_mr(3) / ibv_bind_mw(3): EINVAL.
+        RegError::InvalidArgument => ErrorKind::InvalidArgument,
+        // ibv_reg_mr(3) / ibv_alloc_mw(3): ENOMEM when out of keys.
+        RegError::NoResources => ErrorKind::NoResources,
+        // No object with this handle: the kernel's uobject lookup behind
+        // ibv_dereg_mr / ibv_rereg_mr / ibv_dealloc_mw fails with ENOENT.
+        RegError::InvalidKey => ErrorKind::NotFound,
         // ibv_dereg_mr(3) / ibv_rereg_mr(3): EBUSY while windows are bound.
         RegError::Busy => ErrorKind::Busy,
-        RegError::NoResources => ErrorKind::NoResources,
-        RegError::InvalidArgument | RegError::InvalidKey => ErrorKind::InvalidArgument,
     };
-    Error::new(kind, format!("{what}: {e}"))
+    Error::with_source(kind, format!("{what}: {e}"), e)
 }
 
 /// A protection domain (`struct ibv_pd`).
@@ -299,7 +200,7 @@ impl DeferredDeregs {
 
     /// Retry the deregistration of every waiting region; free those that
     /// succeed. Cheap when none waits (one atomic load).
-    pub(crate) fn reclaim(&self, keys: &KeyDirectory, memory: &MemoryTable) {
+    pub(crate) fn reclaim(&self, memory: &MemoryTable) {
         if self.pending() == 0 {
             return;
         }
@@ -308,7 +209,7 @@ impl DeferredDeregs {
             let mut keep = Vec::with_capacity(l.len());
             let mut released = Vec::new();
             for (lkey, b) in l.drain(..) {
-                match keys.deregister(memory, lkey) {
+                match memory.deregister(lkey) {
                     // InvalidKey: the table does not know it any more either.
                     Ok(()) | Err(RegError::InvalidKey) => released.push(b),
                     Err(_) => keep.push((lkey, b)),
@@ -328,8 +229,8 @@ impl DeferredDeregs {
     /// the NIC, the only holder of the memory table besides the device, is
     /// dropped, which happens first), else is leaked, loudly: someone else
     /// still holds the NIC and could move data into it.
-    pub(crate) fn close(&self, keys: &KeyDirectory, memory: &MemoryTable, datapath_gone: bool) {
-        self.reclaim(keys, memory);
+    pub(crate) fn close(&self, memory: &MemoryTable, datapath_gone: bool) {
+        self.reclaim(memory);
         if datapath_gone {
             return;
         }
@@ -381,7 +282,8 @@ impl std::fmt::Debug for Mr {
 /// still registered and usable, and why. Converting it into an [`Error`]
 /// (as `?` does) drops the region, whose deregistration is then deferred
 /// (module documentation).
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
 pub struct DeregError {
     mr: Mr,
     error: Error,
@@ -408,14 +310,6 @@ impl DeregError {
         (self.mr, self.error)
     }
 }
-
-impl std::fmt::Display for DeregError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        self.error.fmt(f)
-    }
-}
-
-impl std::error::Error for DeregError {}
 
 impl From<DeregError> for Error {
     fn from(e: DeregError) -> Error {
@@ -484,10 +378,14 @@ impl Pd {
     fn register(&self, backing: Backing, access: Access) -> Result<Mr> {
         check_access(access)?;
         let inner = &self.ctx.inner;
+        // The IOVA is the host address (what `Mr::addr` reports), unless
+        // `access` has ZERO_BASED: then the region's addresses are offsets
+        // from 0 (`Mr::iova`).
+        let ptr = backing.ptr.as_ptr();
         // SAFETY: the backing lives in the Mr, whose memory is released only
         // after deregistration succeeded (`Mr::dereg`, `Drop for Mr`,
         // `DeferredDeregs`); Raw memory is the caller's promise.
-        let keys = unsafe { inner.keys.register(&inner.memory, self.id, backing.ptr.as_ptr(), backing.len, access) }
+        let keys = unsafe { inner.memory.register(self.id, ptr, backing.len, ptr as u64, access) }
             .map_err(|e| reg_error(e, "registration failed"))?;
         inner.reclaim_deferred();
         Ok(Mr { pd: self.clone(), backing, lkey: keys.lkey, rkey: keys.rkey, access })
@@ -519,9 +417,22 @@ impl Mr {
         self.rkey
     }
 
-    /// Start address (the IOVA remote peers use with the rkey).
+    /// The host address of the first byte (`ibv_mr.addr`). It is also the
+    /// region's IOVA unless the region is ZERO_BASED (see [`Mr::iova`]).
     pub fn addr(&self) -> u64 {
         self.backing.ptr.as_ptr() as u64
+    }
+
+    /// The address of the first byte in the region's own address space, the
+    /// one SGEs (with the lkey) and peers (with the rkey) use: 0 for a
+    /// region registered with [`Access::ZERO_BASED`] (addresses are offsets),
+    /// else the host address [`Mr::addr`].
+    pub fn iova(&self) -> u64 {
+        if self.access.contains(Access::ZERO_BASED) {
+            0
+        } else {
+            self.addr()
+        }
     }
 
     /// Length in bytes.
@@ -544,9 +455,10 @@ impl Mr {
         &self.pd
     }
 
-    /// An SGE covering `[offset, offset + len)` of this region.
+    /// An SGE covering `[offset, offset + len)` of this region (its address
+    /// is `iova() + offset`: the offset itself for a ZERO_BASED region).
     pub fn sge(&self, offset: usize, len: u32) -> Sge {
-        Sge { addr: self.addr() + offset as u64, length: len, lkey: self.lkey }
+        Sge { addr: self.iova().wrapping_add(offset as u64), length: len, lkey: self.lkey }
     }
 
     /// A raw pointer to the first byte (the address [`Mr::addr`] gives), as
@@ -662,10 +574,9 @@ impl Mr {
     pub fn rereg_access(&mut self, access: Access) -> Result<()> {
         check_access(access)?;
         let inner = &self.pd.ctx.inner;
+        let ptr = self.backing.ptr.as_ptr();
         // SAFETY: same memory, same guarantee as at registration.
-        let keys = unsafe {
-            inner.keys.reregister(&inner.memory, self.lkey, self.pd.id, self.backing.ptr.as_ptr(), self.backing.len, access)
-        }
+        let keys = unsafe { inner.memory.reregister(self.lkey, self.pd.id, ptr, self.backing.len, ptr as u64, access) }
         .map_err(|e| reg_error(e, &format!("rereg of lkey {:#x}", self.lkey)))?;
         self.lkey = keys.lkey;
         self.rkey = keys.rkey;
@@ -681,7 +592,7 @@ impl Mr {
     /// registered and usable.
     pub fn dereg(self) -> core::result::Result<Option<Vec<u8>>, DeregError> {
         let inner = &self.pd.ctx.inner;
-        if let Err(e) = inner.keys.deregister(&inner.memory, self.lkey) {
+        if let Err(e) = inner.memory.deregister(self.lkey) {
             let error = reg_error(e, &format!("dereg of lkey {:#x}", self.lkey));
             return Err(DeregError { mr: self, error });
         }
@@ -715,7 +626,7 @@ impl Mr {
 impl Drop for Mr {
     fn drop(&mut self) {
         let inner = &self.pd.ctx.inner;
-        if let Err(RegError::Busy | RegError::InvalidArgument | RegError::NoResources) = inner.keys.deregister(&inner.memory, self.lkey) {
+        if let Err(RegError::Busy | RegError::InvalidArgument | RegError::NoResources) = inner.memory.deregister(self.lkey) {
             // Still registered (windows bound): a peer can still reach the
             // memory through them, so it must not be freed. The device holds
             // it until the deregistration succeeds (module documentation).
@@ -763,7 +674,7 @@ impl Mw {
         let rkey = inner
             .memory
             .bind_mw(self.pd.id, 0, self.rkey, key_byte, mr.lkey(), addr, len, access)
-            .map_err(|e| Error::invalid(format!("bind_mw failed: {e:?}")))?;
+            .map_err(|e| Error::with_source(ErrorKind::InvalidArgument, format!("bind_mw failed: {e}"), e))?;
         self.rkey = rkey;
         // A rebind or unbind may have released the last window of a dropped region.
         inner.reclaim_deferred();
@@ -811,12 +722,68 @@ mod tests {
 
     /// Whether `mr`'s lkey passes the post-time check (the key directory).
     fn locally_known(mr: &Mr) -> bool {
-        mr.pd.ctx.inner.keys.check_sgl(mr.pd.id, &[mr.sge(0, 8)], true).is_ok()
+        check_sgl(&mr.pd.ctx.inner.memory, mr.pd.id, &[mr.sge(0, 8)], true).is_ok()
     }
 
     /// What the memory table says about a remote WRITE of 8 bytes at `mr`'s start with `rkey`.
     fn remote(mr: &Mr, rkey: u32) -> core::result::Result<(), AccessError> {
         mr.pd.ctx.inner.memory.remote_check(mr.pd.id, 0, rkey, mr.addr(), 8, Access::REMOTE_WRITE)
+    }
+
+    /// Post-time validation and the datapath's data movers, on the same SGEs.
+    fn verdicts(ctx: &Context, pd: &Pd, sge: Sge, need_local_write: bool) -> (bool, bool) {
+        let post = check_sgl(&ctx.inner.memory, pd.id, &[sge], need_local_write);
+        if let Err(e) = &post {
+            assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
+            assert!(std::error::Error::source(e).is_some_and(|s| s.is::<rocev2::transport::memory::SgeError>()));
+        }
+        let mut buf = vec![0u8; sge.length as usize];
+        let moved = if need_local_write {
+            ctx.inner.memory.local_scatter(pd.id, &[sge], 0, &buf)
+        } else {
+            ctx.inner.memory.local_gather(pd.id, &[sge], 0, &mut buf)
+        };
+        (post.is_ok(), moved.is_ok())
+    }
+
+    #[test]
+    fn post_time_checks_decide_as_the_datapath_for_zero_based_and_iova_regions() {
+        let ctx = device();
+        let pd = ctx.alloc_pd().unwrap();
+        let other = ctx.alloc_pd().unwrap();
+        const LEN: usize = 4096;
+        let zb = pd.alloc_mr(LEN, Access::LOCAL_WRITE | Access::ZERO_BASED).unwrap();
+        let va = pd.alloc_mr(LEN, Access::LOCAL_WRITE).unwrap();
+        let ro = pd.alloc_mr(LEN, Access::ZERO_BASED).unwrap();
+        assert_eq!((zb.iova(), va.iova()), (0, va.addr()));
+        assert_eq!(zb.sge(100, 8).addr, 100, "a ZERO_BASED region's SGEs carry offsets");
+        let mut accepted = 0;
+        for mr in [&zb, &va, &ro] {
+            let starts = [0, 1, LEN as u64 - 8, LEN as u64 - 7, LEN as u64, mr.addr(), mr.addr() + 8, mr.addr() + LEN as u64 - 8, u64::MAX - 3];
+            for start in starts {
+                for length in [1u32, 8, 4096] {
+                    for write in [false, true] {
+                        let sge = Sge { addr: start, length, lkey: mr.lkey() };
+                        let (post, datapath) = verdicts(&ctx, &pd, sge, write);
+                        assert_eq!(post, datapath, "{mr:?} {sge:?} write {write}");
+                        accepted += usize::from(post);
+                        // Another PD's QP may use none of them.
+                        assert_eq!(verdicts(&ctx, &other, sge, write), (false, false));
+                    }
+                }
+            }
+        }
+        // Both outcomes occurred; the ones that must, did.
+        assert!(accepted > 0);
+        let ok = |mr: &Mr, off: usize, len: u32, write: bool| verdicts(&ctx, &pd, mr.sge(off, len), write);
+        assert_eq!(ok(&zb, 0, LEN as u32, true), (true, true));
+        assert_eq!(ok(&zb, LEN - 8, 8, false), (true, true));
+        assert_eq!(ok(&zb, LEN - 7, 8, false), (false, false));
+        assert_eq!(ok(&va, LEN - 8, 8, true), (true, true));
+        assert_eq!(ok(&ro, 8, 8, false), (true, true));
+        assert_eq!(ok(&ro, 8, 8, true), (false, false), "no LOCAL_WRITE");
+        // The host address is no address of a ZERO_BASED region.
+        assert_eq!(verdicts(&ctx, &pd, Sge { addr: zb.addr(), length: 8, lkey: zb.lkey() }, false), (false, false));
     }
 
     #[test]
@@ -894,11 +861,11 @@ mod tests {
         mr.rereg_access(Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
         assert_ne!(mr.lkey(), lkey);
         assert_eq!(remote(&mr, rkey), Err(AccessError::InvalidKey));
-        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr: mr.addr(), length: 8, lkey }], false).is_err(), "old lkey still known");
+        assert!(check_sgl(&ctx.inner.memory, pd.id, &[Sge { addr: mr.addr(), length: 8, lkey }], false).is_err(), "old lkey still known");
         assert!(locally_known(&mr) && remote(&mr, mr.rkey()).is_ok());
         let new_lkey = mr.lkey();
         assert_eq!(mr.dereg().unwrap(), Some(vec![5; 8192]));
-        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr: 0, length: 8, lkey: new_lkey }], false).is_err());
+        assert!(check_sgl(&ctx.inner.memory, pd.id, &[Sge { addr: 0, length: 8, lkey: new_lkey }], false).is_err());
         assert_eq!(ctx.inner.memory.deregister(new_lkey), Err(RegError::InvalidKey), "deregistered in the table");
     }
 
@@ -923,7 +890,7 @@ mod tests {
         let mut out = vec![0u8; 4096];
         ctx.inner.memory.remote_read(pd.id, 77, wkey, addr, &mut out).unwrap();
         assert_eq!(out, pattern);
-        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr, length: 8, lkey }], false).is_ok());
+        assert!(check_sgl(&ctx.inner.memory, pd.id, &[Sge { addr, length: 8, lkey }], false).is_ok());
 
         // Dropping the handle (stale rkey) still deallocates the window,
         // which lets the region go.
@@ -931,7 +898,7 @@ mod tests {
         assert_eq!(ctx.deferred_deregistrations(), 0);
         assert_eq!(ctx.inner.deferred.counts(), (1, 0, 1));
         assert_eq!(ctx.inner.memory.remote_read(pd.id, 77, wkey, addr, &mut out), Err(AccessError::InvalidKey));
-        assert!(ctx.inner.keys.check_sgl(pd.id, &[Sge { addr, length: 8, lkey }], false).is_err());
+        assert!(check_sgl(&ctx.inner.memory, pd.id, &[Sge { addr, length: 8, lkey }], false).is_err());
         assert_eq!(ctx.inner.memory.deregister(lkey), Err(RegError::InvalidKey));
     }
 

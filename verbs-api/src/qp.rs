@@ -177,7 +177,7 @@ impl Pd {
             Ok(q) => q,
             Err(e) => {
                 inner.qp_count.fetch_sub(1, Ordering::AcqRel);
-                return Err(Error::new(ErrorKind::NoResources, format!("create_qp: {e}")));
+                return Err(Error::engine("create_qp", e));
             }
         };
         let rings = Arc::new(QpRings::new(
@@ -219,7 +219,7 @@ impl Pd {
             Ok(id) => id,
             Err(e) => {
                 inner.srq_count.fetch_sub(1, Ordering::AcqRel);
-                return Err(Error::new(ErrorKind::NoResources, format!("create_srq: {e}")));
+                return Err(Error::engine("create_srq", e));
             }
         };
         let ring = Arc::new(SrqRing::new(id, max_wr as usize));
@@ -273,7 +273,7 @@ impl Qp {
         inner
             .nic
             .with_engine_of(self.qpn, |e| e.modify_qp(self.qpn, &resolved, mask))
-            .map_err(|e| Error::invalid(format!("modify_qp: {e}")))?;
+            .map_err(|e| Error::engine("modify_qp", e))?;
         if mask.contains(QpAttrMask::STATE) {
             self.state.store(state_code(attr.qp_state), Ordering::Release);
         }
@@ -335,7 +335,7 @@ impl Qp {
     /// Switch DCQCN's rate limiting on or off for this QP (CNPs are still
     /// counted). The device default is `DeviceConfig::dcqcn`.
     pub fn set_congestion_control(&self, enabled: bool) -> Result<()> {
-        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.set_qp_dcqcn(self.qpn, enabled)).map_err(|e| Error::invalid(format!("set_congestion_control: {e}")))
+        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.set_qp_dcqcn(self.qpn, enabled)).map_err(|e| Error::engine("set_congestion_control", e))
     }
 
     /// DCQCN state of this QP: (current rate Mb/s, rate-limited, CNPs received).
@@ -349,7 +349,7 @@ impl Qp {
 
     /// `ibv_query_qp`.
     pub fn query(&self) -> Result<rocev2::transport::attr::QpAttr> {
-        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.query_qp(self.qpn)).map_err(|e| Error::invalid(format!("query_qp: {e}")))
+        self.ctx().inner.nic.with_engine_of(self.qpn, |e| e.query_qp(self.qpn)).map_err(|e| Error::engine("query_qp", e))
     }
 
     fn state(&self) -> QpState {
@@ -357,7 +357,10 @@ impl Qp {
     }
 
     /// `ibv_post_send`. Arguments are checked before anything is queued: a bad
-    /// WR returns an error and leaves the queue untouched. Lock-free.
+    /// WR returns an error and leaves the queue untouched. SGEs are checked
+    /// by the memory table's checker, the datapath's own (under its shared
+    /// read lock, which waits only while a registration changes); the queue
+    /// itself is lock-free.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         self.check_send(wr)?;
         self.rings
@@ -393,7 +396,7 @@ impl Qp {
                     return Err(Error::invalid(format!("{} SGEs > max_send_sge {}", sgl.len(), self.caps.max_send_sge)));
                 }
                 let need_write = matches!(wr.op, SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. });
-                self.ctx().inner.keys.check_sgl(self.pd.id, sgl, need_write)?;
+                crate::mr::check_sgl(&self.ctx().inner.memory, self.pd.id, sgl, need_write)?;
             }
             Payload::Inline(data) => {
                 if data.len() > self.caps.max_inline_data as usize {
@@ -443,7 +446,8 @@ impl Qp {
         Ok(())
     }
 
-    /// `ibv_post_recv`. Lock-free.
+    /// `ibv_post_recv`. SGEs are checked as in [`Qp::post_send`]; the queue
+    /// is lock-free.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid("QP uses an SRQ: post receives with Srq::post_recv"));
@@ -455,7 +459,7 @@ impl Qp {
         if wr.sgl.len() > self.caps.max_recv_sge as usize {
             return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
         }
-        self.ctx().inner.keys.check_sgl(self.pd.id, &wr.sgl, true)?;
+        crate::mr::check_sgl(&self.ctx().inner.memory, self.pd.id, &wr.sgl, true)?;
         self.rings
             .recv
             .push(wr.clone())
@@ -483,12 +487,13 @@ pub struct Srq {
 }
 
 impl Srq {
-    /// `ibv_post_srq_recv`. Lock-free.
+    /// `ibv_post_srq_recv`. SGEs are checked as in [`Qp::post_send`]; the
+    /// queue is lock-free.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
         if wr.sgl.len() > self.max_sge as usize {
             return Err(Error::invalid(format!("{} SGEs > SRQ max_sge {}", wr.sgl.len(), self.max_sge)));
         }
-        self.pd.ctx.inner.keys.check_sgl(self.pd.id, &wr.sgl, true)?;
+        crate::mr::check_sgl(&self.pd.ctx.inner.memory, self.pd.id, &wr.sgl, true)?;
         self.ring.recv.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, "SRQ is full"))?;
         self.pd.ctx.inner.nic.ring_srq(&self.ring);
         Ok(())
@@ -497,7 +502,7 @@ impl Srq {
     /// `ibv_modify_srq` with `IBV_SRQ_LIMIT`: arm the limit event, raised once
     /// when fewer than `limit` WRs remain.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
-        self.pd.ctx.inner.nic.with_engine_of(self.id.0, |e| e.modify_srq(self.id, limit)).map_err(|e| Error::invalid(format!("modify_srq: {e}")))
+        self.pd.ctx.inner.nic.with_engine_of(self.id.0, |e| e.modify_srq(self.id, limit)).map_err(|e| Error::engine("modify_srq", e))
     }
 
     /// The SRQ's number.

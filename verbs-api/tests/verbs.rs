@@ -169,3 +169,43 @@ fn everything_completes_over_an_impaired_link() {
     let responses = qb.stats().unwrap().resp_read_responses_sent;
     assert!(responses < 100 * 1024, "{responses} READ responses for a 1024-packet READ");
 }
+
+/// ZERO_BASED regions (`IBV_ACCESS_ZERO_BASED`) are addressed by offsets,
+/// locally and remotely: SGEs with offsets post and move data, SGEs with the
+/// host address are refused at post time, as the datapath would refuse them.
+#[test]
+fn zero_based_regions_work_by_offset_end_to_end() {
+    const LEN: usize = 64 * 1024;
+    let (a, qa, b, qb) = rc_pair(Impairments::default(), 4096);
+    let zb = Access::ZERO_BASED | ALL - Access::MW_BIND;
+    let mut za = a.pd.alloc_mr(LEN, zb).unwrap();
+    let zr = b.pd.alloc_mr(LEN, zb).unwrap();
+    assert_eq!((za.iova(), zr.iova()), (0, 0));
+    za.write_at(0, &expected(LEN, 9)).unwrap();
+
+    // SEND from offset 1000 into a receive at offset 5000.
+    qb.post_recv(&RecvWr { wr_id: 1, sgl: vec![zr.sge(5000, 3000)] }).unwrap();
+    qa.post_send(&send_wr(2, SendOp::Send, vec![za.sge(1000, 3000)])).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(bytes(&zr, 5000..8000), &expected(LEN, 9)[1000..4000]);
+
+    // WRITE to remote offset 20000, READ it back into local offset 40000.
+    let remote = RemoteAddr { addr: 20_000, rkey: zr.rkey() };
+    qa.post_send(&send_wr(3, SendOp::Write { remote }, vec![za.sge(0, 10_000)])).unwrap();
+    qa.post_send(&send_wr(4, SendOp::Read { remote }, vec![za.sge(40_000, 10_000)])).unwrap();
+    let wcs = wait(&a.cq, 2);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success), "{wcs:?}");
+    assert_eq!(bytes(&zr, 20_000..30_000), &expected(LEN, 9)[..10_000]);
+    assert_eq!(bytes(&za, 40_000..50_000), &expected(LEN, 9)[..10_000]);
+
+    // The last byte posts; one past it, or the host address, does not.
+    qb.post_recv(&RecvWr { wr_id: 5, sgl: vec![zr.sge(LEN - 1, 1)] }).unwrap();
+    for bad in [zr.sge(LEN - 1, 2), Sge { addr: zr.addr(), length: 8, lkey: zr.lkey() }] {
+        let e = qb.post_recv(&RecvWr { wr_id: 6, sgl: vec![bad] }).unwrap_err();
+        assert_eq!((e.kind(), e.errno()), (ErrorKind::InvalidArgument, libc::EINVAL), "{e}");
+        assert!(e.message().starts_with("sge[0] "), "{e}");
+    }
+    let e = qa.post_send(&send_wr(7, SendOp::Send, vec![za.sge(0, 8), za.sge(LEN, 8)])).unwrap_err();
+    assert!(e.message().starts_with("sge[1] "), "{e}");
+}
