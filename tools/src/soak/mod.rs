@@ -310,7 +310,8 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     install_signal_handlers();
     let rss_start = rss_kib();
     println!(
-        "urnic soak: {} RC QP pairs (both ways, {} WRs in flight each way), {} UD pairs; XDP loss {} corrupt {}; hostile {} frames/s; seed {seed:#x}; {}",
+        "urnic soak: {} RC QP pairs (both ways, {} WRs in flight each way), {} UD pairs; XDP loss {} corrupt {}; \
+         hostile {} frames/s; seed {seed:#x}; {}",
         a.qps,
         a.depth,
         a.ud_qps,
@@ -824,7 +825,8 @@ fn injected_line(inj: &Injector, snap: &Snap, base: &Snap) -> String {
 fn report_line(t: Duration, snap: &Snap, base: &Snap, tot: &Totals, uds: &[UdFlow], inj: Option<&Injector>) {
     let ud_sent: u64 = uds.iter().map(|f| f.sent).sum();
     println!(
-        "[{:>7}] RSS {} | frames tx {} rx {} | retransmits {} (timeouts {}, seq NAKs {}) | verified {} in {} msgs | completions {} | UD sent {} received {}",
+        "[{:>7}] RSS {} | frames tx {} rx {} | retransmits {} (timeouts {}, seq NAKs {}) | verified {} in {} msgs \
+         | completions {} | UD sent {} received {}",
         fmt_secs(t),
         mib(rss_kib()),
         delta(snap, base, "dp.tx_frames"),
@@ -887,7 +889,8 @@ fn summary(
         human_bytes(tot.swept_bytes)
     );
     println!(
-        " retransmissions {} (timeouts {}, PSN sequence NAKs received {}, RNR NAKs received {}); duplicate requests answered {} (READs replayed {}, atomics replayed from the cache {})",
+        " retransmissions {} (timeouts {}, PSN sequence NAKs received {}, RNR NAKs received {}); \
+         duplicate requests answered {} (READs replayed {}, atomics replayed from the cache {})",
         delta(snap, base, "qp.req_retransmits"),
         delta(snap, base, "qp.req_timeouts"),
         delta(snap, base, "qp.req_naks_seq_received"),
