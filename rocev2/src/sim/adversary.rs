@@ -49,15 +49,27 @@ pub struct Target {
 }
 
 /// How the adversary behaves.
+///
+/// It strikes on three triggers: after a number of frames delivered on the
+/// segment (so strikes spread over the traffic of short and long runs
+/// alike: the k-th comes after uniform `1..=2 * frames_base * frames_growth^k`
+/// more frames), after a stretch of virtual time (quiet periods: RNR waits,
+/// timeouts), and at idle QPs after the network went idle.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AdversaryConfig {
     /// Classes to draw from, uniformly. [`Attack::SeqNakCopy`] is not drawn
     /// here: copies of sniffed NAKs are controlled by `nak_copy_chance`.
     pub attacks: Vec<Attack>,
-    /// Time between two strikes: uniform in this range.
+    /// Mean frames before the first frame-triggered strike.
+    pub frames_base: f64,
+    /// Growth of that mean per strike.
+    pub frames_growth: f64,
+    /// Frame-triggered strikes, at most.
+    pub max_frame_strikes: usize,
+    /// Time between two time-triggered strikes: uniform in this range.
     pub gap: (Duration, Duration),
-    /// Strikes while the network is busy, at most.
-    pub max_strikes: usize,
+    /// Time-triggered strikes, at most.
+    pub max_timed_strikes: usize,
     /// Strikes after the network went idle (at idle QPs), at most.
     pub after_idle: usize,
     /// Chance that a sniffed sequence NAK is replayed (1..=3 copies, right
@@ -69,13 +81,19 @@ pub struct AdversaryConfig {
 
 impl AdversaryConfig {
     /// Every class a receiver can tell from its peer (the model-safe ones,
-    /// [`Attack::model_safe`]), a strike every 2..60 µs, at most 48 strikes
-    /// plus 4 after idle, half the sniffed sequence NAKs replayed (at most 8).
+    /// [`Attack::model_safe`]); up to 48 strikes by frames (the first after
+    /// about 4 frames, spacing growing by 15 % per strike: a run of 500
+    /// frames sees about 20, one of 200,000 all), 12 by time (every
+    /// 20..200 µs), 4 after idle; half the sniffed sequence NAKs replayed
+    /// (at most 8).
     pub fn model_safe() -> AdversaryConfig {
         AdversaryConfig {
             attacks: Attack::ALL.iter().copied().filter(|a| a.model_safe() && *a != Attack::SeqNakCopy).collect(),
-            gap: (Duration::from_micros(2), Duration::from_micros(60)),
-            max_strikes: 48,
+            frames_base: 4.0,
+            frames_growth: 1.15,
+            max_frame_strikes: 48,
+            gap: (Duration::from_micros(20), Duration::from_micros(200)),
+            max_timed_strikes: 12,
             after_idle: 4,
             nak_copy_chance: 0.5,
             max_nak_copies: 8,
@@ -104,6 +122,9 @@ pub struct Strike {
     pub deltas: Vec<(String, i64)>,
     /// `Ok` if the frame was counted as expected, else why not.
     pub verdict: Result<(), String>,
+    /// Whether the network had work pending when the frame came (frames
+    /// on a link or a timer armed): struck during traffic, not after it.
+    pub busy: bool,
 }
 
 impl Strike {
@@ -118,8 +139,16 @@ impl Strike {
     }
 }
 
-/// Frames the watch caught, shared with it: (receiver, frame).
-type Sniffed = Rc<RefCell<Vec<(NodeId, Vec<u8>)>>>;
+/// What the adversary shares with its watch on the segment.
+#[derive(Debug, Default)]
+struct Sniffer {
+    /// Frames delivered on the segment so far.
+    delivered: u64,
+    /// Stop the run when `delivered` reaches this (a frame-triggered strike).
+    strike_at: u64,
+    /// Sequence NAKs caught, to be replayed: (receiver, frame).
+    naks: Vec<(NodeId, Vec<u8>)>,
+}
 
 /// A hostile third host on the segment; see the module documentation.
 pub struct Adversary {
@@ -129,10 +158,10 @@ pub struct Adversary {
     targets: Vec<Target>,
     strikes: Vec<Strike>,
     next_at: Option<Instant>,
-    busy_left: usize,
+    frame_strikes: usize,
+    timed_left: usize,
     idle_left: usize,
-    /// Sequence NAKs the watch caught.
-    sniffed: Sniffed,
+    sniffer: Rc<RefCell<Sniffer>>,
 }
 
 impl core::fmt::Debug for Adversary {
@@ -213,43 +242,47 @@ const NAK_COPY: &[Counter] =
 impl Adversary {
     /// An adversary at `me` with its own `seed`, attacking `targets`.
     pub fn new(seed: u64, me: Station, config: AdversaryConfig, targets: Vec<Target>) -> Adversary {
-        let busy_left = config.max_strikes;
+        let timed_left = config.max_timed_strikes;
         let idle_left = config.after_idle;
-        Adversary {
+        let mut a = Adversary {
             rng: ChaCha8Rng::seed_from_u64(seed),
             me,
             config,
             targets,
             strikes: Vec::new(),
             next_at: None,
-            busy_left,
+            frame_strikes: 0,
+            timed_left,
             idle_left,
-            sniffed: Rc::new(RefCell::new(Vec::new())),
-        }
+            sniffer: Rc::new(RefCell::new(Sniffer { strike_at: u64::MAX, ..Sniffer::default() })),
+        };
+        a.schedule_frames();
+        a
     }
 
-    /// Start sniffing `net` for sequence NAKs to the targets (installs its
-    /// [`Network::set_watch`]). Without it no NAK is replayed.
+    /// Watch the segment of `net` ([`Network::set_watch`]): count the frames
+    /// (for frame-triggered strikes) and catch sequence NAKs to the targets.
+    /// Without it only time-triggered and idle strikes happen.
     pub fn install(&mut self, net: &mut Network<Engine>) {
-        if self.config.nak_copy_chance <= 0.0 || self.config.max_nak_copies == 0 {
-            return;
-        }
         let nodes: Vec<NodeId> = self.targets.iter().map(|t| t.node).collect();
-        let sniffed = self.sniffed.clone();
-        let mut left = self.config.max_nak_copies;
-        let chance = self.config.nak_copy_chance;
+        let sniffer = self.sniffer.clone();
+        let mut nak_left = self.config.max_nak_copies;
+        let chance = self.config.nak_copy_chance.clamp(0.0, 1.0);
         let mut rng = ChaCha8Rng::seed_from_u64(self.rng.gen());
         net.set_watch(Some(Box::new(move |_now, _from, to, frame: &[u8]| {
-            if left == 0 || !nodes.contains(&to) || crate::wire::peek_opcode(frame) != Some(Opcode::RC_ACK) {
-                return false;
+            let mut sn = sniffer.borrow_mut();
+            sn.delivered += 1;
+            let strike = sn.delivered >= sn.strike_at;
+            if nak_left == 0 || !nodes.contains(&to) || crate::wire::peek_opcode(frame) != Some(Opcode::RC_ACK) {
+                return strike;
             }
-            let Ok(p) = parse_frame(frame) else { return false };
+            let Ok(p) = parse_frame(frame) else { return strike };
             let seq = p.repr.transport.aeth.map(|a| a.syndrome) == Some(AckSyndrome::Nak(NakCode::PsnSequenceError));
             if !seq || !rng.gen_bool(chance) {
-                return false;
+                return strike;
             }
-            left -= 1;
-            sniffed.borrow_mut().push((to, frame.to_vec()));
+            nak_left -= 1;
+            sn.naks.push((to, frame.to_vec()));
             true
         })));
     }
@@ -273,57 +306,86 @@ impl Adversary {
         m
     }
 
-    fn schedule(&mut self, now: Instant) {
+    fn schedule_time(&mut self, now: Instant) {
         let (lo, hi) = self.config.gap;
-        let ns = self.rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos().max(lo.as_nanos()) as u64);
+        let (lo, hi) = (lo.as_nanos() as u64, hi.as_nanos() as u64);
+        let ns = self.rng.gen_range(lo..=hi.max(lo));
         self.next_at = Some(now + Duration::from_nanos(ns));
+    }
+
+    fn schedule_frames(&mut self) {
+        let mut sn = self.sniffer.borrow_mut();
+        if self.frame_strikes >= self.config.max_frame_strikes {
+            sn.strike_at = u64::MAX;
+            return;
+        }
+        let mean = self.config.frames_base * self.config.frames_growth.powi(self.frame_strikes as i32);
+        let hi = (2.0 * mean).clamp(1.0, 1e12) as u64;
+        sn.strike_at = sn.delivered + self.rng.gen_range(1..=hi);
     }
 
     /// Run `net` like [`Network::run_until`]`(deadline)`, striking on the way.
     /// With `stop_when_idle`, returns [`RunOutcome::Idle`] once the network
-    /// is idle and the strikes after idle are spent; without, keeps striking
-    /// (and advancing the clock) until `deadline`, ending with
+    /// is idle and the strikes after idle are spent; without, goes on (time-
+    /// triggered strikes, clock advanced) until `deadline`, ending with
     /// [`RunOutcome::Deadline`].
     pub fn run_until(&mut self, net: &mut Network<Engine>, deadline: Instant, stop_when_idle: bool) -> RunOutcome {
         loop {
-            if self.next_at.is_none() {
-                self.schedule(net.now());
+            if self.next_at.is_none() && self.timed_left > 0 {
+                self.schedule_time(net.now());
             }
-            let done = self.busy_left == 0 && self.idle_left == 0;
-            let t = if done { deadline } else { self.next_at.unwrap_or(deadline).min(deadline) };
+            let t = self.next_at.unwrap_or(deadline).min(deadline);
             match net.run_until(t) {
-                RunOutcome::Stopped => self.replay_naks(net),
+                RunOutcome::Stopped => {
+                    self.replay_naks(net);
+                    let due = {
+                        let sn = self.sniffer.borrow();
+                        sn.delivered >= sn.strike_at
+                    };
+                    if due {
+                        self.frame_strikes += 1;
+                        self.strike(net);
+                        self.schedule_frames();
+                    }
+                }
                 RunOutcome::Stalled => return RunOutcome::Stalled,
                 RunOutcome::Deadline => {
-                    if net.now() >= deadline || done {
+                    if net.now() >= deadline {
                         return RunOutcome::Deadline;
                     }
-                    if self.busy_left > 0 {
-                        self.busy_left -= 1;
-                        self.strike(net);
-                    }
+                    self.timed_left = self.timed_left.saturating_sub(1);
+                    self.strike(net);
                     self.next_at = None;
                 }
                 RunOutcome::Idle => {
-                    if done || t >= deadline {
-                        if !stop_when_idle && net.advance_to(deadline) == RunOutcome::Stalled {
+                    if !stop_when_idle {
+                        // Waiting for the caller's next move: strike on time
+                        // at the idle QPs until the deadline.
+                        if net.advance_to(t) == RunOutcome::Stalled {
                             return RunOutcome::Stalled;
                         }
-                        return if stop_when_idle { RunOutcome::Idle } else { RunOutcome::Deadline };
+                        if t >= deadline {
+                            return RunOutcome::Deadline;
+                        }
+                        self.timed_left = self.timed_left.saturating_sub(1);
+                        self.strike(net);
+                        self.next_at = None;
+                        continue;
                     }
-                    if net.advance_to(t) == RunOutcome::Stalled {
+                    if self.idle_left == 0 {
+                        return RunOutcome::Idle;
+                    }
+                    // A moment later, at the idle QPs.
+                    let (lo, hi) = self.config.gap;
+                    let later = net.now() + Duration::from_nanos(self.rng.gen_range(lo.as_nanos() as u64..=hi.as_nanos().max(lo.as_nanos()) as u64));
+                    if later >= deadline {
+                        return RunOutcome::Idle;
+                    }
+                    if net.advance_to(later) == RunOutcome::Stalled {
                         return RunOutcome::Stalled;
                     }
-                    if stop_when_idle {
-                        if self.idle_left == 0 {
-                            return RunOutcome::Idle;
-                        }
-                        self.idle_left -= 1;
-                        self.strike(net);
-                    } else if self.busy_left > 0 {
-                        self.busy_left -= 1;
-                        self.strike(net);
-                    }
+                    self.idle_left -= 1;
+                    self.strike(net);
                     self.next_at = None;
                 }
             }
@@ -371,7 +433,7 @@ impl Adversary {
     }
 
     fn replay_naks(&mut self, net: &mut Network<Engine>) {
-        let caught: Vec<(NodeId, Vec<u8>)> = self.sniffed.borrow_mut().drain(..).collect();
+        let caught: Vec<(NodeId, Vec<u8>)> = std::mem::take(&mut self.sniffer.borrow_mut().naks);
         for (node, frame) in caught {
             let Ok(p) = parse_frame(&frame) else { continue };
             let (qpn, psn) = (p.repr.transport.bth.dest_qp, p.repr.transport.bth.psn);
@@ -390,6 +452,7 @@ impl Adversary {
 
     #[allow(clippy::too_many_arguments)]
     fn inject(&mut self, net: &mut Network<Engine>, target: &Target, attack: Attack, opcode: Opcode, psn: Psn, frame: &[u8], expect: Expect) {
+        let busy = net.next_event().is_some();
         let e = net.node(target.node);
         let before = counters(e, target.qpn);
         let s0 = e.qp_state(target.qpn).unwrap_or(QpState::Reset);
@@ -413,6 +476,7 @@ impl Adversary {
             state: (s0, s1),
             deltas,
             verdict,
+            busy,
         });
     }
 }
