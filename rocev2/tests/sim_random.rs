@@ -1773,3 +1773,55 @@ fn generations_catch_a_read_placed_twice() {
     let without = run_seed_with(seed, RunOpts { generations: false, ..RunOpts::mix() }, &mut { place_again });
     assert!(without.is_ok(), "seed {seed}: {:?}", without.err());
 }
+
+/// The documented limit (issue 14): a frame with the peer's address and a
+/// PSN inside the window is indistinguishable from the peer's own, so the
+/// receiver acts on it, as rxe and ConnectX do. A forged WRITE is executed;
+/// a forged error NAK for an outstanding PSN fails the WR and the QP. The
+/// adversarial mixes leave these two classes out (`Attack::model_safe`).
+#[test]
+fn documented_limit_peer_address_and_window() {
+    use rocev2::sim::forge::{forge, Attack, Expect, VictimView};
+    let params = RcParams { timeout: 14, ..RcParams::default() };
+    let mut f = fixture(11, 1, params, LinkConfig::ideal(Duration::from_micros(5)), |_, _, _| {});
+    let [a, b] = f.nodes;
+    let [qa, qb] = f.qpn[0];
+    let (ha, hb) = (Station::from(&HostAddr::ipv4(1)), Station::from(&HostAddr::ipv4(2)));
+    let attacker = Station::from(&HostAddr::ipv4(66));
+    assert_eq!(Attack::PeerWriteInWindow.expect(), Expect::Accepted);
+    assert_eq!(Attack::PeerErrorNakOutstanding.expect(), Expect::Accepted);
+    // A WRITE that B did not ask for lands in B's memory.
+    let mut rng = ChaCha8Rng::seed_from_u64(1);
+    let place = f.mem[1].alloc(&mut rng, 256);
+    let (rkey, va) = (f.mem[1].mrs[0].key, f.mem[1].va(&place));
+    let view = |net: &Network<Engine>, victim: NodeId, qpn: u32, peer_qpn: u32, me: Station, peer: Station| {
+        let q = net.node(victim).query_qp(qpn).expect("query");
+        VictimView { victim: me, peer, qpn, peer_qpn, rq_psn: q.rq_psn, sq_psn: q.sq_psn, una: q.sq_psn, rkey, va }
+    };
+    let v = view(&f.net, b, qb, qa, hb, ha);
+    let mut frame = Vec::new();
+    forge(Attack::PeerWriteInWindow, &v, &attacker, 7, &mut frame).expect("forge");
+    let before = f.mem[1].mrs[0].bytes()[place.off..place.off + place.len].to_vec();
+    f.net.inject(b, &frame);
+    let p = parse_frame(&frame).expect("parse");
+    let after = &f.mem[1].mrs[0].bytes()[place.off..place.off + p.payload.len()];
+    assert_eq!(after, p.payload, "the forged WRITE was executed");
+    assert_ne!(&before[..p.payload.len()], p.payload);
+    assert_eq!(f.net.node(b).qp_stats(qb).unwrap().resp_messages, 1);
+    // An error NAK for A's outstanding WRITE fails it, and the QP.
+    let src = f.mem[0].alloc(&mut rng, 64 * 1024);
+    let dst = f.mem[1].alloc(&mut rng, 64 * 1024);
+    let remote = RemoteAddr { addr: f.mem[1].va(&dst), rkey };
+    let sge = f.mem[0].sge(&src);
+    let una = f.net.node(a).query_qp(qa).unwrap().sq_psn;
+    let wr = SendWr { wr_id: 9, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None };
+    f.net.node_mut(a).post_send(qa, wr).unwrap();
+    f.net.transmit();
+    let v = VictimView { una, ..view(&f.net, a, qa, qb, ha, hb) };
+    frame.clear();
+    forge(Attack::PeerErrorNakOutstanding, &v, &attacker, 8, &mut frame).expect("forge");
+    f.net.inject(a, &frame);
+    assert_eq!(f.net.node(a).qp_state(qa).unwrap(), QpState::Err);
+    let c = f.net.node_mut(a).poll_completion().expect("a completion");
+    assert_eq!((c.wc.wr_id, c.wc.status), (9, WcStatus::RemAccessErr));
+}
