@@ -11,6 +11,7 @@ pub mod netns;
 pub mod nic;
 pub mod port;
 pub mod queues;
+pub mod raw;
 pub mod reassembly;
 pub mod runner;
 pub mod xsk;

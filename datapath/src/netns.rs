@@ -5,7 +5,7 @@
 //! thread afterwards. So a device is opened inside its namespace on a
 //! short-lived thread that entered it with `setns(2)`, and then used from
 //! anywhere. (`ip netns exec` is no substitute in-process: it also remounts
-//! `/sys`, see PLATFORM.md.)
+//! `/sys`, which hides the bpf filesystem.)
 
 use std::fs::File;
 use std::io;
@@ -120,14 +120,7 @@ impl VethPair {
 
     /// [`VethPair::create`] with `queues` RX and TX queues on each end.
     pub fn create_with_queues(tag: &str, mtu: u32, queues: u32) -> io::Result<VethPair> {
-        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-        AT_EXIT.call_once(|| {
-            // SAFETY: registers a plain extern "C" function with no arguments.
-            unsafe { libc::atexit(delete_made_namespaces) };
-        });
-        let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let pid = std::process::id();
-        let base = format!("{PREFIX}{tag}-{pid}-{n}");
+        let base = next_base(tag);
         let pair = VethPair {
             ns: [format!("{base}-a"), format!("{base}-b")],
             ifname: ["u0".into(), "u1".into()],
@@ -136,10 +129,7 @@ impl VethPair {
             mac: [[0x02, 0x75, 0x72, 0, 0, 1], [0x02, 0x75, 0x72, 0, 0, 2]],
         };
         for ns in &pair.ns {
-            ip(&["netns", "add", ns])?;
-            if let Ok(mut v) = MADE.lock() {
-                v.push(ns.clone());
-            }
+            add_netns(ns)?;
         }
         let mtu_s = mtu.to_string();
         let q = queues.max(1).to_string();
@@ -164,22 +154,172 @@ impl VethPair {
     /// Delete both namespaces now (also done on drop).
     pub fn delete(&self) {
         for ns in &self.ns {
-            let _ = ip(&["netns", "del", ns]);
-            if let Ok(mut v) = MADE.lock() {
-                v.retain(|n| n != ns);
-            }
+            del_netns(ns);
         }
     }
 
     /// Delete namespaces left by urnic processes that no longer run (killed
-    /// before they could clean up). Returns how many were deleted.
+    /// before they could clean up): those of [`VethPair`]s and
+    /// [`Segment`]s alike. Returns how many were deleted.
     pub fn sweep_stale() -> usize {
-        // urnic-<tag>-<pid>-<n>-<a|b>: the pid is third from the end.
-        sweep_orphaned(|name| name.strip_prefix(PREFIX)?.rsplit('-').nth(2)?.parse().ok()).len()
+        sweep_stale_labs()
     }
 }
 
+/// `urnic-<tag>-<pid>-<n>`: a fresh base name for this process's next lab
+/// (namespaces are `<base>-<suffix>`, the suffix without a `-`).
+fn next_base(tag: &str) -> String {
+    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    AT_EXIT.call_once(|| {
+        // SAFETY: registers a plain extern "C" function with no arguments.
+        unsafe { libc::atexit(delete_made_namespaces) };
+    });
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{PREFIX}{tag}-{}-{n}", std::process::id())
+}
+
+/// `ip netns add ns`, remembered for deletion at exit.
+fn add_netns(ns: &str) -> io::Result<()> {
+    ip(&["netns", "add", ns])?;
+    if let Ok(mut v) = MADE.lock() {
+        v.push(ns.to_string());
+    }
+    Ok(())
+}
+
+/// `ip netns del ns` (its interfaces go with it), forgotten for exit.
+fn del_netns(ns: &str) {
+    let _ = ip(&["netns", "del", ns]);
+    if let Ok(mut v) = MADE.lock() {
+        v.retain(|n| n != ns);
+    }
+}
+
+/// Delete the `urnic-<tag>-<pid>-<n>-<suffix>` namespaces whose process no
+/// longer runs. Returns how many were deleted.
+fn sweep_stale_labs() -> usize {
+    // The pid is third from the end.
+    sweep_orphaned(|name| name.strip_prefix(PREFIX)?.rsplit('-').nth(2)?.parse().ok()).len()
+}
+
 impl Drop for VethPair {
+    fn drop(&mut self) {
+        self.delete();
+    }
+}
+
+/// Several network namespaces on one Ethernet segment: each member
+/// namespace has a veth whose other end is a port of a Linux bridge in a
+/// namespace of its own, so every member reaches every other and sees what
+/// a host on a shared L2 segment sees (a third member can send frames to the
+/// other two, spoof their addresses, and is flooded frames to unknown MACs).
+///
+/// Member `i` is namespace `ns[i]` = `urnic-<tag>-<pid>-<n>-<letter>`
+/// (`a`, `b`, `c`, ...) with interface `ifname[i]` = `u<i>`, `ipv4[i]` =
+/// 10.99.0.(i+1)/24, `ipv6[i]` = fd75::(i+1)/64 and `mac[i]` =
+/// 02:75:72:00:00:(i+1). The bridge `br0` (no STP, so ports forward at
+/// once) and its ports `p<i>` are in `bridge_ns` = `urnic-<tag>-<pid>-<n>-br`.
+/// All namespaces (and with them every interface) are deleted on drop, at
+/// process exit if the value was leaked (a panicking test), and by
+/// [`Segment::sweep_stale`] (or [`VethPair::sweep_stale`]) if the process
+/// was killed.
+#[derive(Debug)]
+pub struct Segment {
+    /// Member namespace names.
+    pub ns: Vec<String>,
+    /// Each member's interface on the segment.
+    pub ifname: Vec<String>,
+    /// Each member's IPv4 address (/24).
+    pub ipv4: Vec<[u8; 4]>,
+    /// Each member's IPv6 address (/64, no duplicate address detection so
+    /// it is usable at once).
+    pub ipv6: Vec<[u8; 16]>,
+    /// Each member's MAC address.
+    pub mac: Vec<[u8; 6]>,
+    /// The namespace holding the bridge.
+    pub bridge_ns: String,
+}
+
+impl Segment {
+    /// Most members a segment has (one letter each, and the last octet of
+    /// their addresses).
+    pub const MAX_MEMBERS: usize = 26;
+
+    /// Create a segment of `members` namespaces (2 to
+    /// [`Segment::MAX_MEMBERS`]) with MTU `mtu` on every interface, all up,
+    /// the bridge forwarding. Needs root and iproute2. On error whatever was
+    /// made is deleted again.
+    pub fn create(tag: &str, members: usize, mtu: u32) -> io::Result<Segment> {
+        if !(2..=Segment::MAX_MEMBERS).contains(&members) {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("a segment has 2 to {} members, not {members}", Segment::MAX_MEMBERS),
+            ));
+        }
+        if tag.is_empty() || tag.contains(['/', ' ']) {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad segment tag {tag:?}")));
+        }
+        let base = next_base(tag);
+        let seg = Segment {
+            ns: (0..members).map(|i| format!("{base}-{}", (b'a' + i as u8) as char)).collect(),
+            ifname: (0..members).map(|i| format!("u{i}")).collect(),
+            ipv4: (0..members).map(|i| [10, 99, 0, i as u8 + 1]).collect(),
+            ipv6: (0..members).map(|i| std::net::Ipv6Addr::new(0xfd75, 0, 0, 0, 0, 0, 0, i as u16 + 1).octets()).collect(),
+            mac: (0..members).map(|i| [0x02, 0x75, 0x72, 0, 0, i as u8 + 1]).collect(),
+            bridge_ns: format!("{base}-br"),
+        };
+        // From here on a failure drops `seg`, which deletes what exists.
+        seg.build(mtu)?;
+        Ok(seg)
+    }
+
+    fn build(&self, mtu: u32) -> io::Result<()> {
+        let br = self.bridge_ns.as_str();
+        add_netns(br)?;
+        for ns in &self.ns {
+            add_netns(ns)?;
+        }
+        let mtu_s = mtu.to_string();
+        // stp_state 0: no spanning tree, so a port forwards as soon as it is
+        // up (no listening/learning delay).
+        ip(&["-n", br, "link", "add", "br0", "mtu", &mtu_s, "type", "bridge", "stp_state", "0"])?;
+        ip(&["-n", br, "link", "set", "br0", "up"])?;
+        let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
+        for i in 0..self.ns.len() {
+            let port = format!("p{i}");
+            ip(&[
+                "-n", br, "link", "add", &port, "mtu", &mtu_s, "type", "veth", "peer", "name", &self.ifname[i], "address",
+                &mac(self.mac[i]), "mtu", &mtu_s, "netns", &self.ns[i],
+            ])?;
+            ip(&["-n", br, "link", "set", &port, "master", "br0"])?;
+            ip(&["-n", br, "link", "set", &port, "up"])?;
+            let (ns, ifname) = (&self.ns[i], &self.ifname[i]);
+            let a = self.ipv4[i];
+            ip(&["-n", ns, "addr", "add", &format!("{}.{}.{}.{}/24", a[0], a[1], a[2], a[3]), "dev", ifname])?;
+            ip(&["-n", ns, "addr", "add", &format!("{}/64", std::net::Ipv6Addr::from(self.ipv6[i])), "dev", ifname, "nodad"])?;
+            ip(&["-n", ns, "link", "set", ifname, "up"])?;
+            ip(&["-n", ns, "link", "set", "lo", "up"])?;
+        }
+        Ok(())
+    }
+
+    /// Delete every namespace of the segment now (also done on drop).
+    pub fn delete(&self) {
+        for ns in &self.ns {
+            del_netns(ns);
+        }
+        del_netns(&self.bridge_ns);
+    }
+
+    /// Delete namespaces left by urnic processes that no longer run (killed
+    /// before they could clean up): segments' and [`VethPair`]s' alike.
+    /// Returns how many were deleted.
+    pub fn sweep_stale() -> usize {
+        sweep_stale_labs()
+    }
+}
+
+impl Drop for Segment {
     fn drop(&mut self) {
         self.delete();
     }
