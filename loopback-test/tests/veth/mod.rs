@@ -2,8 +2,10 @@
 
 #![allow(dead_code)]
 
+use std::time::{Duration, Instant};
+
 use urnic::*;
-use urnic_datapath::netns::VethPair;
+use urnic_datapath::netns::{Segment, VethPair};
 
 /// Fail loudly (never skip) when the tests cannot make namespaces.
 pub fn require_root() {
@@ -63,4 +65,37 @@ pub fn devices_sharded(imp: Impairments) -> (Context, Context) {
     let (pair, a, b) = pair_sharded(imp, 1500, 2);
     std::mem::forget(pair);
     (a, b)
+}
+
+/// A bridged segment of `members` (at least 3) fresh namespaces with a urnic
+/// device on members 0 and 1 (single datapath thread each); the others are
+/// left to the test (an attacker's raw sender, say). Everything is deleted
+/// when the [`Segment`] drops (at exit if a failing test leaks it, by the
+/// orphan sweep if the process is killed).
+pub fn segment(imp: Impairments, mtu: u32, members: usize) -> (Segment, Context, Context) {
+    let _ = Segment::sweep_stale();
+    let seg = Segment::create("s", members, mtu).expect("create the namespaces, veths and bridge (needs root and iproute2)");
+    let mut xsk = XskConfig::new(&seg.ifname[0]);
+    xsk.xdp.impairments = xdp_impairments(imp);
+    let mode = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+    let a = open_af_xdp(Some(&seg.ns[0]), "urnic0", &xsk, mode.clone()).expect("AF_XDP device on member 0");
+    xsk.ifname = seg.ifname[1].clone();
+    let b = open_af_xdp(Some(&seg.ns[1]), "urnic1", &xsk, mode).expect("AF_XDP device on member 1");
+    (seg, a, b)
+}
+
+/// Poll `value` until `done` holds for it, sleeping briefly between looks
+/// (the datapath threads need the two cores more than this loop does).
+/// A hang detector, not a timing assertion: after a generous 60 s it
+/// panics with `what` and the last value.
+pub fn wait_until<T: std::fmt::Debug>(what: impl Fn() -> String, mut value: impl FnMut() -> T, done: impl Fn(&T) -> bool) -> T {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let v = value();
+        if done(&v) {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "still waiting for {}: {v:?}", what());
+        std::thread::sleep(Duration::from_micros(200));
+    }
 }
