@@ -1,6 +1,6 @@
 //! The CI run of `urnic soak` (issue 14): the built binary, 20 seconds, two
-//! devices over veth in namespaces it makes and removes, 1% loss and 0.5%
-//! corruption in the XDP program, the hostile injector firing. The tool
+//! devices and the hostile injector in three namespaces on a bridge the tool
+//! makes and removes, 1% loss and 0.5% corruption in the XDP program. The tool
 //! itself fails the run on any byte that differs, any WR completed twice or
 //! never, any RC WR that does not succeed; this test also checks that the
 //! run moved data, that the impairments and the injector were really at
@@ -24,8 +24,9 @@ fn soak_for_20_seconds_verifies_every_byte_and_completion() {
         .args(["--hostile", "500"])
         // The far-ahead spoofed requests (ahead_*) are left out: the NAK they
         // draw from the victim's responder makes the peer's requester fail a
-        // WR with LOC_PROT_ERR (reap() pops the WQE a rewind pointed at and
-        // keeps its offset for the next one). Drop this line once fixed.
+        // WR with LOC_PROT_ERR every time (Requester::reap pops the WQE a
+        // rewind pointed at and leaves its offset for the next WQE). Loss
+        // alone hits the same bug now and then; drop this line once fixed.
         .args(["--attacks", "stranger_,misaddressed_,stale_,ghost_"])
         .output()
         .expect("run urnic soak");

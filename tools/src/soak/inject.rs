@@ -10,7 +10,6 @@
 //! out: they change what happens, by design of an unauthenticated transport.
 
 use std::net::IpAddr;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -18,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use rocev2::psn::Psn;
 use rocev2::sim::forge::{forge, Attack, Expect, Station, VictimView};
+use urnic_datapath::raw::RawSender;
 
 use super::pattern::Rng;
 
@@ -104,7 +104,7 @@ pub struct Counts {
     /// The classes, in the order of `sent`.
     pub classes: Vec<Attack>,
     sent: Vec<AtomicU64>,
-    /// send(2) failures (counted, the frame is not retried).
+    /// Frames the raw socket did not take (counted, not retried).
     pub errors: AtomicU64,
     /// Frames forge refused to build (none expected).
     pub forge_errors: AtomicU64,
@@ -137,39 +137,10 @@ pub struct Injector {
 
 /// Where the injector's frames leave from and whom they reach.
 pub struct Launcher {
-    /// The raw socket.
-    pub fd: OwnedFd,
+    /// The raw sender (an AF_PACKET socket on the attacker's interface).
+    pub tx: RawSender,
     /// Device indexes this socket's link reaches.
     pub reaches: Vec<usize>,
-}
-
-/// An AF_PACKET socket bound to `ifname` in the calling thread's namespace.
-pub fn raw_socket(ifname: &str) -> std::io::Result<OwnedFd> {
-    // SAFETY: plain socket(2).
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor we own.
-    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let name = std::ffi::CString::new(ifname).map_err(|_| std::io::Error::other("interface name with NUL"))?;
-    // SAFETY: NUL-terminated name.
-    let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-    if ifindex == 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: sockaddr_ll is plain data, zeroed then filled; bind reads exactly its size.
-    let r = unsafe {
-        let mut sll: libc::sockaddr_ll = std::mem::zeroed();
-        sll.sll_family = libc::AF_PACKET as u16;
-        sll.sll_protocol = 0; // send only: receive nothing
-        sll.sll_ifindex = ifindex as i32;
-        libc::bind(fd.as_raw_fd(), &sll as *const _ as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_ll>() as u32)
-    };
-    if r != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(fd)
 }
 
 impl Injector {
@@ -222,9 +193,15 @@ impl Injector {
                         counts2.forge_errors.fetch_add(1, Ordering::Relaxed);
                         continue;
                     }
-                    // SAFETY: sends frame.len() bytes from frame on our socket.
-                    let r = unsafe { libc::send(l.fd.as_raw_fd(), frame.as_ptr() as *const libc::c_void, frame.len(), 0) };
-                    if r == frame.len() as isize {
+                    // The Ethernet source is the sending interface's own MAC, also
+                    // when the IP source spoofs the peer: a learning bridge would
+                    // otherwise move the peer's MAC to the injector's port and
+                    // black-hole the real traffic (MAC spoofing, a different attack
+                    // from the transport's). The ICRC does not cover Ethernet.
+                    if frame.len() >= 12 {
+                        frame[6..12].copy_from_slice(&l.tx.mac());
+                    }
+                    if l.tx.send(&frame).is_ok() {
                         counts2.sent[ci].fetch_add(1, Ordering::Relaxed);
                     } else {
                         counts2.errors.fetch_add(1, Ordering::Relaxed);

@@ -1,7 +1,8 @@
-//! `urnic soak`: two urnic devices in two network namespaces over veth, many
-//! RC QPs running a random mix of every verb both ways plus UD QPs, with the
-//! XDP program dropping and corrupting frames and a hostile injector firing
-//! forged frames, for a given time. Every byte that moves is checked, every
+//! `urnic soak`: two urnic devices in network namespaces (over veth; with
+//! the hostile injector, three namespaces on a bridge, the injector in the
+//! third), many RC QPs running a random mix of every verb both ways plus UD
+//! QPs, with the XDP program dropping and corrupting frames and the injector
+//! firing forged frames, for a given time. Every byte that moves is checked, every
 //! WR must complete exactly once (RC: with success), and the process's RSS,
 //! frames, retransmissions and drops by reason are printed as it goes.
 
@@ -19,7 +20,8 @@ use urnic::{
     open_af_xdp, xdp, AhAttr, AsyncEvent, BindMode, Connect, Context, Cq, DatapathMode, IdlePolicy, Pd, Qp, QpAttr, QpAttrMask, QpCaps,
     QpInit, QpState, QpType, UdDest, WorkCompletion, XskConfig,
 };
-use urnic_datapath::netns::{in_netns, VethPair};
+use urnic_datapath::netns::{Segment, VethPair};
+use urnic_datapath::raw::RawSender;
 
 use self::inject::{counters_of, Addr, Injector, Launcher, Target};
 use self::pattern::Rng;
@@ -189,35 +191,67 @@ fn fmt_secs(d: Duration) -> String {
     }
 }
 
-/// The network: two namespaces joined by veth; the injector's raw sockets.
-struct Net {
-    pair: VethPair,
+/// The network the devices talk over.
+enum Net {
+    /// Two namespaces joined by veth (no injector).
+    Pair(VethPair),
+    /// Three namespaces on a bridged segment: the devices in the first two,
+    /// the hostile injector in the third (`Segment`, the bridge lab).
+    Lab(Segment),
 }
 
 impl Net {
-    fn addrs(&self) -> [Addr; 2] {
-        [Addr { mac: self.pair.mac[0], ipv4: self.pair.ipv4[0] }, Addr { mac: self.pair.mac[1], ipv4: self.pair.ipv4[1] }]
-    }
-
-    /// A stranger on the link: an address neither device has.
-    fn stranger(&self) -> Addr {
-        let mut ip = self.pair.ipv4[0];
-        ip[3] = 66;
-        Addr { mac: [0x02, 0x75, 0x72, 0, 0, 0x66], ipv4: ip }
-    }
-
-    /// Raw sockets to fire from: the frames for device 0 leave the other
-    /// end of the veth (in device 1's namespace) and the other way round.
-    fn launchers(&self) -> Result<Vec<Launcher>, String> {
-        let mut v = Vec::new();
-        for from in 0..2 {
-            let ifname = self.pair.ifname[from].clone();
-            let fd = in_netns(Some(&self.pair.ns[from]), move || inject::raw_socket(&ifname))
-                .and_then(|r| r)
-                .map_err(|e| format!("raw socket in {}: {e}", self.pair.ns[from]))?;
-            v.push(Launcher { fd, reaches: vec![1 - from] });
+    /// The namespace of device `i` (0 or 1).
+    fn ns(&self, i: usize) -> &str {
+        match self {
+            Net::Pair(p) => &p.ns[i],
+            Net::Lab(l) => &l.ns[i],
         }
-        Ok(v)
+    }
+
+    /// The interface of device `i`.
+    fn ifname(&self, i: usize) -> &str {
+        match self {
+            Net::Pair(p) => &p.ifname[i],
+            Net::Lab(l) => &l.ifname[i],
+        }
+    }
+
+    /// The address of member `i`.
+    fn addr(&self, i: usize) -> Addr {
+        match self {
+            Net::Pair(p) => Addr { mac: p.mac[i], ipv4: p.ipv4[i] },
+            Net::Lab(l) => Addr { mac: l.mac[i], ipv4: l.ipv4[i] },
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Net::Pair(_) => format!("soak0 in {}, soak1 in {} (veth, AF_XDP)", self.ns(0), self.ns(1)),
+            Net::Lab(l) => format!(
+                "soak0 in {}, soak1 in {}, injector in {} (bridge in {}; AF_XDP)",
+                l.ns[0], l.ns[1], l.ns[2], l.bridge_ns
+            ),
+        }
+    }
+
+    /// The injector's address and where it fires from: the third member of
+    /// the lab; on a bare veth pair, each end fires at the other device as
+    /// a made-up stranger.
+    fn attacker(&self) -> Result<(Addr, Vec<Launcher>), String> {
+        let open = |ns: &str, ifname: &str| RawSender::open_in(Some(ns), ifname).map_err(|e| format!("injector in {ns}: {e}"));
+        match self {
+            Net::Lab(l) => Ok((self.addr(2), vec![Launcher { tx: open(&l.ns[2], &l.ifname[2])?, reaches: vec![0, 1] }])),
+            Net::Pair(p) => {
+                let mut ip = p.ipv4[0];
+                ip[3] = 66;
+                let stranger = Addr { mac: [0x02, 0x75, 0x72, 0, 0, 0x66], ipv4: ip };
+                let v = (0..2)
+                    .map(|from| Ok(Launcher { tx: open(&p.ns[from], &p.ifname[from])?, reaches: vec![1 - from] }))
+                    .collect::<Result<Vec<_>, String>>()?;
+                Ok((stranger, v))
+            }
+        }
     }
 }
 
@@ -320,10 +354,19 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
         a.hostile,
         fmt_secs(a.duration)
     );
-    let _ = VethPair::sweep_stale();
-    let pair =
-        VethPair::create("soak", a.link_mtu).map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?;
-    let net = Net { pair };
+    // Namespaces left by a killed earlier run (of any urnic tool or test).
+    let _ = Segment::sweep_stale();
+    let net = if a.hostile > 0 {
+        Net::Lab(
+            Segment::create("soak", 3, a.link_mtu)
+                .map_err(|e| format!("creating three network namespaces on a bridge (run as root): {e}"))?,
+        )
+    } else {
+        Net::Pair(
+            VethPair::create("soak", a.link_mtu)
+                .map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?,
+        )
+    };
     let mut rss_max = rss_start;
     let out = soak(a, &net, seed, rss_start, &mut rss_max);
     // Everything but the namespaces is gone now; they go with `net`.
@@ -353,7 +396,7 @@ fn rand_seed() -> u64 {
 }
 
 fn open_side(net: &Net, i: usize, a: &SoakArgs) -> Result<Context, String> {
-    let mut xsk = XskConfig::new(&net.pair.ifname[i]);
+    let mut xsk = XskConfig::new(net.ifname(i));
     xsk.bind = BindMode::Auto;
     xsk.xdp.mode = xdp::AttachMode::Auto;
     xsk.xdp.impairments.drop_prob = a.loss;
@@ -362,7 +405,7 @@ fn open_side(net: &Net, i: usize, a: &SoakArgs) -> Result<Context, String> {
         SoakDatapath::Manual => DatapathMode::Manual,
         SoakDatapath::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
     };
-    open_af_xdp(Some(&net.pair.ns[i]), &format!("soak{i}"), &xsk, mode).map_err(|e| format!("urnic device in {}: {e}", net.pair.ns[i]))
+    open_af_xdp(Some(net.ns(i)), &format!("soak{i}"), &xsk, mode).map_err(|e| format!("urnic device in {}: {e}", net.ns(i)))
 }
 
 fn rc_qp(s: &Side, depth: usize) -> Result<Qp, String> {
@@ -473,7 +516,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 .map_err(|e| format!("create_ah: {e}"))?;
             let dest = UdDest { av: *ah.address_vector(), remote_qpn: q[1 - s].qp_num(), remote_qkey: UD_QKEY };
             let mut f =
-                UdFlow::new(uds.len(), j, s, &sides[s].pd, &sides[1 - s].pd, mtu, a.depth, dest, q[s].qp_num(), Some(net.pair.ipv4[s]))?;
+                UdFlow::new(uds.len(), j, s, &sides[s].pd, &sides[1 - s].pd, mtu, a.depth, dest, q[s].qp_num(), Some(net.addr(s).ipv4))?;
             f.post_initial_recvs(&q[1 - s])?;
             uds.push(f);
         }
@@ -522,7 +565,10 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
     let mut injector = if a.hostile > 0 && !rc_qps.is_empty() {
         let classes = inject::classes(&a.attacks)?;
         Some(
-            Injector::start(net.launchers()?, net.addrs(), net.stranger(), targets.clone(), a.hostile, seed, classes)
+            {
+                let (attacker, launchers) = net.attacker()?;
+                Injector::start(launchers, [net.addr(0), net.addr(1)], attacker, targets.clone(), a.hostile, seed, classes)
+            }
                 .map_err(|e| format!("injector thread: {e}"))?,
         )
     } else {
@@ -545,9 +591,8 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
     let mut drained_at: Option<Instant> = None;
     let mut interrupted = false;
     println!(
-        " devices: soak0 in {}, soak1 in {} (veth, AF_XDP); IB MTU {mtu}; {} datapath",
-        net.pair.ns[0],
-        net.pair.ns[1],
+        " devices: {}; IB MTU {mtu}; {} datapath",
+        net.describe(),
         if manual { "run-to-completion" } else { "threaded" }
     );
 
