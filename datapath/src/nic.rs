@@ -125,6 +125,9 @@ pub struct Nic {
     srqs: RwLock<IntMap<SrqId, Arc<SrqRing>>>,
     cqs: RwLock<IntMap<CqId, Arc<CqRing>>>,
     events: ArrayQueue<AsyncEvent>,
+    /// Signalled whenever an event is queued, so a waiter can block on it
+    /// (`ibv_context.async_fd`). `None` only if the kernel refused an eventfd.
+    events_fd: Option<crate::queues::EventFd>,
     epoch: StdInstant,
     link_up: AtomicBool,
     capture: Mutex<Option<crate::capture::PcapWriter>>,
@@ -189,6 +192,7 @@ impl Nic {
             srqs: RwLock::new(IntMap::default()),
             cqs: RwLock::new(IntMap::default()),
             events: ArrayQueue::new(1024),
+            events_fd: crate::queues::EventFd::new().ok(),
             epoch: StdInstant::now(),
             link_up: AtomicBool::new(true),
             capture: Mutex::new(None),
@@ -354,6 +358,21 @@ impl Nic {
         self.events.pop()
     }
 
+    /// An eventfd that becomes readable when an asynchronous event is
+    /// queued (-1 if none could be made): what `ibv_context.async_fd` is.
+    pub fn async_event_fd(&self) -> std::os::fd::RawFd {
+        self.events_fd.as_ref().map_or(-1, |f| std::os::fd::AsRawFd::as_raw_fd(f))
+    }
+
+    fn push_event(&self, ev: AsyncEvent) {
+        // A full queue (1024 unread events) drops the newest, as a CQ
+        // overrun would; the application is not reading events.
+        let _ = self.events.push(ev);
+        if let Some(f) = &self.events_fd {
+            f.signal();
+        }
+    }
+
     /// One poll iteration of every shard, in turn (run-to-completion mode).
     /// Returns how much work it did (0 = idle).
     pub fn poll(&self) -> usize {
@@ -381,7 +400,7 @@ impl Nic {
         if i == 0 {
             let up = port.link_up();
             if self.link_up.swap(up, Ordering::AcqRel) != up {
-                let _ = self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+                self.push_event(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
                 work += 1;
             }
         }
@@ -486,7 +505,7 @@ impl Nic {
             work += 1;
         }
         while let Some(ev) = engine.poll_event() {
-            let _ = self.events.push(ev);
+            self.push_event(ev);
             work += 1;
         }
         work

@@ -484,6 +484,24 @@ impl Context {
         self.inner.nic.poll_async_event()
     }
 
+    /// A file descriptor that becomes readable when an asynchronous event
+    /// is waiting for [`Context::poll_async_event`] (`ibv_context.async_fd`,
+    /// for poll/epoll); read it (8 bytes) to clear it.
+    pub fn async_event_fd(&self) -> std::os::fd::RawFd {
+        self.inner.nic.async_event_fd()
+    }
+
+    /// The MAC address a GID is reached at from this device: the kernel's
+    /// neighbour table (ARP/ND triggered when missing), or this device's
+    /// own MAC for one of its own GIDs.
+    pub fn resolve_mac(&self, gid: &Gid) -> Result<[u8; 6]> {
+        if self.inner.gids.contains(gid) {
+            return Ok(self.inner.mac);
+        }
+        (self.inner.resolve)(gid)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+    }
+
     /// Device-wide transport counters: frames received, and frames dropped
     /// before reaching a QP, by reason (bad ICRC, unknown QPN, ...).
     pub fn engine_stats(&self) -> rocev2::transport::engine::EngineStats {

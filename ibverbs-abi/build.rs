@@ -1,0 +1,27 @@
+//! Struct layouts come from the system's `<infiniband/verbs.h>`
+//! (libibverbs-dev), translated by bindgen at build time, so they cannot
+//! drift from what C programs were compiled against.
+
+fn main() {
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=/usr/include/infiniband/verbs.h");
+    let header = "/usr/include/infiniband/verbs.h";
+    if !std::path::Path::new(header).exists() {
+        panic!("{header} is missing: install libibverbs-dev (deploy/deps.sh build does)");
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("verbs.rs");
+    bindgen::Builder::default()
+        .header_contents("wrapper.h", "#include <infiniband/verbs.h>\n#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n")
+        .allowlist_type("ibv_.*|verbs_.*|_compat_ibv_port_attr|ib_uverbs_qp_attr|ib_uverbs_ah_attr|ib_user_path_rec")
+        .allowlist_var("IBV_.*|IB_.*")
+        .allowlist_function("ibv_wc_status_str")
+        .blocklist_function(".*")
+        .derive_default(true)
+        .derive_debug(false)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .generate()
+        .expect("bindgen on <infiniband/verbs.h>")
+        .write_to_file(&out)
+        .expect("write verbs.rs");
+}

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Build urnic's libibverbs.so.1: the Rust static library (crate urnic-ibverbs)
+# linked into a shared object with rdma-core's soname and symbol versions.
+# A Rust cdylib cannot carry symbol versions (rustc passes its own anonymous
+# version script), so the last step is a plain `cc -shared`.
+#   ibverbs-abi/link.sh [release|debug]     (default: release)
+# Prints the directory holding libibverbs.so.1 (for LD_LIBRARY_PATH).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+profile=${1:-release}
+case "$profile" in
+  release) cargo build -q --release -p urnic-ibverbs ;;
+  debug) cargo build -q -p urnic-ibverbs ;;
+  *) echo "link.sh: profile is release or debug, not '$profile'" >&2; exit 64 ;;
+esac
+target=${CARGO_TARGET_DIR:-target}
+out="$target/$profile/urnic-lib"
+mkdir -p "$out"
+# Pull in exactly the exported symbols (and what they need) rather than the
+# whole archive: libbpf is bundled twice (libbpf-sys and libxdp's build).
+undefs=$(sed -n 's/^\t\t\([A-Za-z_0-9]*\);$/-Wl,--undefined=\1/p' ibverbs-abi/libibverbs.map)
+# shellcheck disable=SC2086
+cc -shared -o "$out/libibverbs.so.1.tmp" \
+  -Wl,-soname,libibverbs.so.1 \
+  -Wl,--version-script=ibverbs-abi/libibverbs.map \
+  -Wl,-z,now -Wl,--gc-sections \
+  $undefs "$target/$profile/liburnic_ibverbs.a" \
+  -lelf -lz -lpthread -ldl -lm -lgcc_s
+mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
+ln -sf libibverbs.so.1 "$out/libibverbs.so"
+echo "$out"

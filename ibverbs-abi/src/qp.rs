@@ -1,0 +1,667 @@
+//! Queue pairs, shared receive queues and address handles:
+//! `ibv_create_qp`, `ibv_modify_qp`, `ibv_query_qp`, `ibv_destroy_qp`,
+//! `ibv_post_send` / `ibv_post_recv` / `ibv_post_srq_recv` (through
+//! `ibv_context.ops`), `ibv_create_srq` and friends, `ibv_create_ah`,
+//! `ibv_create_ah_from_wc`.
+
+use std::os::raw::{c_int, c_uint};
+use std::ptr;
+
+use rocev2::transport::attr::AddressVector;
+use urnic::{AhAttr, Payload, QpAttrMask, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest};
+
+use crate::cq::ucq;
+use crate::device::{register, uctx, unregister};
+use crate::ffi::*;
+use crate::mr::{pd_users, upd, umr};
+use crate::{errno_of, guard, null_err, set_errno};
+
+#[repr(C)]
+pub(crate) struct UQp {
+    pub(crate) qp: ibv_qp,
+    inner: urnic::Qp,
+    sq_sig_all: bool,
+    cap: ibv_qp_cap,
+}
+
+#[repr(C)]
+pub(crate) struct USrq {
+    pub(crate) srq: ibv_srq,
+    inner: urnic::Srq,
+    max_wr: u32,
+    max_sge: u32,
+    limit: u32,
+}
+
+#[repr(C)]
+pub(crate) struct UAh {
+    ah: ibv_ah,
+    inner: urnic::Ah,
+}
+
+unsafe fn uqp<'a>(qp: *mut ibv_qp) -> Option<&'a UQp> {
+    (!qp.is_null() && uctx((*qp).context).is_some()).then(|| &*(qp as *const UQp))
+}
+
+unsafe fn usrq<'a>(srq: *mut ibv_srq) -> Option<&'a USrq> {
+    (!srq.is_null() && uctx((*srq).context).is_some()).then(|| &*(srq as *const USrq))
+}
+
+pub(crate) fn install_ops(ops: &mut ibv_context_ops) {
+    ops.post_send = Some(post_send);
+    ops.post_recv = Some(post_recv);
+    ops.post_srq_recv = Some(post_srq_recv);
+}
+
+fn qp_type_of(t: ibv_qp_type) -> Option<QpType> {
+    match t {
+        IBV_QPT_RC => Some(QpType::Rc),
+        IBV_QPT_UC => Some(QpType::Uc),
+        IBV_QPT_UD => Some(QpType::Ud),
+        _ => None,
+    }
+}
+
+fn state_of(s: ibv_qp_state) -> Option<QpState> {
+    Some(match s {
+        IBV_QPS_RESET => QpState::Reset,
+        IBV_QPS_INIT => QpState::Init,
+        IBV_QPS_RTR => QpState::Rtr,
+        IBV_QPS_RTS => QpState::Rts,
+        IBV_QPS_SQD => QpState::Sqd,
+        IBV_QPS_SQE => QpState::Sqe,
+        IBV_QPS_ERR => QpState::Err,
+        _ => return None,
+    })
+}
+
+fn ibv_state(s: QpState) -> ibv_qp_state {
+    match s {
+        QpState::Reset => IBV_QPS_RESET,
+        QpState::Init => IBV_QPS_INIT,
+        QpState::Rtr => IBV_QPS_RTR,
+        QpState::Rts => IBV_QPS_RTS,
+        QpState::Sqd => IBV_QPS_SQD,
+        QpState::Sqe => IBV_QPS_SQE,
+        QpState::Err => IBV_QPS_ERR,
+    }
+}
+
+fn mtu_of(m: ibv_mtu) -> Option<urnic::Mtu> {
+    Some(match m {
+        IBV_MTU_256 => urnic::Mtu::Mtu256,
+        IBV_MTU_512 => urnic::Mtu::Mtu512,
+        IBV_MTU_1024 => urnic::Mtu::Mtu1024,
+        IBV_MTU_2048 => urnic::Mtu::Mtu2048,
+        IBV_MTU_4096 => urnic::Mtu::Mtu4096,
+        _ => return None,
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_attr) -> *mut ibv_qp {
+    guard("ibv_create_qp", ptr::null_mut(), || {
+        let (Some(p), false) = (upd(pd), init.is_null()) else { return null_err(libc::EINVAL) };
+        let a = &mut *init;
+        let (Some(scq), Some(rcq)) = (ucq(a.send_cq), ucq(a.recv_cq)) else { return null_err(libc::EINVAL) };
+        let Some(ty) = qp_type_of(a.qp_type) else {
+            // XRC, raw packet and driver QPs are not urnic's.
+            return null_err(libc::EOPNOTSUPP);
+        };
+        let srq = if a.srq.is_null() {
+            None
+        } else {
+            match usrq(a.srq) {
+                Some(s) => Some(&s.inner),
+                None => return null_err(libc::EINVAL),
+            }
+        };
+        let cap = QpCaps {
+            max_send_wr: a.cap.max_send_wr,
+            max_recv_wr: if srq.is_some() { 0 } else { a.cap.max_recv_wr },
+            max_send_sge: a.cap.max_send_sge.max(1),
+            max_recv_sge: a.cap.max_recv_sge.max(1),
+            max_inline_data: a.cap.max_inline_data,
+        };
+        let qi = urnic::QpInit { qp_type: ty, send_cq: &scq.inner, recv_cq: &rcq.inner, srq, cap, sq_sig_all: a.sq_sig_all != 0 };
+        let inner = match p.inner.create_qp(&qi) {
+            Ok(q) => q,
+            Err(e) => return null_err(errno_of(&e)),
+        };
+        // The caps the QP really has, written back as libibverbs does.
+        let c = inner.caps();
+        a.cap = ibv_qp_cap {
+            max_send_wr: c.max_send_wr,
+            max_recv_wr: c.max_recv_wr,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline_data: c.max_inline_data,
+        };
+        let mut qp: ibv_qp = std::mem::zeroed();
+        qp.context = (*pd).context;
+        qp.qp_context = a.qp_context;
+        qp.pd = pd;
+        qp.send_cq = a.send_cq;
+        qp.recv_cq = a.recv_cq;
+        qp.srq = a.srq;
+        qp.handle = inner.qp_num();
+        qp.qp_num = inner.qp_num();
+        qp.state = IBV_QPS_RESET;
+        qp.qp_type = a.qp_type;
+        libc::pthread_mutex_init(&mut qp.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
+        libc::pthread_cond_init(&mut qp.cond as *mut _ as *mut libc::pthread_cond_t, ptr::null());
+        let qpn = inner.qp_num();
+        let b = Box::into_raw(Box::new(UQp { qp, inner, sq_sig_all: a.sq_sig_all != 0, cap: a.cap }));
+        if let Some(u) = uctx((*pd).context) {
+            register(&u.qps, qpn, b as usize);
+        }
+        pd_users(pd, 1);
+        &mut (*b).qp
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard("ibv_destroy_qp", libc::EIO, || {
+        let Some(q) = uqp(qp) else { return libc::EINVAL };
+        if let Some(u) = uctx((*qp).context) {
+            unregister(&u.qps, q.inner.qp_num());
+        }
+        pd_users((*qp).pd, -1);
+        drop(Box::from_raw(qp as *mut UQp));
+        0
+    })
+}
+
+/// `ibv_ah_attr` → urnic's (RoCE: always global, the GRH carries the GIDs).
+fn ah_of(a: &ibv_ah_attr) -> AhAttr {
+    // SAFETY: every bit pattern is a valid [u8; 16].
+    let dgid = unsafe { a.grh.dgid.raw };
+    AhAttr {
+        dgid,
+        sgid_index: a.grh.sgid_index,
+        traffic_class: a.grh.traffic_class,
+        hop_limit: a.grh.hop_limit,
+        flow_label: a.grh.flow_label,
+        port_num: a.port_num,
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_qp", libc::EIO, || {
+        let (Some(q), false) = (uqp(qp), attr.is_null()) else { return libc::EINVAL };
+        let a = &*attr;
+        let Some(mask) = QpAttrMask::from_bits(mask as u32) else { return libc::EINVAL };
+        let mut x = urnic::QpAttr::default();
+        if mask.contains(QpAttrMask::STATE) {
+            let Some(s) = state_of(a.qp_state) else { return libc::EINVAL };
+            x.qp_state = s;
+        }
+        if mask.contains(QpAttrMask::CUR_STATE) {
+            let Some(s) = state_of(a.cur_qp_state) else { return libc::EINVAL };
+            x.cur_qp_state = s;
+        }
+        if mask.contains(QpAttrMask::PATH_MTU) {
+            let Some(m) = mtu_of(a.path_mtu) else { return libc::EINVAL };
+            x.path_mtu = m;
+        }
+        x.qkey = a.qkey;
+        x.rq_psn = urnic::Psn::new(a.rq_psn & 0x00ff_ffff);
+        x.sq_psn = urnic::Psn::new(a.sq_psn & 0x00ff_ffff);
+        x.dest_qp_num = a.dest_qp_num;
+        if mask.contains(QpAttrMask::ACCESS_FLAGS) {
+            let Some(acc) = urnic::Access::from_bits(a.qp_access_flags) else { return libc::EINVAL };
+            x.qp_access_flags = acc;
+        }
+        x.pkey_index = a.pkey_index;
+        x.port_num = a.port_num;
+        x.max_rd_atomic = a.max_rd_atomic;
+        x.max_dest_rd_atomic = a.max_dest_rd_atomic;
+        x.min_rnr_timer = a.min_rnr_timer;
+        x.timeout = a.timeout;
+        x.retry_cnt = a.retry_cnt;
+        x.rnr_retry = a.rnr_retry;
+        if mask.contains(QpAttrMask::AV) {
+            x.ah_attr = Some(ah_of(&a.ah_attr));
+        }
+        match q.inner.modify(&x, mask) {
+            Ok(()) => {
+                if mask.contains(QpAttrMask::STATE) {
+                    (*qp).state = a.qp_state;
+                }
+                0
+            }
+            Err(e) => errno_of(&e),
+        }
+    })
+}
+
+fn fill_ah_attr(av: &AddressVector, gids: &[urnic::Gid], out: &mut ibv_ah_attr) {
+    out.is_global = 1;
+    out.port_num = 1;
+    out.grh.dgid.raw = av.dgid;
+    out.grh.sgid_index = gids.iter().position(|g| *g == av.sgid).unwrap_or(0) as u8;
+    out.grh.traffic_class = av.traffic_class;
+    out.grh.hop_limit = av.hop_limit;
+    out.grh.flow_label = av.flow_label;
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, _mask: c_int, init: *mut ibv_qp_init_attr) -> c_int {
+    guard("ibv_query_qp", libc::EIO, || {
+        let (Some(q), false, false) = (uqp(qp), attr.is_null(), init.is_null()) else { return libc::EINVAL };
+        let Some(u) = uctx((*qp).context) else { return libc::EINVAL };
+        let x = match q.inner.query() {
+            Ok(x) => x,
+            Err(e) => return errno_of(&e),
+        };
+        let a = &mut *attr;
+        *a = std::mem::zeroed();
+        a.qp_state = ibv_state(x.qp_state);
+        a.cur_qp_state = ibv_state(x.cur_qp_state);
+        a.path_mtu = x.path_mtu as u32 as ibv_mtu;
+        a.path_mig_state = IBV_MIG_MIGRATED;
+        a.qkey = x.qkey;
+        a.rq_psn = x.rq_psn.value();
+        a.sq_psn = x.sq_psn.value();
+        a.dest_qp_num = x.dest_qp_num;
+        a.qp_access_flags = x.qp_access_flags.bits();
+        a.cap = q.cap;
+        if let Some(av) = &x.ah_attr {
+            fill_ah_attr(av, u.ctx.gids(), &mut a.ah_attr);
+        }
+        a.pkey_index = x.pkey_index;
+        a.sq_draining = x.sq_draining as u8;
+        a.max_rd_atomic = x.max_rd_atomic;
+        a.max_dest_rd_atomic = x.max_dest_rd_atomic;
+        a.min_rnr_timer = x.min_rnr_timer;
+        a.port_num = 1;
+        a.timeout = x.timeout;
+        a.retry_cnt = x.retry_cnt;
+        a.rnr_retry = x.rnr_retry;
+        let i = &mut *init;
+        i.qp_context = (*qp).qp_context;
+        i.send_cq = (*qp).send_cq;
+        i.recv_cq = (*qp).recv_cq;
+        i.srq = (*qp).srq;
+        i.cap = q.cap;
+        i.qp_type = (*qp).qp_type;
+        i.sq_sig_all = q.sq_sig_all as c_int;
+        0
+    })
+}
+
+/// `ibv_qp_to_qp_ex`: urnic QPs are not created through `ibv_create_qp_ex`
+/// (that extended op is NULL), so there is no `ibv_qp_ex`, as libibverbs
+/// answers for such a QP.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    ptr::null_mut()
+}
+
+unsafe fn sges(list: *mut ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    if n < 0 || (n > 0 && list.is_null()) {
+        return Err(libc::EINVAL);
+    }
+    Ok((0..n as usize)
+        .map(|i| {
+            let s = &*list.add(i);
+            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
+        })
+        .collect())
+}
+
+/// One C send WR as urnic's.
+unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
+    let f = w.send_flags;
+    let mut flags = SendFlags::empty();
+    if f & IBV_SEND_FENCE as c_uint != 0 {
+        flags |= SendFlags::FENCE;
+    }
+    if f & IBV_SEND_SIGNALED as c_uint != 0 {
+        flags |= SendFlags::SIGNALED;
+    }
+    if f & IBV_SEND_SOLICITED as c_uint != 0 {
+        flags |= SendFlags::SOLICITED;
+    }
+    let rdma = || RemoteAddr { addr: w.wr.rdma.remote_addr, rkey: w.wr.rdma.rkey };
+    let imm = u32::from_be(w.__bindgen_anon_1.imm_data);
+    let op = match w.opcode {
+        IBV_WR_SEND => SendOp::Send,
+        IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm { imm },
+        IBV_WR_SEND_WITH_INV => SendOp::SendWithInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
+        IBV_WR_RDMA_WRITE => SendOp::Write { remote: rdma() },
+        IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm { remote: rdma(), imm },
+        IBV_WR_RDMA_READ => SendOp::Read { remote: rdma() },
+        IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CmpSwap {
+            remote: RemoteAddr { addr: w.wr.atomic.remote_addr, rkey: w.wr.atomic.rkey },
+            compare: w.wr.atomic.compare_add,
+            swap: w.wr.atomic.swap,
+        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote: RemoteAddr { addr: w.wr.atomic.remote_addr, rkey: w.wr.atomic.rkey },
+            add: w.wr.atomic.compare_add,
+        },
+        IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
+        IBV_WR_BIND_MW => {
+            let b = &w.__bindgen_anon_2.bind_mw;
+            let mw = b.mw;
+            if mw.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let Some(mr) = umr(b.bind_info.mr) else { return Err(libc::EINVAL) };
+            let Some(access) = urnic::Access::from_bits(b.bind_info.mw_access_flags) else { return Err(libc::EINVAL) };
+            SendOp::BindMw {
+                mw_rkey: (*mw).rkey,
+                new_key: b.rkey as u8,
+                mr_lkey: mr.lkey(),
+                addr: b.bind_info.addr,
+                length: b.bind_info.length,
+                access,
+            }
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    let payload = if f & IBV_SEND_INLINE as c_uint != 0 {
+        // Inline data is read from the program's buffers now; no lkey.
+        let mut data = Vec::new();
+        for s in sges(w.sg_list, w.num_sge)? {
+            if s.length > 0 && s.addr == 0 {
+                return Err(libc::EINVAL);
+            }
+            data.extend_from_slice(std::slice::from_raw_parts(s.addr as *const u8, s.length as usize));
+        }
+        flags |= SendFlags::INLINE;
+        Payload::Inline(data)
+    } else {
+        Payload::Sgl(sges(w.sg_list, w.num_sge)?)
+    };
+    Ok(SendWr { wr_id: w.wr_id, op, payload, flags, ud: None })
+}
+
+/// `ops.post_send` (the inline `ibv_post_send`).
+unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
+    guard("ibv_post_send", libc::EIO, || {
+        let Some(q) = uqp(qp) else { return libc::EINVAL };
+        let mut cur = wr;
+        while !cur.is_null() {
+            let w = &*cur;
+            let r = send_wr(w).and_then(|mut s| {
+                if (*qp).qp_type == IBV_QPT_UD {
+                    let ud = &w.wr.ud;
+                    if ud.ah.is_null() {
+                        return Err(libc::EINVAL);
+                    }
+                    let ah = &*(ud.ah as *const UAh);
+                    s.ud = Some(UdDest { av: *ah.inner.address_vector(), remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
+                }
+                q.inner.post_send(&s).map_err(|e| errno_of(&e))
+            });
+            if let Err(e) = r {
+                if !bad.is_null() {
+                    *bad = cur;
+                }
+                return e;
+            }
+            cur = w.next;
+        }
+        0
+    })
+}
+
+unsafe fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
+    Ok(RecvWr { wr_id: w.wr_id, sgl: sges(w.sg_list, w.num_sge)? })
+}
+
+/// `ops.post_recv` (the inline `ibv_post_recv`).
+unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard("ibv_post_recv", libc::EIO, || {
+        let Some(q) = uqp(qp) else { return libc::EINVAL };
+        let mut cur = wr;
+        while !cur.is_null() {
+            let w = &*cur;
+            if let Err(e) = recv_wr(w).and_then(|r| q.inner.post_recv(&r).map_err(|e| errno_of(&e))) {
+                if !bad.is_null() {
+                    *bad = cur;
+                }
+                return e;
+            }
+            cur = w.next;
+        }
+        0
+    })
+}
+
+/// `ops.post_srq_recv` (the inline `ibv_post_srq_recv`).
+unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
+    guard("ibv_post_srq_recv", libc::EIO, || {
+        let Some(s) = usrq(srq) else { return libc::EINVAL };
+        let mut cur = wr;
+        while !cur.is_null() {
+            let w = &*cur;
+            if let Err(e) = recv_wr(w).and_then(|r| s.inner.post_recv(&r).map_err(|e| errno_of(&e))) {
+                if !bad.is_null() {
+                    *bad = cur;
+                }
+                return e;
+            }
+            cur = w.next;
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_srq(pd: *mut ibv_pd, init: *mut ibv_srq_init_attr) -> *mut ibv_srq {
+    guard("ibv_create_srq", ptr::null_mut(), || {
+        let (Some(p), false) = (upd(pd), init.is_null()) else { return null_err(libc::EINVAL) };
+        let a = &mut *init;
+        let inner = match p.inner.create_srq(a.attr.max_wr, a.attr.max_sge) {
+            Ok(s) => s,
+            Err(e) => return null_err(errno_of(&e)),
+        };
+        if a.attr.srq_limit > 0 {
+            if let Err(e) = inner.arm_limit(a.attr.srq_limit) {
+                return null_err(errno_of(&e));
+            }
+        }
+        let mut srq: ibv_srq = std::mem::zeroed();
+        srq.context = (*pd).context;
+        srq.srq_context = a.srq_context;
+        srq.pd = pd;
+        srq.handle = inner.id();
+        libc::pthread_mutex_init(&mut srq.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
+        libc::pthread_cond_init(&mut srq.cond as *mut _ as *mut libc::pthread_cond_t, ptr::null());
+        let id = inner.id();
+        let b = Box::into_raw(Box::new(USrq { srq, inner, max_wr: a.attr.max_wr, max_sge: a.attr.max_sge, limit: a.attr.srq_limit }));
+        if let Some(u) = uctx((*pd).context) {
+            register(&u.srqs, id, b as usize);
+        }
+        pd_users(pd, 1);
+        &mut (*b).srq
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr, mask: c_int) -> c_int {
+    guard("ibv_modify_srq", libc::EIO, || {
+        let (Some(_), false) = (usrq(srq), attr.is_null()) else { return libc::EINVAL };
+        let s = &mut *(srq as *mut USrq);
+        if mask & !(IBV_SRQ_LIMIT as c_int) != 0 {
+            // Resizing an SRQ (IBV_SRQ_MAX_WR) is not offered.
+            return libc::EOPNOTSUPP;
+        }
+        if mask & IBV_SRQ_LIMIT as c_int != 0 {
+            if let Err(e) = s.inner.arm_limit((*attr).srq_limit) {
+                return errno_of(&e);
+            }
+            s.limit = (*attr).srq_limit;
+        }
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard("ibv_query_srq", libc::EIO, || {
+        let (Some(s), false) = (usrq(srq), attr.is_null()) else { return libc::EINVAL };
+        *attr = ibv_srq_attr { max_wr: s.max_wr, max_sge: s.max_sge, srq_limit: s.limit };
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard("ibv_destroy_srq", libc::EIO, || {
+        let Some(s) = usrq(srq) else { return libc::EINVAL };
+        if let Some(u) = uctx((*srq).context) {
+            unregister(&u.srqs, s.inner.id());
+        }
+        pd_users((*srq).pd, -1);
+        drop(Box::from_raw(srq as *mut USrq));
+        0
+    })
+}
+
+unsafe fn make_ah(pd: *mut ibv_pd, attr: &AhAttr) -> *mut ibv_ah {
+    let Some(p) = upd(pd) else { return null_err(libc::EINVAL) };
+    match p.inner.create_ah(attr) {
+        Ok(inner) => {
+            pd_users(pd, 1);
+            let b = Box::into_raw(Box::new(UAh { ah: ibv_ah { context: (*pd).context, pd, handle: 0 }, inner }));
+            &mut (*b).ah
+        }
+        Err(e) => null_err(errno_of(&e)),
+    }
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah(pd: *mut ibv_pd, attr: *mut ibv_ah_attr) -> *mut ibv_ah {
+    guard("ibv_create_ah", ptr::null_mut(), || {
+        if attr.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        if (*attr).is_global == 0 {
+            // RoCE addresses by GID: an AH without a GRH cannot be routed.
+            return null_err(libc::EINVAL);
+        }
+        make_ah(pd, &ah_of(&*attr))
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
+    guard("ibv_destroy_ah", libc::EIO, || {
+        if ah.is_null() || uctx((*ah).context).is_none() {
+            return libc::EINVAL;
+        }
+        pd_users((*ah).pd, -1);
+        drop(Box::from_raw(ah as *mut UAh));
+        0
+    })
+}
+
+/// The sender's GID and ours from a received UD message's GRH area: an
+/// IPv6 header (version 6), or for RoCEv2 over IPv4 the IPv4 header in its
+/// last 20 bytes (as rxe and urnic place it).
+fn gids_from_grh(grh: &[u8; 40]) -> Option<([u8; 16], [u8; 16], u8, u8, u32)> {
+    if grh[0] >> 4 == 6 {
+        let mut s = [0u8; 16];
+        let mut d = [0u8; 16];
+        s.copy_from_slice(&grh[8..24]);
+        d.copy_from_slice(&grh[24..40]);
+        let tclass = (grh[0] << 4) | (grh[1] >> 4);
+        let flow = (u32::from(grh[1] & 0xf) << 16) | (u32::from(grh[2]) << 8) | u32::from(grh[3]);
+        return Some((s, d, tclass, grh[7], flow));
+    }
+    let ip = &grh[20..40];
+    if ip[0] >> 4 != 4 {
+        return None;
+    }
+    let mapped = |a: &[u8]| {
+        let mut g = [0u8; 16];
+        g[10] = 0xff;
+        g[11] = 0xff;
+        g[12..].copy_from_slice(a);
+        g
+    };
+    Some((mapped(&ip[12..16]), mapped(&ip[16..20]), ip[1], ip[8], 0))
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_init_ah_from_wc(
+    ctx: *mut ibv_context,
+    port: u8,
+    wc: *mut ibv_wc,
+    grh: *mut ibv_grh,
+    ah_attr: *mut ibv_ah_attr,
+) -> c_int {
+    guard("ibv_init_ah_from_wc", -1, || {
+        let (Some(u), false, false, false) = (uctx(ctx), wc.is_null(), grh.is_null(), ah_attr.is_null()) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        if (*wc).wc_flags & IBV_WC_GRH as c_uint == 0 {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let bytes = &*(grh as *const [u8; 40]);
+        let Some((src, dst, tclass, hops, flow)) = gids_from_grh(bytes) else {
+            set_errno(libc::EINVAL);
+            return -1;
+        };
+        let Some(sgid_index) = u.ctx.gids().iter().position(|g| *g == dst) else {
+            set_errno(libc::ENOENT);
+            return -1;
+        };
+        let a = &mut *ah_attr;
+        *a = std::mem::zeroed();
+        a.is_global = 1;
+        a.port_num = port;
+        a.grh.dgid.raw = src;
+        a.grh.sgid_index = sgid_index as u8;
+        a.grh.traffic_class = tclass;
+        a.grh.hop_limit = hops;
+        a.grh.flow_label = flow;
+        0
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc, grh: *mut ibv_grh, port: u8) -> *mut ibv_ah {
+    guard("ibv_create_ah_from_wc", ptr::null_mut(), || {
+        if pd.is_null() {
+            return null_err(libc::EINVAL);
+        }
+        let mut attr: ibv_ah_attr = std::mem::zeroed();
+        if ibv_init_ah_from_wc((*pd).context, port, wc, grh, &mut attr) != 0 {
+            return ptr::null_mut();
+        }
+        make_ah(pd, &ah_of(&attr))
+    })
+}
+
+/// Multicast is not offered yet (the UD multicast issue): EOPNOTSUPP, as
+/// libibverbs answers for a provider without it.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// Enhanced connection establishment is a ConnectX feature: EOPNOTSUPP.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
+    libc::EOPNOTSUPP
+}
+

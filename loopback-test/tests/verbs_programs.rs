@@ -1,0 +1,283 @@
+//! Unmodified verbs programs from Debian's packages (ibverbs-utils,
+//! perftest, qperf) on urnic's libibverbs.so.1: two namespaces joined by
+//! veth, the server in one and the client in the other, each process with
+//! its own urnic device (the datapath runs inside the program). Nothing of
+//! the programs is ours: they find urnic through LD_LIBRARY_PATH, as
+//! `urnic exec` sets it.
+//!
+//! The library is built by `ibverbs-abi/link.sh release` (deploy/test.sh
+//! runs it first); `URNIC_LIB_DIR` points elsewhere.
+
+mod veth;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use urnic_datapath::netns::VethPair;
+
+/// Where libibverbs.so.1 is, or a loud failure saying how to make it.
+fn lib_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["release", "debug"] {
+        let d = root.join("target").join(profile).join("urnic-lib");
+        if d.join("libibverbs.so.1").exists() {
+            return d;
+        }
+    }
+    panic!("urnic's libibverbs.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
+}
+
+/// The Debian program, or a loud failure naming its package.
+fn program(name: &str, package: &str) -> &'static str {
+    let found = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success());
+    assert!(found, "{name} is missing: apt-get install {package} (deploy/deps.sh test installs it)");
+    Box::leak(name.to_string().into_boxed_str())
+}
+
+struct Lab {
+    pair: VethPair,
+    lib: PathBuf,
+}
+
+impl Lab {
+    fn new(tag: &str) -> Lab {
+        veth::require_root();
+        let pair = VethPair::create(tag, 1500).expect("veth pair");
+        let lab = Lab { pair, lib: lib_dir() };
+        // The kernel reports a new veth's carrier a moment after it is set
+        // up (linkwatch); until then no device is eligible.
+        for side in 0..2 {
+            let start = Instant::now();
+            loop {
+                let out = Command::new("ip")
+                    .args(["-n", &lab.pair.ns[side], "-o", "link", "show", &lab.pair.ifname[side]])
+                    .output()
+                    .expect("ip link");
+                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                    break;
+                }
+                assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        lab
+    }
+
+    fn server_ip(&self) -> String {
+        let a = self.pair.ipv4[1];
+        format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+    }
+
+    /// `args` in namespace `side` (0 client, 1 server) on urnic.
+    fn command(&self, side: usize, args: &[&str]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.pair.ns[side], "env"])
+            .arg(format!("LD_LIBRARY_PATH={}", self.lib.display()))
+            .arg(format!("URNIC_DEVICES={}", self.pair.ifname[side]))
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Wait until something listens on TCP `port` in the server's namespace.
+    fn wait_listening(&self, port: u16, server: &mut Child) {
+        let start = Instant::now();
+        loop {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.pair.ns[1], "ss", "-Hltn", &format!("sport = :{port}")])
+                .output()
+                .expect("ss");
+            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
+                return;
+            }
+            if let Ok(Some(st)) = server.try_wait() {
+                let out = server.wait_with_output_ref();
+                panic!("server exited ({st}) before listening on {port}:\n{out}");
+            }
+            // A hang guard, not a timing assertion: a server that never
+            // listens has failed.
+            assert!(start.elapsed() < Duration::from_secs(120), "server never listened on {port}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Run `server` then `client` (the server's IP appended when
+    /// `client_needs_ip`), both to completion; both must succeed.
+    fn run(&self, port: u16, server: &[&str], client: &[&str]) -> (String, String) {
+        let mut s = self.command(1, server).spawn().expect("start server");
+        self.wait_listening(port, &mut s);
+        let ip = self.server_ip();
+        let mut cargs: Vec<&str> = client.to_vec();
+        cargs.push(&ip);
+        let c = self.command(0, &cargs).output().expect("run client");
+        let so = finish(s);
+        let (cout, sout) = (text(&c), text(&so));
+        assert!(c.status.success(), "client {client:?} failed ({}):\n{cout}\n--- server:\n{sout}", c.status);
+        assert!(so.status.success(), "server {server:?} failed ({}):\n{sout}\n--- client:\n{cout}", so.status);
+        (cout, sout)
+    }
+}
+
+trait OutputRef {
+    fn wait_with_output_ref(&mut self) -> String;
+}
+
+impl OutputRef for Child {
+    fn wait_with_output_ref(&mut self) -> String {
+        use std::io::Read;
+        let mut s = String::new();
+        if let Some(o) = self.stdout.as_mut() {
+            let _ = o.read_to_string(&mut s);
+        }
+        if let Some(e) = self.stderr.as_mut() {
+            let _ = e.read_to_string(&mut s);
+        }
+        s
+    }
+}
+
+/// Wait for a server that finishes on its own (bounded: a hung server is
+/// killed and fails the test).
+fn finish(mut child: Child) -> Output {
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return child.wait_with_output().expect("server output");
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("server output");
+            panic!("server hung after the client finished:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// The numbers of a perftest result line (`#bytes #iterations ...`).
+fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .filter_map(|l| {
+            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
+            nums.ok().filter(|n| n.len() >= 4)
+        })
+        .collect()
+}
+
+#[test]
+fn ibv_devices_and_devinfo_list_the_urnic_device() {
+    let lab = Lab::new("prog-devinfo");
+    let out = lab.command(0, &[program("ibv_devices", "ibverbs-utils")]).output().unwrap();
+    let s = text(&out);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains(&format!("urnic-{}", lab.pair.ifname[0])), "{s}");
+    let out = lab.command(0, &[program("ibv_devinfo", "ibverbs-utils"), "-v"]).output().unwrap();
+    let s = text(&out);
+    assert!(out.status.success(), "{s}");
+    assert!(s.contains("PORT_ACTIVE"), "{s}");
+    assert!(s.contains("link_layer:\t\tEthernet"), "{s}");
+    assert!(s.contains("::ffff:10.99.0.1, RoCE v2"), "the IPv4 GID at index 1:\n{s}");
+}
+
+#[test]
+fn ibv_rc_pingpong_validates_its_buffers() {
+    let lab = Lab::new("prog-rcpp");
+    let p = program("ibv_rc_pingpong", "ibverbs-utils");
+    let (c, _) = lab.run(18515, &[p, "-g", "1", "-n", "200", "-c"], &[p, "-g", "1", "-n", "200", "-c"]);
+    assert!(c.contains("200 iters in"), "{c}");
+}
+
+#[test]
+fn ibv_rc_pingpong_sleeps_on_completion_events() {
+    let lab = Lab::new("prog-rcppe");
+    let p = program("ibv_rc_pingpong", "ibverbs-utils");
+    let (c, _) = lab.run(18515, &[p, "-g", "1", "-n", "200", "-e"], &[p, "-g", "1", "-n", "200", "-e"]);
+    assert!(c.contains("200 iters in"), "{c}");
+}
+
+#[test]
+fn ibv_uc_pingpong() {
+    let lab = Lab::new("prog-ucpp");
+    let p = program("ibv_uc_pingpong", "ibverbs-utils");
+    let (c, _) = lab.run(18515, &[p, "-g", "1", "-n", "200"], &[p, "-g", "1", "-n", "200"]);
+    assert!(c.contains("200 iters in"), "{c}");
+}
+
+#[test]
+fn ibv_ud_pingpong() {
+    let lab = Lab::new("prog-udpp");
+    let p = program("ibv_ud_pingpong", "ibverbs-utils");
+    let (c, _) = lab.run(18515, &[p, "-g", "1", "-n", "200"], &[p, "-g", "1", "-n", "200"]);
+    assert!(c.contains("200 iters in"), "{c}");
+}
+
+#[test]
+fn ibv_srq_pingpong() {
+    let lab = Lab::new("prog-srqpp");
+    let p = program("ibv_srq_pingpong", "ibverbs-utils");
+    let (c, _) = lab.run(18515, &[p, "-g", "1", "-n", "200"], &[p, "-g", "1", "-n", "200"]);
+    assert!(c.contains("200 iters in"), "{c}");
+}
+
+/// Run a perftest program with `args` on both sides; its result rows.
+fn perftest(tag: &str, prog: &str, args: &[&str]) -> Vec<Vec<f64>> {
+    let lab = Lab::new(tag);
+    let p = program(prog, "perftest");
+    let mut a = vec![p, "-x", "1"];
+    a.extend_from_slice(args);
+    let (c, s) = lab.run(18515, &a, &a);
+    let rows = perftest_rows(&c);
+    assert!(!rows.is_empty(), "no result rows:\n{c}\n--- server:\n{s}");
+    rows
+}
+
+#[test]
+fn ib_write_bw_all_sizes_bidirectional() {
+    let rows = perftest("pt-wbw", "ib_write_bw", &["-a", "-b", "-n", "200", "--report_gbits"]);
+    // -a: every power of two from 2 bytes to 8 MiB.
+    assert_eq!(rows.len(), 23, "{rows:?}");
+    assert!(rows.iter().all(|r| r[3] > 0.0), "every size moved data: {rows:?}");
+}
+
+#[test]
+fn ib_write_bw_four_qps_for_a_duration() {
+    let rows = perftest("pt-wbwq", "ib_write_bw", &["-q", "4", "-D", "2"]);
+    assert!(rows.iter().all(|r| r[3] > 0.0), "{rows:?}");
+}
+
+#[test]
+fn ib_read_bw() {
+    let rows = perftest("pt-rbw", "ib_read_bw", &["-n", "500"]);
+    assert!(rows[0][3] > 0.0, "{rows:?}");
+}
+
+#[test]
+fn ib_send_bw_inline() {
+    let rows = perftest("pt-sbw", "ib_send_bw", &["-n", "500", "-s", "64", "-I", "64"]);
+    assert!(rows[0][3] > 0.0, "{rows:?}");
+}
+
+#[test]
+fn ib_atomic_bw_both_operations() {
+    for op in ["FETCH_AND_ADD", "CMP_AND_SWAP"] {
+        let rows = perftest(&format!("pt-at{}", &op[..3].to_lowercase()), "ib_atomic_bw", &["-A", op, "-n", "500"]);
+        assert!(rows[0][3] > 0.0, "{op}: {rows:?}");
+    }
+}
+
+#[test]
+fn ib_write_lat_send_lat_read_lat() {
+    for prog in ["ib_write_lat", "ib_send_lat", "ib_read_lat"] {
+        let rows = perftest(&format!("pt-{}", &prog[3..8]), prog, &["-n", "300"]);
+        // bytes, iterations, t_min, t_max, t_typical, ...: latencies > 0.
+        assert!(rows[0][2] > 0.0 && rows[0][4] > 0.0, "{prog}: {rows:?}");
+    }
+}
