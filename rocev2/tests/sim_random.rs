@@ -776,6 +776,9 @@ struct Idle<'a> {
 
 type AfterIdle<'a> = &'a mut dyn FnMut(&mut Idle<'_>) -> Result<(), String>;
 
+/// Frames kept by the tap: (sender side, frame).
+type Captured = Vec<(usize, Vec<u8>)>;
+
 fn run_seed(seed: u64, opts: RunOpts) -> Result<Outcome, String> {
     run_seed_with(seed, opts, &mut |_| Ok(()))
 }
@@ -884,7 +887,7 @@ fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool,
     let nodes = [a, b];
     net.connect(a, b, plan.links[0], split_seed(plan.seed, 100), false);
     net.connect(b, a, plan.links[1], split_seed(plan.seed, 101), false);
-    let captured: Rc<RefCell<Vec<(usize, Vec<u8>)>>> = Rc::default();
+    let captured: Rc<RefCell<Captured>> = Rc::default();
     if trace || opts.capture_writes {
         let keep = captured.clone();
         let capture = opts.capture_writes;
