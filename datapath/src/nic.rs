@@ -9,6 +9,16 @@
 //! rings that every shard may fill. With one shard (the default, and the
 //! only choice for the in-memory port) all of this collapses to one loop.
 //!
+//! Loopback: a frame the engine sends to this device itself (destination
+//! MAC the port's, or destination IP one of the device's addresses) never
+//! reaches the port. It goes into the owning shard's bounded loopback queue
+//! and into that engine on its next poll, like a frame received from the
+//! wire (every check of `Engine::handle_frame` applies). On veth a frame
+//! sent to our own MAC would go to the peer and never come back; an HCA and
+//! rxe (`rxe_xmit_packet`: `RXE_LOOPBACK_MASK` → `rxe_loopback`) loop it
+//! inside the device. A frame that finds the queue full is dropped and
+//! counted (`loopback_drops`); RC recovers by retransmission.
+//!
 //! `Nic::poll` is one run-to-completion iteration: ring doorbells (WRs posted
 //! by applications go into the engine), receive frames, fire due timers,
 //! transmit, deliver completions. A datapath thread calls it in a loop
@@ -67,6 +77,12 @@ pub struct NicStats {
     /// Batches of bare ACKs whose kick waited one poll to leave with the
     /// application's answer.
     pub acks_deferred: AtomicU64,
+    /// Frames sent to this device itself, looped back inside the NIC
+    /// instead of going to the port (not in `tx_frames` or `rx_frames`).
+    pub loopback_frames: AtomicU64,
+    /// Looped-back frames dropped because the owning shard's loopback
+    /// queue was full.
+    pub loopback_drops: AtomicU64,
 }
 
 impl NicStats {
@@ -86,6 +102,8 @@ impl NicStats {
             ("posts_refused", g(&self.posts_refused)),
             ("rx_handoffs", g(&self.rx_handoffs)),
             ("rx_handoff_drops", g(&self.rx_handoff_drops)),
+            ("loopback_frames", g(&self.loopback_frames)),
+            ("loopback_drops", g(&self.loopback_drops)),
         ]
         .into_iter()
     }
@@ -98,6 +116,10 @@ enum Doorbell {
 
 /// Frames a shard's inbox holds (handovers from other shards).
 const INBOX: usize = 4096;
+/// Frames a shard's loopback queue holds (frames this device sent to
+/// itself, waiting for the owning engine's next poll). Every shard loops at
+/// most `TX_BUDGET` frames per poll, and the owner takes them all each poll.
+const LOOPBACK: usize = 1024;
 
 /// One polling core's share of the NIC.
 struct Shard {
@@ -106,6 +128,8 @@ struct Shard {
     doorbells: ArrayQueue<Doorbell>,
     sweep: AtomicBool,
     inbox: ArrayQueue<Vec<u8>>,
+    /// Frames this device sent to itself for this shard's QPs.
+    loopback: ArrayQueue<Vec<u8>>,
     /// The last poll left a batch of bare ACKs unkicked (see `poll_shard`).
     ack_deferred: AtomicBool,
 }
@@ -135,6 +159,9 @@ pub struct Nic {
     /// not take the capture lock when nobody captures.
     capturing: AtomicBool,
     next_shard: std::sync::atomic::AtomicUsize,
+    /// The device's IP addresses (IPv4 as IPv4-mapped IPv6): a frame sent
+    /// to one of them is looped back, whatever its destination MAC.
+    local_ips: Vec<[u8; 16]>,
     /// Counters.
     pub stats: NicStats,
 }
@@ -182,6 +209,7 @@ impl Nic {
                 doorbells: ArrayQueue::new(max_queues.max(16) * 2),
                 sweep: AtomicBool::new(false),
                 inbox: ArrayQueue::new(INBOX),
+                loopback: ArrayQueue::new(LOOPBACK),
                 ack_deferred: AtomicBool::new(false),
             })
             .collect();
@@ -198,7 +226,55 @@ impl Nic {
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
             next_shard: std::sync::atomic::AtomicUsize::new(0),
+            local_ips: Vec::new(),
             stats: NicStats::default(),
+        }
+    }
+
+    /// The NIC with `ips` (IPv6, IPv4 as IPv4-mapped) as the device's own
+    /// addresses: frames the engine sends to one of them are looped back to
+    /// the device, as are frames to the port's MAC.
+    pub fn with_local_addresses(mut self, ips: &[[u8; 16]]) -> Nic {
+        self.local_ips = ips.to_vec();
+        self
+    }
+
+    /// Whether `frame` (one the engine built) is for this device itself:
+    /// its destination MAC is the port's (rxe `rxe_prepare`: the
+    /// destination MAC equal to the netdev's sets `RXE_LOOPBACK_MASK`), or
+    /// its destination IP is one of the device's addresses.
+    fn is_local(&self, frame: &[u8]) -> bool {
+        use rocev2::wire::{EthernetFrame, Ipv4Packet, Ipv6Packet, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+        let Ok(eth) = EthernetFrame::new_checked(frame) else { return false };
+        if eth.dst_addr() == self.info.mac {
+            return true;
+        }
+        if self.local_ips.is_empty() {
+            return false;
+        }
+        let dst = match eth.ethertype() {
+            ETHERTYPE_IPV4 => Ipv4Packet::new_checked(eth.payload()).ok().map(|p| {
+                let mut g = [0u8; 16];
+                g[10] = 0xff;
+                g[11] = 0xff;
+                g[12..].copy_from_slice(&p.dst_addr());
+                g
+            }),
+            ETHERTYPE_IPV6 => Ipv6Packet::new_checked(eth.payload()).ok().map(|p| p.dst_addr()),
+            _ => None,
+        };
+        dst.is_some_and(|d| self.local_ips.contains(&d))
+    }
+
+    /// Queue a frame this device sent to itself for the shard owning its
+    /// QP (shard `from` if it names none). Bounded: a full queue drops it.
+    fn loop_back(&self, from: usize, frame: &[u8]) {
+        let n = self.shards.len();
+        let owner = if n == 1 { from } else { rocev2::wire::peek_dest_qpn(frame).map_or(from, |q| q as usize % n) };
+        if self.shards[owner].loopback.push(frame.to_vec()).is_ok() {
+            self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.loopback_drops.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -452,6 +528,17 @@ impl Nic {
             engine.handle_frame(now, &frame);
             work += 1;
         }
+        // Frames this device sent to itself (any shard) for our QPs: as if
+        // received, through every check of `handle_frame`. At most what was
+        // queued when we looked (bounded: nothing we send now is taken).
+        for _ in 0..shard.loopback.len() {
+            let Some(frame) = shard.loopback.pop() else { break };
+            if shard.rung() {
+                work += self.ring_doorbells(shard, &mut engine);
+            }
+            engine.handle_frame(now, &frame);
+            work += 1;
+        }
 
         // Timers.
         if engine.next_timeout().is_some_and(|t| t <= now) {
@@ -459,20 +546,31 @@ impl Nic {
             work += 1;
         }
 
-        // Transmit.
+        // Transmit. A frame for this device itself is built in the port's
+        // buffer like any other, then copied to the loopback queue and the
+        // buffer handed back unsent (`None`).
         let mut sent = 0;
+        let mut looped = 0;
         let mut only_acks = true;
-        while sent < TX_BUDGET {
+        while sent + looped < TX_BUDGET {
             let engine = &mut *engine;
+            let mut was_looped = false;
             let mut fill = |buf: &mut [u8]| {
                 let n = engine.poll_transmit(now, buf)?;
-                self.capture(&buf[..n]);
+                let frame = buf.get(..n)?;
+                self.capture(frame);
+                if self.is_local(frame) {
+                    self.loop_back(i, frame);
+                    was_looped = true;
+                    return None;
+                }
                 // Only while the batch could still be all ACKs.
-                only_acks = only_acks && rocev2::wire::peek_opcode(&buf[..n]) == Some(Opcode::RC_ACK);
+                only_acks = only_acks && rocev2::wire::peek_opcode(frame) == Some(Opcode::RC_ACK);
                 Some(n)
             };
             match port.transmit_with(&mut fill) {
                 Ok(true) => sent += 1,
+                Ok(false) if was_looped => looped += 1,
                 Ok(false) => break,
                 Err(_) => {
                     self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
@@ -496,7 +594,7 @@ impl Nic {
             self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
         }
         self.stats.tx_frames.fetch_add(sent as u64, Ordering::Relaxed);
-        work += sent;
+        work += sent + looped;
         drop(port);
 
         // Completions and events.
@@ -637,5 +735,72 @@ impl Nic {
                 self.stats.completions_orphaned.fetch_add(1, Ordering::Relaxed);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memport::MemHub;
+    use rocev2::transport::engine::EngineConfig;
+    use rocev2::transport::memory::MemoryTable;
+
+    const MAC: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const OTHER_MAC: [u8; 6] = [2, 0, 0, 0, 0, 2];
+    const V4: [u8; 4] = [10, 0, 0, 1];
+    const V6: [u8; 16] = [0xfd, 0x75, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+
+    fn nic() -> Nic {
+        let hub = MemHub::new(1);
+        let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+        let mut v4 = [0u8; 16];
+        v4[10] = 0xff;
+        v4[11] = 0xff;
+        v4[12..].copy_from_slice(&V4);
+        Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16).with_local_addresses(&[v4, V6])
+    }
+
+    /// An Ethernet frame to `dmac` (802.1Q-tagged if `vlan`) carrying an
+    /// IPv4 (`dst` of 4 bytes) or IPv6 (16 bytes) header to `dst` and 8
+    /// bytes of UDP.
+    fn frame(dmac: [u8; 6], vlan: bool, dst: &[u8]) -> Vec<u8> {
+        let mut f = dmac.to_vec();
+        f.extend_from_slice(&OTHER_MAC);
+        if vlan {
+            f.extend_from_slice(&[0x81, 0x00, 0, 5]);
+        }
+        if dst.len() == 4 {
+            f.extend_from_slice(&[0x08, 0x00, 0x45, 0, 0, 28, 0, 0, 0x40, 0, 64, 17, 0, 0, 10, 0, 0, 2]);
+        } else {
+            f.extend_from_slice(&[0x86, 0xdd, 0x60, 0, 0, 0, 0, 8, 17, 64]);
+            f.extend_from_slice(&[0xfd, 0x75, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+        }
+        f.extend_from_slice(dst);
+        f.extend_from_slice(&[0x12, 0x34, 0x12, 0xb7, 0, 8, 0, 0]);
+        f
+    }
+
+    #[test]
+    fn frames_to_our_mac_or_addresses_are_local() {
+        let nic = nic();
+        assert!(nic.is_local(&frame(MAC, false, &[10, 0, 0, 9])), "our MAC, whatever the IP (rxe_prepare)");
+        assert!(nic.is_local(&frame(OTHER_MAC, false, &V4)), "our IPv4 address");
+        assert!(nic.is_local(&frame(OTHER_MAC, true, &V4)), "our IPv4 address behind a VLAN tag");
+        assert!(nic.is_local(&frame(OTHER_MAC, false, &V6)), "our IPv6 address");
+        assert!(!nic.is_local(&frame(OTHER_MAC, false, &[10, 0, 0, 2])), "a peer's IPv4 address");
+        let mut peer6 = V6;
+        peer6[15] = 2;
+        assert!(!nic.is_local(&frame(OTHER_MAC, true, &peer6)), "a peer's IPv6 address");
+        // Not IP, or too short to say: for the port (whatever it makes of it).
+        let mut arp = frame(OTHER_MAC, false, &V4);
+        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        assert!(!nic.is_local(&arp));
+        assert!(!nic.is_local(&frame(OTHER_MAC, false, &V4)[..20]));
+        assert!(!nic.is_local(&MAC[..4]));
+        // Without addresses only the MAC counts.
+        let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+        let bare = Nic::new(engine, Box::new(MemHub::new(2).attach(MAC, 1500, Default::default())), 16);
+        assert!(!bare.is_local(&frame(OTHER_MAC, false, &V4)));
+        assert!(bare.is_local(&frame(MAC, false, &V4)));
     }
 }
