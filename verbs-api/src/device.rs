@@ -300,14 +300,28 @@ impl DeviceInner {
         self.deferred.reclaim(&self.memory);
     }
 
+    /// The MAC `gid` is reached at: this device's own for one of its own
+    /// GIDs, else the neighbour table's entry (ARP/ND triggered when
+    /// missing). Loopback: the kernel resolves a local address to the
+    /// netdev's own MAC (ib_addr.c `rdma_translate_ip`), rxe marks a frame
+    /// to that MAC `RXE_LOOPBACK_MASK` (`rxe_prepare`) and loops it back;
+    /// the `Nic` delivers frames to our own MAC or addresses inside the
+    /// device the same way, never to the port.
+    pub(crate) fn resolve_mac(&self, gid: &Gid) -> Result<[u8; 6]> {
+        if self.gids.contains(gid) {
+            return Ok(self.mac);
+        }
+        (self.resolve)(gid)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+    }
+
     /// Resolve `dgid` into a full path from our GID at `sgid_index`.
     pub(crate) fn resolve_path(&self, attr: &crate::AhAttr) -> Result<AddressVector> {
         let sgid = *self
             .gids
             .get(usize::from(attr.sgid_index))
             .ok_or_else(|| Error::invalid(format!("sgid_index {} outside the GID table ({} entries)", attr.sgid_index, self.gids.len())))?;
-        let dmac = (self.resolve)(&attr.dgid)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(&attr.dgid))))?;
+        let dmac = self.resolve_mac(&attr.dgid)?;
         let v4s = AddressVector::is_ipv4_mapped(&sgid);
         let v4d = AddressVector::is_ipv4_mapped(&attr.dgid);
         if v4s != v4d {
@@ -390,7 +404,8 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             (Engine::new(cfg, memory.clone()), p)
         })
         .collect();
-    let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize));
+    // Frames to our own GIDs are looped back inside the NIC (`Nic` docs).
+    let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize).with_local_addresses(&gids));
     let runners = match datapath {
         DatapathMode::Thread { core, idle } => vec![Runner::spawn(nic.clone(), core, idle)?],
         DatapathMode::Threads { cores, idle } => cores
@@ -495,11 +510,7 @@ impl Context {
     /// neighbour table (ARP/ND triggered when missing), or this device's
     /// own MAC for one of its own GIDs.
     pub fn resolve_mac(&self, gid: &Gid) -> Result<[u8; 6]> {
-        if self.inner.gids.contains(gid) {
-            return Ok(self.inner.mac);
-        }
-        (self.inner.resolve)(gid)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+        self.inner.resolve_mac(gid)
     }
 
     /// Device-wide transport counters: frames received, and frames dropped
