@@ -26,7 +26,7 @@
 //!
 //! Sans-IO and deterministic: the same attack, view, attacker and `rng_bits`
 //! give the same bytes. Nothing here panics; emission errors are returned.
-//! Used by the simulator's adversary in `tests/sim_random.rs`, and meant
+//! Used by the simulator's adversary ([`crate::sim::adversary`]), and meant
 //! for injecting over raw sockets in veth tests and soak tools.
 
 use std::net::IpAddr;
