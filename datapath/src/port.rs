@@ -4,8 +4,6 @@
 //! by the AF_XDP port. A port hands out transmit buffers so the engine can
 //! build frames in place (for AF_XDP, straight into UMEM).
 
-use core::fmt;
-
 /// What a port is attached to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PortInfo {
@@ -16,11 +14,13 @@ pub struct PortInfo {
 }
 
 /// Why a port operation failed.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum PortError {
     /// No transmit buffer is free right now; try again after the next poll.
+    #[error("no free transmit buffer")]
     TxFull,
     /// The frame does not fit the port's frame size.
+    #[error("frame of {len} bytes exceeds the port's {max}")]
     FrameTooLarge {
         /// Frame length.
         len: usize,
@@ -28,23 +28,12 @@ pub enum PortError {
         max: usize,
     },
     /// The port is gone (its hub or device was closed).
+    #[error("port closed")]
     Closed,
     /// An operating-system error.
+    #[error("I/O error: {0}")]
     Io(String),
 }
-
-impl fmt::Display for PortError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PortError::TxFull => write!(f, "no free transmit buffer"),
-            PortError::FrameTooLarge { len, max } => write!(f, "frame of {len} bytes exceeds the port's {max}"),
-            PortError::Closed => write!(f, "port closed"),
-            PortError::Io(e) => write!(f, "I/O error: {e}"),
-        }
-    }
-}
-
-impl std::error::Error for PortError {}
 
 /// A source and sink of Ethernet frames.
 pub trait Port: Send {

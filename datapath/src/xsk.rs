@@ -16,13 +16,15 @@ use std::ops::Range;
 use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
-use urnic_xdp::{AttachMode, Impairments, XdpConfig, XdpCounters, XdpProgram};
+use urnic_xdp::{AttachMode, Impairments, XdpConfig, XdpCounters, XdpError, XdpProgram};
 use xsk_rs::config::{BindFlags, FrameSize, LibxdpFlags, QueueSize, SocketConfig, UmemConfig};
 use xsk_rs::{CompQueue, FillQueue, FrameDesc, RxQueue, Socket, TxQueue, Umem};
 
 use crate::netdev::Interface;
 use crate::port::{Port, PortError, PortInfo};
 use crate::reassembly::{spread_tail, Held, Piece, Reassembly};
+
+pub mod claim;
 
 /// The longest RoCEv2 frame: a 4096-byte payload (the largest IB MTU) with
 /// Ethernet + 802.1Q, IPv6, UDP, BTH, the largest extension headers (RETH +
@@ -161,21 +163,112 @@ impl XskConfig {
     }
 }
 
-/// Why an AF_XDP port could not be opened.
-#[derive(Debug)]
-pub struct XskError(pub String);
+/// Why an AF_XDP port could not be opened (or reconfigured).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum XskError {
+    /// A bad configuration value (frame or ring size, interface name, ...).
+    #[error("{0}")]
+    Config(String),
+    /// The interface does not exist here or cannot carry RoCEv2.
+    #[error("interface {ifname}: {reason}")]
+    Interface {
+        /// The interface.
+        ifname: String,
+        /// What is wrong with it.
+        reason: String,
+        /// The failed lookup, if one failed.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// The calling thread lacks a privilege the open needs (`EPERM`).
+    #[error("{0}")]
+    Permission(String),
+    /// Another urnic device holds the interface (`EBUSY`): one of another
+    /// process, or of this one ([`claim`]).
+    #[error("interface {ifname} is in use by urnic {} ({holder})", match pid { Some(p) => format!("process {p}"), None => "process (PID not visible here)".to_string() })]
+    InUse {
+        /// The interface.
+        ifname: String,
+        /// The holder's PID, when it can be seen from here.
+        pid: Option<u32>,
+        /// Who the holder is (its command line) or how it holds it.
+        holder: String,
+    },
+    /// An XDP program that is not urnic's is attached to the interface
+    /// (`EBUSY`: the kernel would refuse urnic's).
+    #[error("interface {ifname} has an XDP program attached that is not urnic's ({program}); detach it first (ip link set dev {ifname} xdp off)")]
+    ForeignXdp {
+        /// The interface.
+        ifname: String,
+        /// The program: name, id, and the processes holding it.
+        program: String,
+    },
+    /// A system call failed.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Loading, attaching or configuring the XDP program failed.
+    #[error("XDP program on {ifname}: {source}")]
+    Xdp {
+        /// The interface.
+        ifname: String,
+        /// What failed.
+        #[source]
+        source: XdpError,
+    },
+    /// Binding the AF_XDP socket failed in every mode tried.
+    #[error("AF_XDP socket on {ifname} queue {queue}: {tried}")]
+    Bind {
+        /// The interface.
+        ifname: String,
+        /// The queue.
+        queue: u32,
+        /// Each mode tried and why it failed.
+        tried: String,
+        /// The OS error of the last attempt.
+        #[source]
+        source: Option<std::io::Error>,
+    },
+    /// Setting up the socket's UMEM or rings failed.
+    #[error("{what}: {source}")]
+    Setup {
+        /// What was being set up.
+        what: &'static str,
+        /// Why it failed.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
 
-impl std::fmt::Display for XskError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+impl XskError {
+    /// The errno this failure amounts to: the OS's where a system call
+    /// failed, `EPERM` for missing privileges, `EBUSY` for an interface held
+    /// by another device or program, `EINVAL` for a bad configuration,
+    /// `ENODEV` for an unusable interface, else `EIO`.
+    pub fn errno(&self) -> i32 {
+        match self {
+            XskError::Config(_) => libc::EINVAL,
+            XskError::Interface { source, .. } => source.as_ref().and_then(|e| e.raw_os_error()).unwrap_or(libc::ENODEV),
+            XskError::Permission(_) => libc::EPERM,
+            XskError::InUse { .. } | XskError::ForeignXdp { .. } => libc::EBUSY,
+            XskError::Io { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            XskError::Bind { source, .. } => source.as_ref().and_then(|e| e.raw_os_error()).unwrap_or(libc::EIO),
+            XskError::Xdp { .. } | XskError::Setup { .. } => libc::EIO,
+        }
     }
 }
 
-impl std::error::Error for XskError {}
-
 impl From<XskError> for std::io::Error {
+    /// An `io::Error` with the errno's kind, carrying the `XskError`.
     fn from(e: XskError) -> Self {
-        std::io::Error::other(e.0)
+        let kind = std::io::Error::from_raw_os_error(e.errno()).kind();
+        std::io::Error::new(kind, e)
     }
 }
 
@@ -250,10 +343,13 @@ pub struct XskPort {
     prog: std::sync::Arc<XdpProgram>,
     queue: u32,
     reports_program: bool,
+    /// The interface's lock, shared by the ports of one open; released
+    /// when the last goes, after the program is detached (field order).
+    _lock: std::sync::Arc<claim::InterfaceLock>,
 }
 
-fn err(what: &str, e: impl std::fmt::Display) -> XskError {
-    XskError(format!("{what}: {e}"))
+fn setup<E: std::error::Error + Send + Sync + 'static>(what: &'static str) -> impl FnOnce(E) -> XskError {
+    move |e| XskError::Setup { what, source: Box::new(e) }
 }
 
 impl XskPort {
@@ -261,18 +357,29 @@ impl XskPort {
     /// `cfg.queue`, in the calling thread's network namespace.
     pub fn open(cfg: &XskConfig) -> Result<XskPort, XskError> {
         let mut v = XskPort::open_queues(cfg, &[cfg.queue])?;
-        v.pop().ok_or_else(|| XskError("no queue opened".into()))
+        v.pop().ok_or_else(|| XskError::Config("no queue opened".into()))
     }
 
     /// Attach the XDP program to `cfg.ifname` once and open one AF_XDP
     /// socket (with its own UMEM) per queue in `queues`: one port per shard.
+    ///
+    /// The interface must be free: the ports hold its lock
+    /// ([`claim::InterfaceLock`]) for as long as any of them lives, and a
+    /// second open, by this process or another, fails with
+    /// [`XskError::InUse`] naming the holder's PID; an XDP program other
+    /// than urnic's on it fails with [`XskError::ForeignXdp`]; missing
+    /// privileges fail with [`XskError::Permission`].
     pub fn open_queues(cfg: &XskConfig, queues: &[u32]) -> Result<Vec<XskPort>, XskError> {
-        let iface = Interface::query(&cfg.ifname).map_err(|e| err("interface", e))?;
+        let iface = Interface::query(&cfg.ifname).map_err(|e| XskError::Interface {
+            ifname: cfg.ifname.clone(),
+            reason: e.to_string(),
+            source: Some(e),
+        })?;
         if !cfg.frame_size.is_power_of_two() || !(2048..=4096).contains(&cfg.frame_size) {
-            return Err(XskError(format!("frame_size {} must be 2048 or 4096", cfg.frame_size)));
+            return Err(XskError::Config(format!("frame_size {} must be 2048 or 4096", cfg.frame_size)));
         }
         if cfg.frame_count < 64 || !cfg.ring_size.is_power_of_two() || cfg.ring_size < 64 {
-            return Err(XskError(format!(
+            return Err(XskError::Config(format!(
                 "frame_count {} must be at least 64 and ring_size {} a power of two of at least 64",
                 cfg.frame_count, cfg.ring_size
             )));
@@ -281,12 +388,22 @@ impl XskPort {
         xdp.ipv4 = iface.ipv4.iter().map(|a| a.octets()).collect();
         xdp.ipv6 = iface.ipv6.iter().map(|a| a.octets()).collect();
         if xdp.ipv4.is_empty() && xdp.ipv6.is_empty() {
-            return Err(XskError(format!("interface {} has no IP address: RoCEv2 needs one (it is the GID)", iface.name)));
+            return Err(XskError::Interface {
+                ifname: iface.name.clone(),
+                reason: "no IP address: RoCEv2 needs one (it is the GID)".into(),
+                source: None,
+            });
         }
+        claim::check_privileges(&iface.name)?;
+        let lock = std::sync::Arc::new(claim::InterfaceLock::acquire(&iface.name)?);
+        claim::check_no_xdp_program(&iface.name, iface.index)?;
         let prog = std::sync::Arc::new(
-            XdpProgram::attach(iface.index, &xdp).map_err(|e| err(&format!("XDP program on {}", iface.name), e))?,
+            XdpProgram::attach(iface.index, &xdp).map_err(|source| XskError::Xdp { ifname: iface.name.clone(), source })?,
         );
-        let mut ports = queues.iter().map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone())).collect::<Result<Vec<_>, _>>()?;
+        let mut ports = queues
+            .iter()
+            .map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone(), lock.clone()))
+            .collect::<Result<Vec<_>, _>>()?;
         // The program's counters are per interface: one port reports them.
         for p in ports.iter_mut().skip(1) {
             p.reports_program = false;
@@ -294,20 +411,26 @@ impl XskPort {
         Ok(ports)
     }
 
-    fn open_socket(cfg: &XskConfig, queue: u32, iface: &Interface, prog: std::sync::Arc<XdpProgram>) -> Result<XskPort, XskError> {
+    fn open_socket(
+        cfg: &XskConfig,
+        queue: u32,
+        iface: &Interface,
+        prog: std::sync::Arc<XdpProgram>,
+        lock: std::sync::Arc<claim::InterfaceLock>,
+    ) -> Result<XskPort, XskError> {
         let iface = iface.clone();
 
-        let ring = QueueSize::new(cfg.ring_size).map_err(|e| err("ring size", e))?;
+        let ring = QueueSize::new(cfg.ring_size).map_err(setup("ring size"))?;
         let umem_cfg = UmemConfig::builder()
-            .frame_size(FrameSize::new(cfg.frame_size).map_err(|e| err("frame size", e))?)
+            .frame_size(FrameSize::new(cfg.frame_size).map_err(setup("frame size"))?)
             .fill_queue_size(ring)
             .comp_queue_size(ring)
             .build()
-            .map_err(|e| err("UMEM config", e))?;
+            .map_err(setup("UMEM config"))?;
         let frame_len = umem_cfg.mtu() as usize;
-        let count = NonZeroU32::new(cfg.frame_count).ok_or_else(|| XskError("frame_count must not be 0".into()))?;
-        let (umem, mut frames) = Umem::new(umem_cfg, count, cfg.huge_pages).map_err(|e| err("UMEM", e))?;
-        let ifname: xsk_rs::config::Interface = cfg.ifname.parse().map_err(|e| err("interface name", e))?;
+        let count = NonZeroU32::new(cfg.frame_count).ok_or_else(|| XskError::Config("frame_count must not be 0".into()))?;
+        let (umem, mut frames) = Umem::new(umem_cfg, count, cfg.huge_pages).map_err(setup("UMEM"))?;
+        let ifname: xsk_rs::config::Interface = cfg.ifname.parse().map_err(setup("interface name"))?;
 
         let modes: &[bool] = match cfg.bind {
             BindMode::Auto => &[true, false],
@@ -320,7 +443,8 @@ impl XskPort {
             .iter()
             .flat_map(|&zc| if want_sg { vec![(zc, true), (zc, false)] } else { vec![(zc, false)] })
             .collect();
-        let mut last_err = String::new();
+        let mut tried = Vec::new();
+        let mut last_os = None;
         let mut opened = None;
         // A socket just closed on this queue keeps it busy until the
         // kernel's deferred release of its buffer pool has run (a
@@ -328,6 +452,7 @@ impl XskPort {
         let busy_until = Instant::now() + Duration::from_secs(3);
         'bind: loop {
             let mut busy = false;
+            tried.clear();
             for &(zc, sg) in &tries {
                 let mut flags = if zc { BindFlags::XDP_ZEROCOPY } else { BindFlags::XDP_COPY };
                 if cfg.need_wakeup {
@@ -353,7 +478,8 @@ impl XskPort {
                         let os = std::error::Error::source(&e).and_then(|s| s.downcast_ref::<std::io::Error>());
                         busy |= os.and_then(|o| o.raw_os_error()) == Some(libc::EBUSY);
                         let why = os.map_or(String::new(), |o| format!(" ({o})"));
-                        last_err = format!("{} mode{}: {e}{why}", if zc { "zero-copy" } else { "copy" }, if sg { ", multi-buffer" } else { "" });
+                        tried.push(format!("{} mode{}: {e}{why}", if zc { "zero-copy" } else { "copy" }, if sg { ", multi-buffer" } else { "" }));
+                        last_os = os.and_then(|o| o.raw_os_error()).map(std::io::Error::from_raw_os_error);
                     }
                 }
             }
@@ -362,10 +488,19 @@ impl XskPort {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let ((tx, rx, fq_cq), (zero_copy, sg)) =
-            opened.ok_or_else(|| XskError(format!("AF_XDP socket on {} queue {queue}: {last_err}", cfg.ifname)))?;
-        let (mut fill, comp) = fq_cq.ok_or_else(|| XskError("AF_XDP socket came without fill/completion rings".into()))?;
-        prog.register_socket(queue, rx.fd().as_raw_fd()).map_err(|e| err("XSKMAP", e))?;
+        let ((tx, rx, fq_cq), (zero_copy, sg)) = opened.ok_or_else(|| XskError::Bind {
+            ifname: cfg.ifname.clone(),
+            queue,
+            tried: tried.join("; "),
+            source: last_os,
+        })?;
+        let (mut fill, comp) = fq_cq.ok_or_else(|| XskError::Bind {
+            ifname: cfg.ifname.clone(),
+            queue,
+            tried: "the socket came without fill/completion rings".into(),
+            source: None,
+        })?;
+        prog.register_socket(queue, rx.fd().as_raw_fd()).map_err(|source| XskError::Xdp { ifname: cfg.ifname.clone(), source })?;
 
         // The UMEM is one mapping: frame 0's data pointer minus its address
         // is where it starts.
@@ -411,6 +546,7 @@ impl XskPort {
             prog,
             queue,
             reports_program: true,
+            _lock: lock,
         })
     }
 
@@ -441,7 +577,7 @@ impl XskPort {
 
     /// Change the XDP program's test impairments on the live port.
     pub fn set_impairments(&self, imp: &Impairments) -> Result<(), XskError> {
-        self.prog.set_impairments(imp).map_err(|e| err("impairments", e))
+        self.prog.set_impairments(imp).map_err(|source| XskError::Xdp { ifname: self.iface.name.clone(), source })
     }
 
     /// Port counters.

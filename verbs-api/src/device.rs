@@ -8,6 +8,7 @@ use rocev2::transport::attr::{AddressVector, Mtu};
 use rocev2::transport::engine::{AsyncEvent, Engine, EngineConfig};
 use rocev2::transport::memory::MemoryTable;
 use urnic_datapath::neigh::Neighbours;
+use urnic_datapath::xsk::XskError;
 use urnic_datapath::{IdlePolicy, Impairments, MemHub, Nic, Port, Runner, XskConfig, XskPort};
 
 use crate::error::{Error, ErrorKind, Result};
@@ -128,7 +129,7 @@ impl DeviceConfig {
         if queues.is_empty() {
             return Err(Error::invalid("at least one queue"));
         }
-        let ports = XskPort::open_queues(xsk, queues).map_err(|e| Error::new(ErrorKind::Io, e.to_string()))?;
+        let ports = XskPort::open_queues(xsk, queues).map_err(xsk_error)?;
         let iface = ports[0].interface().clone();
         let link_mtu = urnic_datapath::Port::info(&ports[0]).mtu;
         let neigh = Neighbours::new(iface.index, std::time::Duration::from_secs(3))?;
@@ -155,9 +156,38 @@ impl DeviceConfig {
     }
 }
 
+/// The verbs error for an AF_XDP port that would not open, with the
+/// `XskError` as its source: another device holding the interface (the
+/// message names its PID) or a foreign XDP program on it is `EBUSY`,
+/// missing privileges `EPERM`, a failed system call its own errno.
+fn xsk_error(e: XskError) -> Error {
+    let kind = match &e {
+        XskError::Permission(_) => ErrorKind::PermissionDenied,
+        XskError::InUse { .. } | XskError::ForeignXdp { .. } => ErrorKind::Busy,
+        XskError::Config(_) => ErrorKind::InvalidArgument,
+        XskError::Interface { .. } => ErrorKind::NotFound,
+        XskError::Io { source, .. } | XskError::Bind { source: Some(source), .. }
+            if matches!(source.raw_os_error(), Some(libc::EPERM | libc::EACCES)) =>
+        {
+            ErrorKind::PermissionDenied
+        }
+        XskError::Bind { source: Some(source), .. } if source.raw_os_error() == Some(libc::EBUSY) => ErrorKind::Busy,
+        _ => ErrorKind::Io,
+    };
+    Error::with_source(kind, e.to_string(), e)
+}
+
 /// Open an AF_XDP device on `xsk.ifname` inside network namespace `netns`
 /// (as made by `ip netns add`; `None`: the caller's), with `datapath`.
 /// The device works from any thread afterwards.
+///
+/// One device per interface: while it is open, opening another on the same
+/// interface of the same namespace, from this process or any other, fails
+/// with [`ErrorKind::Busy`] (`EBUSY`) and a message naming the holder's PID
+/// (`interface veth0 is in use by urnic process 1234 (...)`), and so does an
+/// interface with another XDP program attached. Without root (or
+/// `CAP_NET_ADMIN`, `CAP_NET_RAW` and `CAP_BPF`) it fails with
+/// [`ErrorKind::PermissionDenied`] (`EPERM`).
 ///
 /// With [`DatapathMode::Threads`] the device gets one shard per core, on
 /// queues `0..cores.len()` of the interface.

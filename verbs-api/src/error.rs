@@ -85,11 +85,17 @@ impl Error {
 
     /// A new error caused by `source` (returned by
     /// [`source`](std::error::Error::source)). `message` should say what
-    /// failed, including the cause's text. An `io::Error` source gives the
-    /// errno (see [`Error::errno`]).
+    /// failed, including the cause's text. The first `io::Error` in the
+    /// source's chain gives the errno (see [`Error::errno`]).
     pub fn with_source(kind: ErrorKind, message: impl Into<String>, source: impl std::error::Error + Send + Sync + 'static) -> Error {
         let source: Cause = Box::new(source);
-        let os_errno = io_errno(&*source);
+        // The first io::Error down the chain says which system call failed how.
+        let mut os_errno = None;
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(&*source);
+        while let (None, Some(c)) = (os_errno, cause) {
+            os_errno = io_errno(c);
+            cause = c.source();
+        }
         Error { kind, message: message.into(), os_errno, source: Some(source) }
     }
 
@@ -213,6 +219,18 @@ mod tests {
         let e = Error::from(custom);
         assert_eq!((e.kind(), e.errno()), (ErrorKind::PermissionDenied, libc::EPERM));
         assert_eq!(Error::from(io::Error::other("odd")).errno(), libc::EIO);
+    }
+
+    #[test]
+    fn the_errno_comes_from_the_first_io_error_down_the_chain() {
+        use urnic_datapath::xsk::XskError;
+        let x = XskError::Io { what: "AF_XDP socket".into(), source: io::Error::from_raw_os_error(libc::ENODEV) };
+        let e = Error::with_source(ErrorKind::Io, x.to_string(), x);
+        assert_eq!(e.errno(), libc::ENODEV);
+        assert!(e.source().is_some_and(|s| s.is::<XskError>()));
+        let busy = XskError::InUse { ifname: "veth0".into(), pid: Some(1234), holder: "urnic perftest".into() };
+        assert_eq!(busy.to_string(), "interface veth0 is in use by urnic process 1234 (urnic perftest)");
+        assert_eq!(Error::with_source(ErrorKind::Busy, busy.to_string(), busy).errno(), libc::EBUSY);
     }
 
     #[test]
