@@ -19,7 +19,6 @@
 //! # Ok::<(), urnic_datapath::raw::RawError>(())
 //! ```
 
-use std::fmt;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
@@ -30,16 +29,19 @@ use crate::netdev::Interface;
 pub const MIN_FRAME: usize = 14;
 
 /// Why a raw sender could not be opened or a frame not sent.
-#[derive(Debug)]
+#[derive(Debug, thiserror::Error)]
 pub enum RawError {
     /// Entering the named network namespace failed (no such namespace, or
     /// no `CAP_SYS_ADMIN`).
-    Netns(io::Error),
+    #[error("raw sender: {0}")]
+    Netns(#[source] io::Error),
     /// `socket(AF_PACKET, SOCK_RAW)` failed: typically `EPERM` without
     /// `CAP_NET_RAW`.
-    Socket(io::Error),
+    #[error("raw sender: AF_PACKET socket (needs CAP_NET_RAW): {0}")]
+    Socket(#[source] io::Error),
     /// The interface is not in the namespace, is not Ethernet, or its name
     /// is invalid.
+    #[error("raw sender: interface {ifname}: {source}")]
     Interface {
         /// Interface name asked for.
         ifname: String,
@@ -47,6 +49,7 @@ pub enum RawError {
         source: io::Error,
     },
     /// Binding the socket to the interface failed.
+    #[error("raw sender: bind to {ifname}: {source}")]
     Bind {
         /// Interface name.
         ifname: String,
@@ -54,11 +57,13 @@ pub enum RawError {
         source: io::Error,
     },
     /// The frame is shorter than an Ethernet header.
+    #[error("raw sender: a {len}-byte frame has no Ethernet header")]
     TooShort {
         /// Its length.
         len: usize,
     },
     /// The frame is longer than the interface carries (`EMSGSIZE`).
+    #[error("raw sender: a {len}-byte frame exceeds the interface's MTU {mtu}")]
     TooLong {
         /// Its length.
         len: usize,
@@ -69,9 +74,11 @@ pub enum RawError {
     /// The kernel refused the frame (`ENOBUFS`: the interface's queue or its
     /// peer's ring is full and the frame was dropped; `ENETDOWN`: the link is
     /// down; ...).
-    Send(io::Error),
+    #[error("raw sender: send: {0}")]
+    Send(#[source] io::Error),
     /// The kernel took only part of the frame (does not happen on Linux
     /// `AF_PACKET`; reported rather than assumed away).
+    #[error("raw sender: only {sent} of {len} bytes sent")]
     Short {
         /// Bytes the kernel reported sent.
         sent: usize,
@@ -87,31 +94,6 @@ impl RawError {
         match self {
             RawError::Send(e) => matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)),
             _ => false,
-        }
-    }
-}
-
-impl fmt::Display for RawError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            RawError::Netns(e) => write!(f, "raw sender: {e}"),
-            RawError::Socket(e) => write!(f, "raw sender: AF_PACKET socket (needs CAP_NET_RAW): {e}"),
-            RawError::Interface { ifname, source } => write!(f, "raw sender: interface {ifname}: {source}"),
-            RawError::Bind { ifname, source } => write!(f, "raw sender: bind to {ifname}: {source}"),
-            RawError::TooShort { len } => write!(f, "raw sender: a {len}-byte frame has no Ethernet header"),
-            RawError::TooLong { len, mtu } => write!(f, "raw sender: a {len}-byte frame exceeds the interface's MTU {mtu}"),
-            RawError::Send(e) => write!(f, "raw sender: send: {e}"),
-            RawError::Short { sent, len } => write!(f, "raw sender: only {sent} of {len} bytes sent"),
-        }
-    }
-}
-
-impl std::error::Error for RawError {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            RawError::Netns(e) | RawError::Socket(e) | RawError::Send(e) => Some(e),
-            RawError::Interface { source, .. } | RawError::Bind { source, .. } => Some(source),
-            _ => None,
         }
     }
 }
