@@ -433,7 +433,13 @@ fn ud_qp(s: &Side, depth: usize, psn: u32) -> Result<Qp, String> {
             send_cq: &s.scq,
             recv_cq: &s.rcq,
             srq: None,
-            cap: QpCaps { max_send_wr: depth as u32, max_recv_wr: 4 * depth as u32, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 },
+            cap: QpCaps {
+                max_send_wr: depth as u32,
+                max_recv_wr: (ud::RECV_PER_SEND * depth) as u32,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 0,
+            },
             sq_sig_all: false,
         })
         .map_err(|e| format!("create UD QP: {e}"))?;
@@ -468,7 +474,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
             c.nic().set_capture(Some(&path)).map_err(|e| format!("{}: {e}", path.display()))?;
         }
     }
-    let cqe = (a.qps * (2 * a.depth + 4) + a.ud_qps * 5 * a.depth + 64) as u32;
+    let cqe = (a.qps * (2 * a.depth + 4) + a.ud_qps * (ud::RECV_PER_SEND + 1) * a.depth + 64) as u32;
     let mut sides = Vec::new();
     for c in &ctxs {
         let pd = c.alloc_pd().map_err(|e| e.to_string())?;

@@ -15,6 +15,10 @@ use super::Totals;
 pub const GRH: usize = 40;
 /// Sequence number (8) and flow id (4) lead every message.
 const HDR: usize = 12;
+/// Receives per SEND in flight: a UD sender's SEND completes when it leaves,
+/// so a burst can outrun the reposting of receives; with this many, UD loss
+/// is the impairments' (`resp_ud_no_wqe_dropped` counts the rest).
+pub const RECV_PER_SEND: usize = 16;
 /// Stream ids of UD flows, apart from the RC flows'.
 const STREAM_BASE: u64 = 1 << 32;
 
@@ -74,7 +78,7 @@ impl UdFlow {
         sender_qpn: u32,
         sender_ipv4: Option<[u8; 4]>,
     ) -> Result<UdFlow, String> {
-        let recv_depth = 4 * depth;
+        let recv_depth = RECV_PER_SEND * depth;
         let local = send_pd.alloc_mr(depth * mtu, Access::LOCAL_WRITE).map_err(|e| format!("UD staging MR: {e}"))?;
         let mut remote = recv_pd.alloc_mr(recv_depth * (GRH + mtu), Access::LOCAL_WRITE).map_err(|e| format!("UD receive MR: {e}"))?;
         let n = remote.len();
