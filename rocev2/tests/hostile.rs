@@ -210,7 +210,7 @@ fn requests_from_a_stranger_change_nothing() {
             p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 4096)] }).unwrap();
             let psn = p.b.rq_psn();
             let bad = [0xeeu8; 512];
-            let mut send = TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(send_op, p.b.qpn, psn) });
+            let send = TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(send_op, p.b.qpn, psn) });
             let mut write = write_only(p.b.qpn, psn, p.b.remote(8192), 512);
             write.bth.opcode = write_op;
             // From a stranger.
@@ -438,4 +438,58 @@ fn cnps_only_from_the_peer() {
     p.a.engine.handle_frame(t, &forge(&b_addr, &a_addr, cnp(qa, 0xffff), &[]));
     assert_eq!(p.a.engine.stats().rx_cnps, 1);
     assert!(p.a.engine.qp_dcqcn(qa).unwrap().is_limited());
+}
+
+/// Found by the adversarial simulation (sim_random seed 8, far-ahead
+/// requests): a sequence NAK rewinds into the middle of a multi-packet
+/// SEND, and an ACK covering the whole SEND arrives before the
+/// retransmission leaves. The next WR must then start at its own first
+/// byte; it used to inherit the old offset (a short WR failed with
+/// LOC_PROT_ERR, a long one went out at a wrong PSN).
+#[test]
+fn an_ack_covering_the_message_being_resent_restarts_the_next_wr_at_its_start() {
+    let mut p = pair(QpType::Rc, false);
+    let (a_addr, b_addr, qa) = (p.a.addr, p.b.addr, p.a.qpn);
+    for (i, b) in p.a.mem[..4096].iter_mut().enumerate() {
+        *b = (i % 251) as u8;
+    }
+    p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 100, sgl: vec![p.b.sge(0, 4096)] }).unwrap();
+    p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 101, sgl: vec![p.b.sge(8192, 4096)] }).unwrap();
+    let first = p.a.sq_psn();
+    // A three-packet SEND, then a 100-byte one, both sent.
+    let (s1, s2) = (p.a.sge(0, 2049), p.a.sge(3000, 100));
+    p.a.engine.post_send(qa, send_wr(1, SendOp::Send, vec![s1])).unwrap();
+    p.a.engine.post_send(qa, send_wr(2, SendOp::Send, vec![s2])).unwrap();
+    // B loses the second packet: it NAKs PSN first+1 (once).
+    let mut n = 0;
+    let mut nak = None;
+    p.run_for(Duration::from_micros(20), |from_a, t| {
+        if from_a {
+            n += 1;
+            return n != 2;
+        }
+        if matches!(t.aeth.map(|a| a.syndrome), Some(AckSyndrome::Nak(NakCode::PsnSequenceError))) {
+            nak = Some(*t);
+            return false;
+        }
+        true
+    });
+    let nak = nak.expect("B NAKed the gap");
+    assert_eq!(nak.bth.psn, first.add(1));
+    // The NAK rewinds A to the second packet (offset 1024)...
+    p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, nak, &[]));
+    // ...and before anything leaves, an ACK covering the first SEND's three
+    // packets arrives (the late second packet did reach B).
+    p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, first.add(2), AckSyndrome::Ack { credits: 31 }), &[]));
+    let c = p.a.completions();
+    assert_eq!((c.len(), c[0].wr_id, c[0].status), (1, 1, WcStatus::Success), "{c:?}");
+    // A goes back to what is still unacknowledged: the second WR's only
+    // packet, at its PSN first+3, with its data from its first byte.
+    let mut buf = vec![0u8; 9000];
+    let len = p.a.engine.poll_transmit(p.now, &mut buf).expect("the second WR leaves");
+    let f = parse_frame(&buf[..len]).unwrap();
+    assert_eq!(f.repr.transport.bth.psn, first.add(3));
+    assert_eq!(f.repr.transport.bth.opcode, Opcode::RC_SEND_ONLY);
+    assert_eq!(f.payload, &p.a.mem[3000..3100]);
+    assert_eq!(p.a.state(), QpState::Rts);
 }

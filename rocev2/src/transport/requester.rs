@@ -229,7 +229,15 @@ impl Requester {
         while let Some(w) = self.wqes.front() {
             let Some(status) = w.done else { break };
             let w = self.wqes.pop_front().expect("front exists");
-            self.cur = self.cur.saturating_sub(1);
+            // `cur` indexes the WQE being sent. Removing the head shifts it
+            // down; if the head *was* the one being sent (a rewind into a
+            // message the same instant an ACK covered all of it), the next
+            // WQE starts from its beginning, not from the old offset.
+            if self.cur == 0 {
+                self.cur_off = 0;
+            } else {
+                self.cur -= 1;
+            }
             if w.signaled || status != WcStatus::Success {
                 let byte_len = match w.kind {
                     Kind::Atomic => 8,
