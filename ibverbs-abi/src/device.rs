@@ -171,6 +171,53 @@ fn cores_from_env() -> Result<urnic::DatapathMode, String> {
     }
 }
 
+/// What `urnic exec` (or the user) asks of every device a program opens,
+/// through the environment: `URNIC_PCAP=FILE` captures its frames (a second
+/// device of the same process gets `FILE.<device>`), `URNIC_DROP=P` makes
+/// the XDP program drop that share of received RoCE frames (a test
+/// impairment), `URNIC_STATS=DIR` publishes live counters there for
+/// `urnic stat` (default `/run/urnic`; `URNIC_STATS=0` turns it off).
+struct ExecEnv {
+    pcap: Option<std::path::PathBuf>,
+    drop: f64,
+    stats: Option<std::path::PathBuf>,
+}
+
+static OPENED: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+impl ExecEnv {
+    fn read() -> Result<ExecEnv, String> {
+        let drop = match std::env::var("URNIC_DROP") {
+            Ok(v) => match v.trim().parse::<f64>() {
+                Ok(p) if (0.0..=1.0).contains(&p) => p,
+                _ => return Err(format!("URNIC_DROP={v:?}: expected a probability from 0 to 1")),
+            },
+            Err(_) => 0.0,
+        };
+        let stats = match std::env::var("URNIC_STATS") {
+            Ok(v) if v == "0" => None,
+            Ok(v) if !v.is_empty() => Some(v.into()),
+            _ => Some("/run/urnic".into()),
+        };
+        let pcap = std::env::var_os("URNIC_PCAP").filter(|v| !v.is_empty()).map(std::path::PathBuf::from);
+        Ok(ExecEnv { pcap, drop, stats })
+    }
+
+    fn apply(&self, ctx: &urnic::Context, name: &str) -> Result<(), String> {
+        if let Some(dir) = &self.stats {
+            // Live counters are a convenience: a read-only /run does not
+            // stop the program.
+            let _ = ctx.publish_counters(dir);
+        }
+        if let Some(file) = &self.pcap {
+            let nth = OPENED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path = if nth == 0 { file.clone() } else { std::path::PathBuf::from(format!("{}.{name}", file.display())) };
+            ctx.nic().set_capture(Some(&path)).map_err(|e| format!("URNIC_PCAP {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     guard("ibv_open_device", ptr::null_mut(), || {
@@ -183,7 +230,15 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             }
         };
         let name = CStr::from_ptr(d.dev.name.as_ptr()).to_string_lossy().into_owned();
-        let xsk = urnic::XskConfig::new(&d.ifname);
+        let mut xsk = urnic::XskConfig::new(&d.ifname);
+        let env = match ExecEnv::read() {
+            Ok(e) => e,
+            Err(msg) => {
+                eprintln!("urnic: {msg}");
+                return null_err(libc::EINVAL);
+            }
+        };
+        xsk.xdp.impairments.drop_prob = env.drop;
         let ctx = match urnic::open_af_xdp(None, &name, &xsk, mode) {
             Ok(c) => c,
             Err(e) => {
@@ -196,6 +251,10 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 return null_err(errno);
             }
         };
+        if let Err(msg) = env.apply(&ctx, &name) {
+            eprintln!("urnic: {msg}");
+            return null_err(libc::EINVAL);
+        }
         let async_fd = ctx.async_event_fd();
         let mut vctx: verbs_context = std::mem::zeroed();
         vctx.sz = std::mem::size_of::<verbs_context>();
@@ -303,15 +362,20 @@ unsafe fn port_attr(u: &UContext, port: u8) -> Result<ibv_port_attr, c_int> {
     })
 }
 
+/// `sizeof(struct _compat_ibv_port_attr)`: rdma-core defines that struct in
+/// verbs.c, not in the installed header (bindgen sees an opaque, zero-sized
+/// type), as `ibv_port_attr` up to and including `flags`, 4-byte aligned.
+const COMPAT_PORT_ATTR_SIZE: usize = (std::mem::offset_of!(ibv_port_attr, flags) + 1).next_multiple_of(4);
+
 #[no_mangle]
 pub unsafe extern "C" fn ibv_query_port(ctx: *mut ibv_context, port: u8, attr: *mut _compat_ibv_port_attr) -> c_int {
     guard("ibv_query_port", libc::EIO, || {
         let (Some(u), false) = (uctx(ctx), attr.is_null()) else { return libc::EINVAL };
         match port_attr(u, port) {
             Ok(full) => {
-                // The compat struct is the leading part of the full one.
-                let n = std::mem::size_of::<_compat_ibv_port_attr>().min(std::mem::size_of::<ibv_port_attr>());
-                ptr::copy_nonoverlapping(&full as *const _ as *const u8, attr as *mut u8, n);
+                // The compat struct is the leading part of the full one, as
+                // rdma-core's __lib_query_port copies it.
+                ptr::copy_nonoverlapping(&full as *const _ as *const u8, attr as *mut u8, COMPAT_PORT_ATTR_SIZE);
                 0
             }
             Err(e) => e,
@@ -378,7 +442,10 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 e.ndev_ifindex = udevice((*ctx).device).map_or(0, |d| d.ifindex);
                 0
             }
-            Err(_) => libc::ENODATA,
+            // The kernel's rdma_get_gid_attr: a port or index outside the
+            // table is EINVAL (ENODATA is for an empty entry inside it, and
+            // urnic's table has none).
+            Err(_) => libc::EINVAL,
         }
     })
 }
