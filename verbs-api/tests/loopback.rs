@@ -100,7 +100,7 @@ fn loopback_beside_a_lossy_link_ipv4() {
     }
     let ca = open_device(ca).unwrap();
     let cb = open_device(DeviceConfig::memory(&hub, "urnic1", [2, 0, 0, 0, 0, 2], [10, 0, 0, 2])).unwrap();
-    loopback_beside_a_lossy_link(&ca, &cb, 1);
+    loopback_cases::loopback_beside_a_lossy_link(&ca, &cb, 1);
     let dropped = hub.stats.dropped.load(std::sync::atomic::Ordering::Relaxed);
     assert!(dropped > 0);
 }

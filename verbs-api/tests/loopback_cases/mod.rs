@@ -99,8 +99,9 @@ pub fn rc_self_pair(ctx: &Context, sgid_index: u8, buf: usize) -> (Side, Qp, Sid
 /// SEND (with and without immediate, 0 B to over a MiB, both ways), WRITE,
 /// WRITE with immediate, READ into three SGEs, FETCH_ADD and CMP_SWAP
 /// between two RC QPs of one device through its GID at `sgid_index`; every
-/// byte and every completion checked; every frame looped back.
-pub fn rc_to_itself(ctx: &Context, sgid_index: u8) {
+/// byte and every completion checked; every frame looped back. Returns
+/// the two QPNs.
+pub fn rc_to_itself(ctx: &Context, sgid_index: u8) -> (u32, u32) {
     let (mut a, qa, mut b, qb) = rc_self_pair(ctx, sgid_index, 4 * MIB);
     let before = Snapshot::of(ctx);
 
@@ -189,6 +190,7 @@ pub fn rc_to_itself(ctx: &Context, sgid_index: u8) {
     assert_no_retransmission(&qb);
     assert_quiet(&a.cq);
     assert_quiet(&b.cq);
+    (qa.qp_num(), qb.qp_num())
 }
 
 /// A UD QP and its initialised peers: INIT → RTR → RTS with `qkey`.
