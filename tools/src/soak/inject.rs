@@ -172,7 +172,7 @@ impl Injector {
                     sent = due;
                     continue;
                 }
-                while sent < due {
+                while sent < due && !stop2.load(Ordering::Relaxed) {
                     sent += 1;
                     let t = list[rng.below(list.len() as u64) as usize];
                     let ci = rng.below(n) as usize;

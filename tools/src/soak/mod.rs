@@ -28,6 +28,11 @@ use self::pattern::Rng;
 use self::rc::{Kind, RcFlow};
 use self::ud::UdFlow;
 
+/// Longest run (an Instant a few centuries ahead would overflow).
+const MAX_DAYS: u64 = 366;
+/// Fastest injector (one thread pacing by the millisecond).
+const MAX_HOSTILE: u64 = 1_000_000;
+
 /// Q_Key of the soak's UD QPs.
 const UD_QKEY: u32 = 0x1111_1111;
 
@@ -46,10 +51,10 @@ pub struct SoakArgs {
     /// WRs in flight per RC direction (and per UD direction).
     #[arg(long, default_value_t = 8)]
     depth: usize,
-    /// Share (0..1) of the RoCE frames each device's XDP program drops.
+    /// Share (0 to 0.5) of the RoCE frames each device's XDP program drops.
     #[arg(long, default_value_t = 0.01)]
     loss: f64,
-    /// Share (0..1) of the RoCE frames each device's XDP program corrupts (one bit).
+    /// Share (0 to 0.5) of the RoCE frames each device's XDP program corrupts (one bit).
     #[arg(long, default_value_t = 0.005)]
     corrupt: f64,
     /// Forged frames per second from the hostile injector (0: none).
@@ -339,6 +344,15 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     }
     if a.timeout == 0 || a.timeout > 31 {
         return Err("--timeout must be 1..=31 (0 would be an infinite timeout: a lost tail never recovers)".into());
+    }
+    if a.duration > Duration::from_secs(MAX_DAYS * 86_400) {
+        return Err(format!("--duration above {MAX_DAYS} days"));
+    }
+    if a.report_every < Duration::from_millis(100) || a.stall < Duration::from_secs(1) {
+        return Err("--report-every must be at least 100ms and --stall at least 1s".into());
+    }
+    if a.hostile > MAX_HOSTILE {
+        return Err(format!("--hostile above {MAX_HOSTILE} frames/s"));
     }
     let seed = a.seed.unwrap_or_else(|| pattern::mix(std::process::id() as u64 ^ Instant::now().elapsed().as_nanos() as u64 ^ rand_seed()));
     install_signal_handlers();
