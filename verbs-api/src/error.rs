@@ -212,7 +212,7 @@ mod tests {
             assert!(e.message().starts_with("opening /run/urnic: "), "{e}");
         }
         // An io::Error made from another keeps the inner errno.
-        let wrapped = io::Error::new(io::ErrorKind::Other, io::Error::from_raw_os_error(libc::EBUSY));
+        let wrapped = io::Error::other(io::Error::from_raw_os_error(libc::EBUSY));
         assert_eq!(Error::from(wrapped).errno(), libc::EBUSY);
         // Kind only: the errno follows the kind.
         let custom = io::Error::new(io::ErrorKind::PermissionDenied, "setns into /run/netns/x: Operation not permitted");

@@ -285,7 +285,8 @@ impl std::fmt::Debug for Mr {
 #[derive(Debug, thiserror::Error)]
 #[error("{error}")]
 pub struct DeregError {
-    mr: Mr,
+    // Boxed: keeps `Result<_, DeregError>` small.
+    mr: Box<Mr>,
     error: Error,
 }
 
@@ -302,12 +303,12 @@ impl DeregError {
 
     /// The region back, still registered.
     pub fn into_mr(self) -> Mr {
-        self.mr
+        *self.mr
     }
 
     /// The region and the error.
     pub fn into_parts(self) -> (Mr, Error) {
-        (self.mr, self.error)
+        (*self.mr, self.error)
     }
 }
 
@@ -594,7 +595,7 @@ impl Mr {
         let inner = &self.pd.ctx.inner;
         if let Err(e) = inner.memory.deregister(self.lkey) {
             let error = reg_error(e, &format!("dereg of lkey {:#x}", self.lkey));
-            return Err(DeregError { mr: self, error });
+            return Err(DeregError { mr: Box::new(self), error });
         }
         let (backing, pd) = self.into_parts();
         let buf = backing.into_vec();
@@ -607,7 +608,7 @@ impl Mr {
     /// deregistering) for a region that does not own a `Vec`.
     pub fn into_buffer(self) -> core::result::Result<Vec<u8>, DeregError> {
         if !matches!(self.backing.owner, Owner::Boxed) {
-            return Err(DeregError { mr: self, error: Error::invalid("this region does not own a Vec buffer") });
+            return Err(DeregError { mr: Box::new(self), error: Error::invalid("this region does not own a Vec buffer") });
         }
         // A boxed backing always gives its Vec back.
         self.dereg().map(Option::unwrap_or_default)

@@ -177,7 +177,7 @@ fn everything_completes_over_an_impaired_link() {
 fn zero_based_regions_work_by_offset_end_to_end() {
     const LEN: usize = 64 * 1024;
     let (a, qa, b, qb) = rc_pair(Impairments::default(), 4096);
-    let zb = Access::ZERO_BASED | ALL - Access::MW_BIND;
+    let zb = Access::ZERO_BASED | (ALL - Access::MW_BIND);
     let mut za = a.pd.alloc_mr(LEN, zb).unwrap();
     let zr = b.pd.alloc_mr(LEN, zb).unwrap();
     assert_eq!((za.iova(), zr.iova()), (0, 0));

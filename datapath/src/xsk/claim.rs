@@ -294,7 +294,7 @@ fn attached_xdp(ifindex: u32) -> io::Result<Option<(u32, Option<String>)>> {
 }
 
 /// Processes that hold the BPF program `prog_id` open (a link or program
-/// file descriptor whose fdinfo says `prog_id:	<id>`).
+/// file descriptor whose fdinfo has the line `prog_id:` TAB `<id>`).
 fn program_holders(prog_id: u32) -> Vec<u32> {
     let want = format!("prog_id:\t{prog_id}");
     let Ok(procs) = std::fs::read_dir("/proc") else { return Vec::new() };
