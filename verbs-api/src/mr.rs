@@ -721,7 +721,7 @@ mod tests {
         open_device(cfg).unwrap()
     }
 
-    /// Whether `mr`'s lkey passes the post-time check (the key directory).
+    /// Whether `mr`'s lkey passes the post-time check (the memory table's checker).
     fn locally_known(mr: &Mr) -> bool {
         check_sgl(&mr.pd.ctx.inner.memory, mr.pd.id, &[mr.sge(0, 8)], true).is_ok()
     }
