@@ -62,15 +62,7 @@ pub(crate) fn guard<R>(name: &str, on_panic: R, f: impl FnOnce() -> R) -> R {
 
 /// The errno an urnic error maps to (what libibverbs would return).
 pub(crate) fn errno_of(e: &urnic::Error) -> i32 {
-    use urnic::ErrorKind as K;
-    match e.kind() {
-        K::InvalidArgument | K::InvalidState => libc::EINVAL,
-        K::NoResources => libc::ENOMEM,
-        K::NotFound => libc::ENOENT,
-        K::Busy => libc::EBUSY,
-        K::NotSupported => libc::EOPNOTSUPP,
-        _ => libc::EIO,
-    }
+    e.errno()
 }
 
 /// Fail with NULL and errno `e`.
