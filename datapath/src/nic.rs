@@ -437,7 +437,7 @@ impl Nic {
     /// An eventfd that becomes readable when an asynchronous event is
     /// queued (-1 if none could be made): what `ibv_context.async_fd` is.
     pub fn async_event_fd(&self) -> std::os::fd::RawFd {
-        self.events_fd.as_ref().map_or(-1, |f| std::os::fd::AsRawFd::as_raw_fd(f))
+        self.events_fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd)
     }
 
     fn push_event(&self, ev: AsyncEvent) {
