@@ -318,7 +318,7 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
             | IBV_DEVICE_SYS_IMAGE_GUID
             | IBV_DEVICE_MEM_WINDOW
             | IBV_DEVICE_MEM_WINDOW_TYPE_2B
-            | IBV_DEVICE_SRQ_RESIZE) as u32;
+            | IBV_DEVICE_SRQ_RESIZE) as _;
         a.max_sge = l.max_sge as c_int;
         a.max_sge_rd = l.max_sge as c_int;
         a.max_cq = l.max_cq as c_int;
@@ -350,7 +350,7 @@ unsafe fn port_attr(u: &UContext, port: u8) -> Result<ibv_port_attr, c_int> {
         max_mtu: mtu(p.max_mtu),
         active_mtu: mtu(p.active_mtu),
         gid_tbl_len: p.gid_tbl_len as c_int,
-        port_cap_flags: (IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS) as u32,
+        port_cap_flags: IBV_PORT_CM_SUP | IBV_PORT_IP_BASED_GIDS,
         max_msg_sz: u.ctx.query_device().limits.max_msg_size,
         pkey_tbl_len: 1,
         max_vl_num: 1,
@@ -438,7 +438,7 @@ pub unsafe extern "C" fn _ibv_query_gid_ex(
                 e.gid.raw = g;
                 e.gid_index = index;
                 e.port_num = port;
-                e.gid_type = IBV_GID_TYPE_ROCE_V2 as u32;
+                e.gid_type = IBV_GID_TYPE_ROCE_V2;
                 e.ndev_ifindex = udevice((*ctx).device).map_or(0, |d| d.ifindex);
                 0
             }
