@@ -116,9 +116,12 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
                 None => return null_err(libc::EINVAL),
             }
         };
+        // A queue of 0 WRs is a valid request (qperf's one-way tests ask for
+        // it: rxe_qp_chk_cap has no lower bound); the QP gets at least the
+        // requested sizes, as verbs allows, and reports them below.
         let cap = QpCaps {
-            max_send_wr: a.cap.max_send_wr,
-            max_recv_wr: if srq.is_some() { 0 } else { a.cap.max_recv_wr },
+            max_send_wr: a.cap.max_send_wr.max(1),
+            max_recv_wr: if srq.is_some() { 0 } else { a.cap.max_recv_wr.max(1) },
             max_send_sge: a.cap.max_send_sge.max(1),
             max_recv_sge: a.cap.max_recv_sge.max(1),
             max_inline_data: a.cap.max_inline_data,
@@ -189,6 +192,16 @@ fn ah_of(a: &ibv_ah_attr) -> AhAttr {
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
+    // rdma-core's ibv_modify_qp fails through a system call, which leaves its
+    // error in errno too; programs print strerror(errno) (qperf does).
+    let rc = modify_qp(qp, attr, mask);
+    if rc != 0 {
+        set_errno(rc);
+    }
+    rc
+}
+
+unsafe fn modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, mask: c_int) -> c_int {
     guard("ibv_modify_qp", libc::EIO, || {
         let (Some(q), false) = (uqp(qp), attr.is_null()) else { return libc::EINVAL };
         let a = &*attr;
@@ -223,6 +236,12 @@ pub unsafe extern "C" fn ibv_modify_qp(qp: *mut ibv_qp, attr: *mut ibv_qp_attr, 
         x.retry_cnt = a.retry_cnt;
         x.rnr_retry = a.rnr_retry;
         if mask.contains(QpAttrMask::AV) {
+            if a.ah_attr.is_global == 0 {
+                // RoCE addresses by GID: a path without a GRH (a LID alone, as
+                // qperf's non-CM tests give) is refused as the kernel's
+                // rdma_check_ah_attr refuses it for rxe and every RoCE port.
+                return libc::EINVAL;
+            }
             x.ah_attr = Some(ah_of(&a.ah_attr));
         }
         match q.inner.modify(&x, mask) {

@@ -294,8 +294,11 @@ fn ib_write_lat_send_lat_read_lat() {
 /// never runs over RDMA-CM) gives ibv_create_ah an AH without one. A RoCE
 /// port refuses both with EINVAL (the kernel's rdma_check_ah_attr, so rxe
 /// and every RoCE driver do) and urnic does the same: each test fails at
-/// RTR or at the AH, on both sides, and the server goes on serving. The RC
-/// tests over `-cm1` need RDMA-CM: not yet (the next issue).
+/// RTR or at the AH, on both sides, with rxe's messages (qperf in an rxe
+/// guest, rxe to rxe: "failed to modify QP to RTR: Invalid argument" for the
+/// four RC tests, "failed to create address handle: Invalid argument" for
+/// ud_lat), and the server goes on serving. The RC tests over `-cm1` (which
+/// rxe runs) need RDMA-CM: not yet (the next issue).
 #[test]
 fn qperf_verbs_tests_without_rdma_cm_are_refused_as_on_every_roce_port() {
     let lab = Lab::new("prog-qperf");
@@ -307,10 +310,10 @@ fn qperf_verbs_tests_without_rdma_cm_are_refused_as_on_every_roce_port() {
     let li = format!("urnic-{}:1", lab.pair.ifname[0]);
     let ri = format!("urnic-{}:1", lab.pair.ifname[1]);
     let cases = [
-        ("rc_bw", "failed to modify QP to RTR"),
-        ("rc_lat", "failed to modify QP to RTR"),
-        ("rc_rdma_write_bw", "failed to modify QP to RTR"),
-        ("rc_rdma_read_lat", "failed to modify QP to RTR"),
+        ("rc_bw", "failed to modify QP to RTR: Invalid argument"),
+        ("rc_lat", "failed to modify QP to RTR: Invalid argument"),
+        ("rc_rdma_write_bw", "failed to modify QP to RTR: Invalid argument"),
+        ("rc_rdma_read_lat", "failed to modify QP to RTR: Invalid argument"),
         ("ud_lat", "failed to create address handle: Invalid argument"),
     ];
     for (test, refusal) in cases {
