@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use rocev2::transport::wr::{WcOpcode, WcStatus, WorkCompletion};
@@ -29,6 +30,10 @@ pub(crate) struct UChannel {
 pub(crate) struct UCq {
     pub(crate) cq: ibv_cq,
     pub(crate) inner: urnic::Cq,
+    /// QPs using this CQ (once per role, send and receive):
+    /// `ibv_destroy_cq` fails with EBUSY while any remain, as the kernel's
+    /// uverbs_free_cq does (ib_destroy_usecnt).
+    pub(crate) users: AtomicU32,
 }
 
 /// The urnic CQ behind an `ibv_cq` of ours.
@@ -62,16 +67,16 @@ pub unsafe extern "C" fn ibv_create_comp_channel(ctx: *mut ibv_context) -> *mut 
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    guard("ibv_destroy_comp_channel", -1, || {
+    // Returns the error code, not -1/errno (verbs.c, and the man page:
+    // "the value of errno on failure").
+    guard("ibv_destroy_comp_channel", libc::EIO, || {
         if ch.is_null() {
-            set_errno(libc::EINVAL);
-            return -1;
+            return libc::EINVAL;
         }
         let u = ch as *mut UChannel;
         // libibverbs: EBUSY while CQs still use the channel.
         if !lock(&(*u).cqs).is_empty() {
-            set_errno(libc::EBUSY);
-            return -1;
+            return libc::EBUSY;
         }
         drop(Box::from_raw(u));
         0
@@ -105,7 +110,7 @@ pub unsafe extern "C" fn ibv_create_cq(
         libc::pthread_mutex_init(&mut cq.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
         libc::pthread_cond_init(&mut cq.cond as *mut _ as *mut libc::pthread_cond_t, ptr::null());
         let id = inner.id();
-        let b = Box::into_raw(Box::new(UCq { cq, inner }));
+        let b = Box::into_raw(Box::new(UCq { cq, inner, users: AtomicU32::new(0) }));
         if let Some(c) = ch {
             lock(&c.cqs).insert(id, b as usize);
             (*channel).refcnt += 1;
@@ -118,6 +123,9 @@ pub unsafe extern "C" fn ibv_create_cq(
 pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
     guard("ibv_destroy_cq", libc::EIO, || {
         let Some(c) = ucq(cq) else { return libc::EINVAL };
+        if c.users.load(Ordering::Acquire) != 0 {
+            return libc::EBUSY;
+        }
         let ch = (*cq).channel;
         if !ch.is_null() {
             lock(&(*(ch as *const UChannel)).cqs).remove(&c.inner.id());
@@ -198,7 +206,12 @@ unsafe extern "C" fn req_notify_cq(cq: *mut ibv_cq, solicited_only: c_int) -> c_
 unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_wc) -> c_int {
     guard("ibv_poll_cq", -1, || {
         let Some(c) = ucq(cq) else { return -1 };
-        if n < 0 || (n > 0 && wc.is_null()) {
+        // rxe_poll_cq (and mlx5) loop `npolled < ne`: a count <= 0 polls
+        // nothing and returns 0.
+        if n <= 0 {
+            return 0;
+        }
+        if wc.is_null() {
             return -1;
         }
         let mut done = 0usize;

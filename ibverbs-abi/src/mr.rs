@@ -102,8 +102,13 @@ unsafe fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access:
         Ok(a) => a,
         Err(e) => return null_err(e),
     };
-    if addr.is_null() || len == 0 {
+    // ib_umem_get: no pages is EINVAL; an address it cannot pin (page 0)
+    // is EFAULT.
+    if len == 0 {
         return null_err(libc::EINVAL);
+    }
+    if addr.is_null() {
+        return null_err(libc::EFAULT);
     }
     if iova != addr as u64 {
         // urnic addresses a region by its own virtual address.

@@ -6,6 +6,7 @@
 
 use std::os::raw::{c_int, c_uint};
 use std::ptr;
+use std::sync::atomic::Ordering;
 
 use rocev2::transport::attr::AddressVector;
 use urnic::{AhAttr, Payload, QpAttrMask, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest};
@@ -159,6 +160,8 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
             register(&u.qps, qpn, b as usize);
         }
         pd_users(pd, 1);
+        scq.users.fetch_add(1, Ordering::AcqRel);
+        rcq.users.fetch_add(1, Ordering::AcqRel);
         &mut (*b).qp
     })
 }
@@ -171,6 +174,11 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
             unregister(&u.qps, q.inner.qp_num());
         }
         pd_users((*qp).pd, -1);
+        for cq in [(*qp).send_cq, (*qp).recv_cq] {
+            if let Some(c) = ucq(cq) {
+                c.users.fetch_sub(1, Ordering::AcqRel);
+            }
+        }
         drop(Box::from_raw(qp as *mut UQp));
         0
     })
