@@ -78,7 +78,7 @@ pub fn run_all(dir: &Path) -> anyhow::Result<()> {
     off.params.enabled = false;
     off.buffer = 2 << 20;
     scenarios.push(("incast-4-dcqcn-off".into(), off));
-    println!("{:<20} {:>12} {:>10} {:>12} {:>12} {:>8} {:>8}", "scenario", "goodput", "Jain", "queue max", "queue mean", "drops", "CNPs");
+    crate::out::outln!("{:<20} {:>12} {:>10} {:>12} {:>12} {:>8} {:>8}", "scenario", "goodput", "Jain", "queue max", "queue mean", "drops", "CNPs")?;
     for (name, sc) in &scenarios {
         let out = run(sc);
         let end = sc.duration.as_secs_f64() * 1e6;
@@ -87,10 +87,11 @@ pub fn run_all(dir: &Path) -> anyhow::Result<()> {
         let active: Vec<f64> = g.iter().copied().filter(|v| *v > 0.0).collect();
         let jain = active.iter().sum::<f64>().powi(2) / (active.len() as f64 * active.iter().map(|v| v * v).sum::<f64>());
         let (qmax, qmean) = out.queue_stats(end / 2.0, end);
-        println!("{name:<20} {:>9.0} Mb/s {jain:>10.3} {:>10} B {:>10.0} B {:>8} {:>8}", total, qmax, qmean, out.drops, out.cnps);
+        crate::out::outln!("{name:<20} {:>9.0} Mb/s {jain:>10.3} {:>10} B {:>10.0} B {:>8} {:>8}", total, qmax, qmean, out.drops, out.cnps)?;
         plot(&out, sc, &dir.join(format!("{name}.png")))?;
         csv(&out, &dir.join(format!("{name}.csv")))?;
     }
-    println!("plots and time series in {} (top: each flow's rate, 0..line rate; bottom: bottleneck queue, red: Kmin and Kmax)", dir.display());
+    let d = dir.display();
+    crate::out::outln!("plots and time series in {d} (top: each flow's rate, 0..line rate; bottom: bottleneck queue, red: Kmin and Kmax)")?;
     Ok(())
 }

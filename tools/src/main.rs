@@ -2,30 +2,72 @@
 
 mod bench;
 mod dcqcn_plot;
+mod demo;
 mod dev;
 mod devinfo;
+mod exec;
+mod logging;
+mod out;
+mod peer;
 mod perf;
 mod perftest;
 mod pingpong;
 mod plot;
 mod report;
+mod signals;
 mod soak;
+mod stat;
 
 use std::process::ExitCode;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{bail, Result};
 use clap::{Parser, Subcommand};
-use urnic::{open_af_xdp, open_device, xdp, BindMode, Context, DatapathMode, DeviceConfig, IdlePolicy, MemHub, XskConfig};
-use urnic_datapath::netns::VethPair;
 
-use crate::perf::{banner, connect_pair, send_lat, write_bw, Endpoint};
-use crate::report::{bw_header, bw_row, lat_header, lat_row, RULE};
+use crate::demo::{Datapath, Link, XdpMode};
+use crate::peer::Peer;
 
 #[derive(Parser)]
-#[command(name = "urnic", version, about = "urnic, a userspace RoCEv2 NIC: tools")]
+#[command(
+    name = "urnic",
+    version,
+    about = "urnic, a userspace RoCEv2 NIC: tools",
+    after_help = "Diagnostics: -v (debug) or -vv (trace) before the command, or RUST_LOG (e.g. RUST_LOG=urnic_datapath=debug)."
+)]
 struct Cli {
+    /// More diagnostics on stderr: device open, neighbour resolution, QP
+    /// state changes, retransmissions and NAKs (-v), everything (-vv).
+    /// RUST_LOG overrides.
+    #[arg(short = 'v', long = "verbose", action = clap::ArgAction::Count)]
+    verbose: u8,
     #[command(subcommand)]
     cmd: Cmd,
+}
+
+/// A message size: 1 byte to urnic's largest message (rxe's 8 MiB).
+fn message_size(s: &str) -> std::result::Result<usize, String> {
+    let max = urnic::DeviceLimits::default().max_msg_size;
+    let v: u64 = s.trim().parse().map_err(|e| format!("{e}"))?;
+    if v == 0 || v > u64::from(max) {
+        return Err(format!("a message is 1 to {max} bytes (the largest message of a urnic device)"));
+    }
+    Ok(v as usize)
+}
+
+/// A probability, 0 to 1.
+fn probability(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(p) if (0.0..=1.0).contains(&p) => Ok(p),
+        _ => Err("expected a probability from 0 to 1".into()),
+    }
+}
+
+/// Work requests outstanding: 1 to a queue's limit.
+fn depth(s: &str) -> std::result::Result<u32, String> {
+    let max = urnic::DeviceLimits::default().max_qp_wr;
+    match s.trim().parse::<u32>() {
+        Ok(v) if (1..=max).contains(&v) => Ok(v),
+        _ => Err(format!("expected 1 to {max} (work requests a urnic queue holds)")),
+    }
 }
 
 #[derive(Subcommand)]
@@ -56,21 +98,21 @@ enum Cmd {
         /// Print every counter of both devices at the end.
         #[arg(long)]
         stats: bool,
-        /// Message sizes for the bandwidth test.
-        #[arg(long, value_delimiter = ',', default_values_t = [64usize, 1024, 4096, 65536, 1 << 20])]
+        /// Message sizes for the bandwidth test (1 B to 8 MiB).
+        #[arg(long, value_delimiter = ',', value_parser = message_size, default_values_t = [64usize, 1024, 4096, 65536, 1 << 20])]
         sizes: Vec<usize>,
         /// Messages per size.
-        #[arg(short = 'n', long, default_value_t = 2000)]
-        iters: usize,
+        #[arg(short = 'n', long, default_value_t = 2000, value_parser = clap::value_parser!(u32).range(1..))]
+        iters: u32,
         /// Outstanding WRITEs.
-        #[arg(short = 't', long, default_value_t = 128)]
-        tx_depth: usize,
+        #[arg(short = 't', long, default_value_t = 128, value_parser = depth)]
+        tx_depth: u32,
         /// Link MTU (1500 → IB MTU 1024, 9000 → 4096).
         #[arg(long, default_value_t = 1500)]
         link_mtu: u32,
         /// Ping-pong iterations for the latency test.
-        #[arg(long, default_value_t = 1000)]
-        lat_iters: usize,
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
+        lat_iters: u32,
         /// Capture each device's frames into DIR/urnic0.pcap and DIR/urnic1.pcap.
         #[arg(long, value_name = "DIR")]
         pcap_dir: Option<std::path::PathBuf>,
@@ -78,7 +120,7 @@ enum Cmd {
     /// Like ibv_devinfo: the interfaces a urnic device can be opened on, with
     /// port attributes and GID table.
     Devinfo {
-        /// Only this interface.
+        /// Only this device (`urnic-IFNAME`, as listed) or interface.
         #[arg(short = 'd', long = "ib-dev")]
         dev: Option<String>,
         /// Also the GID table and limits.
@@ -98,8 +140,8 @@ enum Cmd {
     /// kernel UDP ping-pong; a markdown table of medians and ratios (root).
     Bench {
         /// Repetitions (medians are reported).
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..))]
+        runs: u32,
         /// Also sweep WRITE, READ and SEND bandwidth over message sizes at MTU
         /// 1024 and 4096 with one and two cores, and write report.md,
         /// sweep.csv, bandwidth_{write,read,send}.png and latency.png into DIR.
@@ -124,15 +166,23 @@ enum Cmd {
     /// and completion checked for the given time (root).
     Soak(soak::SoakArgs),
     /// Counters of the urnic devices running on this machine (published by
-    /// each device into DIR while it runs).
+    /// each device into DIR while it runs: every urnic tool, and programs
+    /// using urnic's libibverbs.so.1).
     Stat {
         /// Where devices publish their counters.
-        #[arg(long, default_value = STAT_DIR)]
+        #[arg(long, default_value = stat::STAT_DIR)]
         dir: std::path::PathBuf,
         /// Show zero counters too.
         #[arg(long)]
         all: bool,
     },
+    /// Run PROGRAM (an ibverbs program: ibv_devinfo, perftest, qperf, your
+    /// own) on urnic: urnic's libibverbs.so.1 first on its library path, so
+    /// it finds the `urnic-<ifname>` devices. The program replaces this
+    /// process (its signals, its exit code). Its devices publish live
+    /// counters for `urnic stat` (into /run/urnic unless --stats names
+    /// another directory).
+    Exec(exec::ExecArgs),
 }
 
 /// Options of `urnic rc-pingpong` / `ud-pingpong` (as rdma-core's tools).
@@ -143,28 +193,29 @@ struct PingpongArgs {
     /// Listen on / connect to this TCP port.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Interface to use (the urnic device is opened on it).
+    /// Device to use: `urnic-IFNAME` as `urnic devinfo` lists it, or the interface.
     #[arg(short = 'd', long = "ib-dev")]
     dev: Option<String>,
     /// Port of the device (only 1).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
     /// Message size (default 4096 for RC, 2048 for UD).
-    #[arg(short = 's', long)]
+    #[arg(short = 's', long, value_parser = message_size)]
     size: Option<usize>,
     /// Path MTU (RC).
     #[arg(short = 'm', long, default_value_t = 1024)]
     mtu: u32,
     /// Receives posted at a time.
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 500, value_parser = depth)]
     rx_depth: u32,
     /// Exchanges.
-    #[arg(short = 'n', long, default_value_t = 1000)]
+    #[arg(short = 'n', long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
     iters: u32,
     /// Service level (accepted; RoCE carries none without VLAN priority).
     #[arg(short = 'l', long, default_value_t = 0)]
     sl: u8,
-    /// Sleep on CQ events (accepted; urnic polls).
+    /// Sleep on CQ events (a completion channel) instead of polling; a
+    /// datapath thread runs the device meanwhile.
     #[arg(short = 'e', long)]
     events: bool,
     /// Local GID index.
@@ -174,7 +225,7 @@ struct PingpongArgs {
     #[arg(short = 'c', long = "chk")]
     chk: bool,
     /// Test impairment: drop this share (0..1) of the RoCE frames we receive.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
     drop: f64,
 }
 
@@ -189,20 +240,21 @@ struct PerfArgs {
     /// TCP port of the exchange.
     #[arg(short = 'p', long, default_value_t = 18515)]
     port: u16,
-    /// Interface to use.
+    /// Device to use: `urnic-IFNAME` as `urnic devinfo` lists it, or the interface.
     #[arg(short = 'd', long = "ib-dev")]
     dev: Option<String>,
-    /// Message size (perftest's default per test).
-    #[arg(short = 's', long)]
+    /// Message size (perftest's default per test; 1 B to 8 MiB).
+    #[arg(short = 's', long, value_parser = message_size)]
     size: Option<usize>,
-    /// Iterations (perftest's default per test).
-    #[arg(short = 'n', long)]
+    /// Iterations (perftest's default per test). Both sides must run the
+    /// same number.
+    #[arg(short = 'n', long, value_parser = clap::value_parser!(u64).range(1..))]
     iters: Option<u64>,
     /// Outstanding WRs (bandwidth tests).
-    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128, value_parser = depth)]
     tx_depth: u32,
     /// Receive queue depth (send tests).
-    #[arg(short = 'r', long = "rx-depth", default_value_t = 512)]
+    #[arg(short = 'r', long = "rx-depth", default_value_t = 512, value_parser = depth)]
     rx_depth: u32,
     /// GID index.
     #[arg(short = 'x', long = "gid-index", default_value_t = 1)]
@@ -220,172 +272,26 @@ struct PerfArgs {
     #[arg(long)]
     json: bool,
     /// Test impairment: drop this share (0..1) of the RoCE frames we receive.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.0, value_parser = probability)]
     drop: f64,
     /// Print the device's counters at the end (retransmissions, NAKs, drops).
     #[arg(long)]
     stats: bool,
 }
 
-/// Where `urnic` devices publish counters for `urnic stat`.
-const STAT_DIR: &str = "/run/urnic";
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Link {
-    Veth,
-    Memory,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum Datapath {
-    Manual,
-    Thread,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum XdpMode {
-    Auto,
-    Native,
-    Generic,
-}
-
-/// Options of `urnic demo`.
-struct DemoOpts<'a> {
-    sizes: &'a [usize],
-    iters: usize,
-    depth: usize,
-    link_mtu: u32,
-    lat_iters: usize,
-    pcap_dir: Option<&'a std::path::Path>,
-    link: Link,
-    datapath: Datapath,
-    xdp_mode: XdpMode,
-    pcap: Option<&'a std::path::Path>,
-    stats: bool,
-    shards: usize,
-}
-
-/// Open the two demo devices. The veth pair (if any) must outlive them.
-fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, String)> {
-    let ncpu = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    let mode = match (o.datapath, o.shards) {
-        (_, n) if n > 1 => DatapathMode::Threads { cores: (0..n).map(|c| c % ncpu).collect(), idle: IdlePolicy::default() },
-        (Datapath::Manual, _) => DatapathMode::Manual,
-        (Datapath::Thread, _) => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
-    };
-    if o.shards == 0 || (o.shards > 1 && o.link == Link::Memory) {
-        bail!("--shards must be at least 1, and above 1 only with --link veth (one AF_XDP queue per shard)");
-    }
-    match o.link {
-        Link::Memory => {
-            let hub = MemHub::new(1);
-            let mut ca = DeviceConfig::memory(&hub, "urnic0", [0x02, 0, 0, 0, 0, 1], [10, 0, 0, 1]);
-            let mut cb = DeviceConfig::memory(&hub, "urnic1", [0x02, 0, 0, 0, 0, 2], [10, 0, 0, 2]);
-            ca.link_mtu = o.link_mtu;
-            cb.link_mtu = o.link_mtu;
-            ca.datapath = mode.clone();
-            cb.datapath = mode;
-            let a = open_device(ca).context("urnic0")?;
-            let b = open_device(cb).context("urnic1")?;
-            Ok((a, b, None, "in-memory link".into()))
-        }
-        Link::Veth => {
-            let _ = VethPair::sweep_stale();
-            let pair = VethPair::create_with_queues("demo", o.link_mtu, o.shards as u32)
-                .context("creating two network namespaces joined by veth (run as root)")?;
-            let mut xsk = XskConfig::new(&pair.ifname[0]);
-            xsk.bind = BindMode::Auto;
-            xsk.xdp.mode = match o.xdp_mode {
-                XdpMode::Auto => xdp::AttachMode::Auto,
-                XdpMode::Native => xdp::AttachMode::Native,
-                XdpMode::Generic => xdp::AttachMode::Generic,
-            };
-            let a = open_af_xdp(Some(&pair.ns[0]), "urnic0", &xsk, mode.clone()).with_context(|| format!("urnic0 in {}", pair.ns[0]))?;
-            xsk.ifname = pair.ifname[1].clone();
-            let b = open_af_xdp(Some(&pair.ns[1]), "urnic1", &xsk, mode).with_context(|| format!("urnic1 in {}", pair.ns[1]))?;
-            let how = a
-                .nic()
-                .with_port(|p| {
-                    p.as_any_mut().and_then(|p| p.downcast_mut::<urnic_datapath::XskPort>()).map(|x| {
-                        format!("{:?} XDP, {} AF_XDP", x.xdp_mode(), if x.zero_copy() { "zero-copy" } else { "copy-mode" })
-                    })
-                })
-                .unwrap_or_default();
-            let desc = format!("veth {}/{} <-> {}/{}, {how}", pair.ns[0], pair.ifname[0], pair.ns[1], pair.ifname[1]);
-            Ok((a, b, Some(pair), desc))
-        }
-    }
-}
-
-fn demo(o: &DemoOpts) -> Result<()> {
-    let DemoOpts { sizes, iters, depth, lat_iters, pcap_dir, .. } = *o;
-    // Run-to-completion by default: this thread drives both devices'
-    // datapaths itself (no datapath threads competing for the two cores),
-    // as an embedding would.
-    let (a, b, _pair, link_desc) = demo_devices(o)?;
-    for ctx in [&a, &b] {
-        // Best effort: `urnic stat` in another terminal shows them live.
-        let _ = ctx.publish_counters(std::path::Path::new(STAT_DIR));
-    }
-    if let Some(file) = o.pcap {
-        a.nic().set_capture(Some(file)).with_context(|| file.display().to_string())?;
-    }
-    if let Some(dir) = pcap_dir {
-        std::fs::create_dir_all(dir).with_context(|| dir.display().to_string())?;
-        for ctx in [&a, &b] {
-            let path = dir.join(format!("{}.pcap", ctx.name()));
-            ctx.nic().set_capture(Some(&path)).with_context(|| path.display().to_string())?;
-        }
-    }
-    let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
-    let buf = (2 * max).div_ceil(4096) * 4096;
-    let mut ea = Endpoint::new(&a, buf, depth as u32)?;
-    let mut eb = Endpoint::new(&b, buf, depth as u32)?;
-    if o.datapath == Datapath::Manual && o.shards == 1 {
-        ea.drive = vec![a.clone(), b.clone()];
-        eb.drive = vec![a.clone(), b.clone()];
-    }
-    connect_pair(&ea, &eb)?;
-    let mtu = a.query_port(1).context("query_port")?.active_mtu.bytes();
-
-    let how = match (o.datapath, o.shards) {
-        (_, n) if n > 1 => format!("{n} shards per device, one pinned polling thread each"),
-        (Datapath::Manual, _) => "run-to-completion".to_string(),
-        (Datapath::Thread, _) => "a datapath thread per device".to_string(),
-    };
-    println!(" Link: {link_desc}; {how}");
-    banner("RDMA_Write BW Test (urnic)", "urnic0 -> urnic1", mtu, depth);
-    println!("{}", bw_header());
-    for &size in sizes {
-        let r = write_bw(&mut ea, &mut eb, size, iters, depth)?;
-        println!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs));
-    }
-    println!("{RULE}");
-    banner("Send Latency Test (urnic)", "urnic0 <-> urnic1", mtu, 1);
-    println!("{}", lat_header());
-    for size in [8usize, 64, 4096] {
-        let s = send_lat(&mut ea, &mut eb, size, lat_iters)?;
-        println!("{}", lat_row(size, lat_iters, &s));
-    }
-    println!("{RULE}");
-    for ctx in [&a, &b] {
-        let _ = ctx.nic().set_capture(None);
-        if o.stats {
-            print!("{}", ctx.counters());
-        }
-    }
-    Ok(())
-}
-
 fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<()> {
     if a.ib_port != 1 {
         bail!("port {} does not exist (urnic devices have port 1)", a.ib_port);
     }
-    let _ = (a.sl, a.events);
+    let _ = a.sl;
+    // The server's name first: one that does not resolve cannot start to.
+    let server = a.server.as_deref().map(|h| Peer::resolve(h, a.port)).transpose()?;
     let ifname = dev::pick_interface(a.dev.as_deref())?;
-    let ctx = dev::open(&ifname, a.drop)?;
+    // Sleeping on completion events leaves the datapath to a thread of its
+    // own, as a NIC runs while rdma-core's tool sleeps.
+    let ctx = dev::open(&ifname, a.drop, if a.events { dev::Drive::Thread } else { dev::Drive::Caller })?;
     let opts = pingpong::Opts {
-        server: a.server,
+        server,
         port: a.port,
         size: a.size.unwrap_or(if rc { 4096 } else { 2048 }),
         mtu: a.mtu,
@@ -393,6 +299,7 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<()> {
         iters: a.iters,
         gid_idx: a.gid_idx,
         validate: a.chk,
+        events: a.events,
     };
     if rc {
         pingpong::rc(&ctx, &opts)
@@ -403,13 +310,18 @@ fn run_pingpong(a: PingpongArgs, rc: bool) -> Result<()> {
 
 fn run_perf(a: PerfArgs) -> Result<()> {
     let _ = a.cpu_freq;
+    let server = a.server.as_deref().map(|h| Peer::resolve(h, a.port)).transpose()?;
+    let size = a.size.unwrap_or(a.test.default_size());
+    if a.test == perftest::Test::AtomicBw && size != 8 {
+        bail!("atomic operations are 8 bytes (-s 8)");
+    }
     let ifname = dev::pick_interface(a.dev.as_deref())?;
-    let ctx = dev::open(&ifname, a.drop)?;
+    let ctx = dev::open(&ifname, a.drop, dev::Drive::Caller)?;
     let opts = perftest::Opts {
         test: a.test,
-        server: a.server,
+        server,
         port: a.port,
-        size: a.size.unwrap_or(a.test.default_size()),
+        size,
         iters: a.iters.unwrap_or(a.test.default_iters()),
         tx_depth: a.tx_depth,
         rx_depth: a.rx_depth,
@@ -422,64 +334,78 @@ fn run_perf(a: PerfArgs) -> Result<()> {
     perftest::run(&ctx, &opts)
 }
 
-fn stat(dir: &std::path::Path, all: bool) -> Result<()> {
-    let mut files: Vec<_> = std::fs::read_dir(dir)
-        .with_context(|| format!("{}: no urnic device has published counters here", dir.display()))?
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "stat"))
-        .collect();
-    files.sort();
-    if files.is_empty() {
-        bail!("no urnic device is running (nothing in {})", dir.display());
-    }
-    for f in files {
-        let text = std::fs::read_to_string(&f).with_context(|| f.display().to_string())?;
-        println!("# {}", f.display());
-        for line in text.lines() {
-            if all || !line.ends_with(" 0") {
-                println!("{line}");
-            }
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Demo { link, datapath, shards, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => {
+            demo::run(&demo::DemoOpts {
+                sizes: &sizes,
+                iters: iters as usize,
+                depth: tx_depth as usize,
+                link_mtu,
+                lat_iters: lat_iters as usize,
+                pcap_dir: pcap_dir.as_deref(),
+                link,
+                datapath,
+                xdp_mode,
+                pcap: pcap.as_deref(),
+                stats,
+                shards,
+            })
         }
-    }
-    Ok(())
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let r = match cli.cmd {
-        Cmd::Demo { link, datapath, shards, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => demo(&DemoOpts {
-            sizes: &sizes,
-            iters,
-            depth: tx_depth,
-            link_mtu,
-            lat_iters,
-            pcap_dir: pcap_dir.as_deref(),
-            link,
-            datapath,
-            xdp_mode,
-            pcap: pcap.as_deref(),
-            stats,
-            shards,
-        }),
-        Cmd::Stat { dir, all } => stat(&dir, all),
+        Cmd::Stat { dir, all } => stat::run(&dir, all),
         Cmd::Devinfo { dev, verbose } => devinfo::run(dev.as_deref(), verbose),
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
-        Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs),
-        Cmd::Bench { runs, report: None, .. } => bench::run(runs),
+        Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
+        Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
         // soak reports its errors as text.
         Cmd::Soak(a) => soak::run(&a).map_err(anyhow::Error::msg),
-    };
+        Cmd::Exec(a) => exec::run(&a),
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    logging::init(cli.verbose);
+    // `exec` hands the signals to the program it becomes; `soak` stops,
+    // drains and reports on them itself. Every other command cleans up and
+    // exits 130 (SIGINT) or 143 (SIGTERM).
+    if !matches!(cli.cmd, Cmd::Exec(_) | Cmd::Soak(_)) {
+        if let Err(e) = signals::install() {
+            eprintln!("urnic: cannot handle SIGINT/SIGTERM ({e}); an interrupted run may leave namespaces behind");
+        }
+    }
+    let r = run(cli.cmd);
+    // Devices closed with the command; their counter files go now rather
+    // than on the publisher's next tick, which this process would not see.
+    signals::remove_stat_files();
     match r {
         Ok(()) => ExitCode::SUCCESS,
+        Err(e) if out::is_closed_stdout(&e) => out::die_of_sigpipe(),
         Err(e) => {
-            // `:#`: each context, then its cause ("what: why").
-            eprintln!("urnic: {e:#}");
+            eprintln!("urnic: {}", error_chain(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// Each context, then its cause ("what: why: why"), leaving out a cause
+/// whose text the message before it already carries (a `urnic::Error`
+/// message includes its source's text).
+fn error_chain(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if out.contains(&text) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&text);
+    }
+    out
 }

@@ -8,7 +8,12 @@ use urnic::{
     Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
 };
 
+use crate::out::outln;
 use crate::report::{LatStats, RULE};
+
+/// How long a bandwidth run may go without a single completion before it
+/// is declared stalled (a slow machine still completes something).
+const STALL: Duration = Duration::from_secs(60);
 
 /// One endpoint: PD, CQ, QP and a buffer.
 pub struct Endpoint {
@@ -136,6 +141,13 @@ pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, d
 /// land in the upper half of `b`'s buffer (so `size` must fit in half).
 pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize) -> Result<BwResult> {
     let pattern = |i: usize| (i * 7 + 3) as u8;
+    let max = a.ctx.query_device().limits.max_msg_size;
+    let Some(len) = u32::try_from(size).ok().filter(|&l| l > 0 && l <= max) else {
+        bail!("a {size}-byte message: messages are 1 to {max} bytes");
+    };
+    if iters == 0 {
+        bail!("a bandwidth run needs at least one message");
+    }
     let half = b.mr.len() / 2;
     if op == BwOp::Send && size > half {
         bail!("SEND of {size} bytes does not fit the {half}-byte receive area");
@@ -151,13 +163,16 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     let dst: &mut Endpoint = if op == BwOp::Read { &mut *a } else { &mut *b };
     dst.mr.fill_at(dst_at, size, 0).context("fill_at")?;
     let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
-    let sge = a.mr.sge(0, size as u32);
+    if size > half {
+        bail!("{size} bytes do not fit the {half}-byte buffer half");
+    }
+    let sge = a.mr.sge(0, len);
     let opcode = match op {
         BwOp::Write => SendOp::Write { remote },
         BwOp::Read => SendOp::Read { remote },
         BwOp::Send => SendOp::Send,
     };
-    let recv = RecvWr { wr_id: 7, sgl: vec![b.mr.sge(half, size as u32)] };
+    let recv = RecvWr { wr_id: 7, sgl: vec![b.mr.sge(half, len)] };
     let depth = depth.max(1);
     let mut recvs_posted = 0usize;
     if op == BwOp::Send {
@@ -166,7 +181,8 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
             recvs_posted += 1;
         }
     }
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Reset by every completion: a limit on time without progress, not on the run.
+    let mut deadline = Instant::now() + STALL;
     let start = Instant::now();
     let (mut posted, mut done, mut received) = (0usize, 0usize, 0usize);
     let mut window_start = start;
@@ -188,8 +204,14 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
         }
         done += n;
         window_done += n;
+        if n > 0 {
+            deadline = Instant::now() + STALL;
+        }
         if op == BwOp::Send {
             let m = b.cq.poll(&mut wcs).context("poll_cq")?;
+            if m > 0 {
+                deadline = Instant::now() + STALL;
+            }
             for wc in &wcs[..m] {
                 if wc.status != WcStatus::Success || wc.byte_len as usize != size {
                     bail!("receive completed with {:?}, {} bytes", wc.status, wc.byte_len);
@@ -210,7 +232,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
             window_done = 0;
         }
         if n == 0 && Instant::now() > deadline {
-            bail!("{} bandwidth stalled: {done}/{iters} completed", op.name());
+            bail!("{} bandwidth stalled: no completion for {} s ({done}/{iters} completed)", op.name(), STALL.as_secs());
         }
     }
     let secs = start.elapsed().as_secs_f64();
@@ -360,15 +382,15 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
 }
 
 /// Print a perftest-style banner.
-pub fn banner(title: &str, device: &str, mtu: u32, depth: usize) {
-    println!("{RULE}");
-    println!("                    {title}");
-    println!(" Number of qps   : 1\t\tTransport type : IB");
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
-    println!(" Device          : {device}");
-    println!(" TX depth        : {depth}");
-    println!(" Mtu             : {mtu}[B]");
-    println!(" Link type       : Ethernet");
-    println!(" GID index       : 1");
-    println!("{RULE}");
+pub fn banner(title: &str, device: &str, mtu: u32, depth: usize) -> Result<()> {
+    outln!("{RULE}")?;
+    outln!("                    {title}")?;
+    outln!(" Number of qps   : 1\t\tTransport type : IB")?;
+    outln!(" Connection type : RC\t\tUsing SRQ      : OFF")?;
+    outln!(" Device          : {device}")?;
+    outln!(" TX depth        : {depth}")?;
+    outln!(" Mtu             : {mtu}[B]")?;
+    outln!(" Link type       : Ethernet")?;
+    outln!(" GID index       : 1")?;
+    outln!("{RULE}")
 }

@@ -29,6 +29,8 @@ use urnic::{
     SendOp, SendWr, WcOpcode, WcStatus, WorkCompletion,
 };
 
+use crate::out::outln;
+use crate::peer::Peer;
 use crate::report::{bw_header, bw_row, lat_header, lat_row, LatStats, RULE};
 
 /// The perftest version we speak (≥ 5.70 is required by perftest 6).
@@ -108,8 +110,8 @@ pub enum AtomicOp {
 pub struct Opts {
     /// The test.
     pub test: Test,
-    /// Server to connect to (`None`: server).
-    pub server: Option<String>,
+    /// Server to connect to, resolved (`None`: be the server).
+    pub server: Option<Peer>,
     /// TCP port.
     pub port: u16,
     /// Message size.
@@ -208,20 +210,9 @@ struct Channel {
 }
 
 impl Channel {
-    fn open(ctx: &Context, server: Option<&str>, port: u16) -> Result<Channel> {
+    fn open(ctx: &Context, server: Option<&Peer>, port: u16) -> Result<Channel> {
         let (s, client) = match server {
-            Some(host) => {
-                // Retry for up to 30 s while the server starts.
-                let mut conn = TcpStream::connect((host, port));
-                for _ in 1..300 {
-                    if conn.is_ok() {
-                        break;
-                    }
-                    std::thread::sleep(Duration::from_millis(100));
-                    conn = TcpStream::connect((host, port));
-                }
-                (conn.with_context(|| format!("Couldn't connect to {host}:{port}"))?, true)
-            }
+            Some(peer) => (peer.connect()?, true),
             None => {
                 let l = TcpListener::bind(("0.0.0.0", port)).with_context(|| format!("Couldn't listen to port {port}"))?;
                 (l.accept().context("accept failed")?.0, false)
@@ -272,19 +263,128 @@ impl Channel {
     }
 
     /// Exchange equal-sized messages: the client writes first.
+    /// The other side, by role.
+    fn peer_name(&self) -> &'static str {
+        if self.client {
+            "server"
+        } else {
+            "client"
+        }
+    }
+
     fn xchg(&mut self, mine: &[u8]) -> Result<Vec<u8>> {
         let mut theirs = vec![0u8; mine.len()];
-        const FAILED: &str = "Failed to exchange data between server and clients";
-        if self.client {
-            self.write_all(mine).context(FAILED)?;
-            self.read_exact(&mut theirs).context(FAILED)?;
+        let r = if self.client {
+            self.write_all(mine).and_then(|()| self.read_exact(&mut theirs))
         } else {
-            self.read_exact(&mut theirs).context(FAILED)?;
-            self.write_all(mine).context(FAILED)?;
-        }
+            self.read_exact(&mut theirs).and_then(|()| self.write_all(mine))
+        };
+        r.map_err(|e| {
+            let gone = matches!(
+                e.kind(),
+                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+            );
+            let err = anyhow::Error::new(e);
+            let err = if gone {
+                err.context(format!("the {} left (it failed, or ran a different test, -s or -n)", self.peer_name()))
+            } else {
+                err
+            };
+            err.context("Failed to exchange data between server and clients")
+        })?;
         Ok(theirs)
     }
 
+    /// Whether the peer is still in the test (a non-blocking peek at the
+    /// socket).
+    fn peer_state(&self) -> Result<PeerState> {
+        let mut b = [0u8; 1];
+        match self.s.peek(&mut b) {
+            Ok(0) => Ok(PeerState::Closed),
+            Ok(_) => Ok(PeerState::Ahead),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::Interrupted) => Ok(PeerState::Testing),
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => Ok(PeerState::Closed),
+            Err(e) => Err(e).context(format!("the connection to the {} failed during the test", self.peer_name())),
+        }
+    }
+}
+
+/// Where the peer is, seen from the TCP connection during the test.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PeerState {
+    /// Nothing to read: still testing.
+    Testing,
+    /// Closed the connection: it failed, or ended (ib_write_lat ends
+    /// without a closing exchange, possibly just before our last ACK
+    /// arrives).
+    Closed,
+    /// Sent its next exchange message: it finished the test while this
+    /// side still waits for completions (it ran fewer iterations).
+    Ahead,
+}
+
+/// How long the test may go without a completion (or, for ib_write_lat,
+/// an arriving WRITE) before this side gives up on the peer.
+const STALL: Duration = Duration::from_secs(30);
+
+/// Waiting for the RDMA test's completions: fails when the peer moved on
+/// to the next exchange (it ran fewer iterations), when it closed the
+/// connection and nothing completed for [`CLOSED_GRACE`] since, or when
+/// nothing completes for [`STALL`] (a peer that ran fewer iterations may
+/// wait silently in the closing exchange). The socket is looked at every
+/// 1024 idle polls.
+struct Watch<'a> {
+    ch: &'a Channel,
+    idle: u32,
+    last: Instant,
+    closed_at: Option<Instant>,
+}
+
+/// How long completions may still arrive after the peer closed the
+/// connection (its last ACKs travel apart from its TCP FIN).
+const CLOSED_GRACE: Duration = Duration::from_secs(2);
+
+impl<'a> Watch<'a> {
+    fn new(ch: &'a Channel) -> Watch<'a> {
+        Watch { ch, idle: 0, last: Instant::now(), closed_at: None }
+    }
+
+    /// Something completed.
+    fn progress(&mut self) {
+        self.idle = 0;
+        self.last = Instant::now();
+    }
+
+    /// A poll found nothing, after `done` of `iters` iterations.
+    fn idle(&mut self, done: u64, iters: u64) -> Result<()> {
+        self.idle = self.idle.wrapping_add(1);
+        if self.idle & 1023 != 0 {
+            return Ok(());
+        }
+        let peer = self.ch.peer_name();
+        match self.ch.peer_state()? {
+            PeerState::Ahead => {
+                bail!("the {peer} finished the test after {done} of our {iters} iterations (both sides must run the same -n)")
+            }
+            PeerState::Closed => {
+                let at = *self.closed_at.get_or_insert_with(Instant::now);
+                if at.elapsed() > CLOSED_GRACE && self.last.elapsed() > CLOSED_GRACE {
+                    bail!("the {peer} left during the test after {done} of our {iters} iterations (it failed, or ran a different -n)");
+                }
+            }
+            PeerState::Testing => {}
+        }
+        if self.last.elapsed() > STALL {
+            bail!(
+                "nothing completed for {} s after {done} of {iters} iterations: the {peer} is gone or ran fewer (both sides must run the same -n)",
+                STALL.as_secs()
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Channel {
     fn hand_shake(&mut self, mine: &Keys) -> Result<Keys> {
         Keys::parse(&self.xchg(&mine.to_msg())?)
     }
@@ -326,7 +426,7 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<()> {
         bail!("atomic operations are 8 bytes (-s 8)");
     }
     let port_attr = ctx.query_port(1).context("query_port")?;
-    let mut ch = Channel::open(ctx, o.server.as_deref(), o.port)?;
+    let mut ch = Channel::open(ctx, o.server.as_ref(), o.port)?;
     let is_client = ch.client;
 
     // 1-3: version, system data, MTU.
@@ -365,7 +465,7 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<()> {
         gid: ctx.query_gid(1, u32::from(o.gid_idx)).context("query_gid")?,
         srqn: 0,
     };
-    banner(o, mtu, &port_attr);
+    banner(o, mtu, &port_attr)?;
     let rem = ch.hand_shake(&my)?;
     if crate::dev::is_ipv4_mapped(&my.gid) != crate::dev::is_ipv4_mapped(&rem.gid) {
         bail!("the two sides use GIDs of different types (IPv4 vs IPv6): use matching -x");
@@ -383,9 +483,9 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<()> {
         ..Connect::new(rem.qpn, rem.gid, my.psn, rem.psn)
     })
     .context("Failed to modify QP to RTR/RTS")?;
-    print_keys("local", &my);
+    print_keys("local", &my)?;
     ch.hand_shake(&my)?;
-    print_keys("remote", &rem);
+    print_keys("remote", &rem)?;
     ch.hand_shake(&my)?;
 
     // Receives for the SEND tests, before the last synchronisation.
@@ -407,17 +507,17 @@ pub fn run(ctx: &Context, o: &Opts) -> Result<()> {
         bw_test(o, &r, &mut ch, &my, &rem, is_client, recv_sge, routs, cycle)?
     } else {
         ch.hand_shake(&my)?;
-        lat_test(o, &r, &rem, is_client, recv_sge, half)?
+        lat_test(o, &r, &ch, &rem, is_client, recv_sge, half)?
     };
     // ib_write_lat ends after the test, without the closing handshake.
     if o.test != Test::WriteLat {
         ch.close(&my)?;
     }
     if o.stats {
-        print!("{}", ctx.counters());
+        crate::out::text(&ctx.counters().to_string())?;
     }
     if o.json {
-        println!("{result}");
+        outln!("{result}")?;
     }
     Ok(())
 }
@@ -448,33 +548,33 @@ fn resources(ctx: &Context, o: &Opts, half: usize) -> Result<Res> {
     Ok(Res { ctx: ctx.clone(), qp, cq, mr, half })
 }
 
-fn banner(o: &Opts, mtu: Mtu, port: &urnic::PortAttr) {
-    println!("{RULE}");
-    println!("                    {}", o.test.title());
-    println!(" Dual-port       : OFF\t\tDevice         : urnic");
-    println!(" Number of qps   : 1\t\tTransport type : IB");
-    println!(" Connection type : RC\t\tUsing SRQ      : OFF");
-    println!(" PCIe relax order: OFF");
+fn banner(o: &Opts, mtu: Mtu, port: &urnic::PortAttr) -> Result<()> {
+    outln!("{RULE}")?;
+    outln!("                    {}", o.test.title())?;
+    outln!(" Dual-port       : OFF\t\tDevice         : urnic")?;
+    outln!(" Number of qps   : 1\t\tTransport type : IB")?;
+    outln!(" Connection type : RC\t\tUsing SRQ      : OFF")?;
+    outln!(" PCIe relax order: OFF")?;
     if o.test.is_bw() {
-        println!(" TX depth        : {}", o.tx_depth);
+        outln!(" TX depth        : {}", o.tx_depth)?;
     }
     if matches!(o.test, Test::SendBw | Test::SendLat) {
-        println!(" RX depth        : {}", o.rx_depth);
+        outln!(" RX depth        : {}", o.rx_depth)?;
     }
-    println!(" Mtu             : {}[B]", mtu.bytes());
-    println!(" Link type       : Ethernet");
-    println!(" GID index       : {}", o.gid_idx);
-    println!(" Max inline data : 0[B]");
-    println!(" rdma_cm QPs\t : OFF");
-    println!(" Data ex. method : Ethernet");
+    outln!(" Mtu             : {}[B]", mtu.bytes())?;
+    outln!(" Link type       : Ethernet")?;
+    outln!(" GID index       : {}", o.gid_idx)?;
+    outln!(" Max inline data : 0[B]")?;
+    outln!(" rdma_cm QPs\t : OFF")?;
+    outln!(" Data ex. method : Ethernet")?;
     let _ = port;
-    println!("{RULE}");
+    outln!("{RULE}")
 }
 
-fn print_keys(side: &str, k: &Keys) {
+fn print_keys(side: &str, k: &Keys) -> Result<()> {
     let gid: Vec<String> = k.gid.iter().map(|b| format!("{b:02}")).collect();
-    println!(" {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}", k.lid, k.qpn, k.psn, k.rkey, k.vaddr);
-    println!(" GID: {}", gid.join(":"));
+    outln!(" {side} address: LID {:#06x} QPN {:#08x} PSN {:#08x} RKey {:#010x} VAddr {:#018x}", k.lid, k.qpn, k.psn, k.rkey, k.vaddr)?;
+    outln!(" GID: {}", gid.join(":"))
 }
 
 /// Drive the datapath one step (run-to-completion), then poll the CQ.
@@ -510,9 +610,9 @@ fn bw_test(
     if !is_client && o.test != Test::SendBw {
         ch.hand_shake(my)?;
         let rep = xchg_report(ch, &BwReport::default())?;
-        println!("{}", bw_header());
-        println!("{}", bw_row(rep.size as usize, rep.iters as usize, rep.peak, rep.avg));
-        println!("{RULE}");
+        outln!("{}", bw_header())?;
+        outln!("{}", bw_row(rep.size as usize, rep.iters as usize, rep.peak, rep.avg))?;
+        outln!("{RULE}")?;
         return Ok(json_bw(o, &rep));
     }
     if o.test == Test::SendBw {
@@ -526,8 +626,14 @@ fn bw_test(
         // SEND server: count receives, keep the queue full.
         let mut rcnt = 0u64;
         let mut window = (Instant::now(), 0u64);
+        let mut watch = Watch::new(ch);
         while rcnt < iters {
             let n = poll(r, &mut wc)?;
+            if n == 0 {
+                watch.idle(rcnt, iters)?;
+            } else {
+                watch.progress();
+            }
             for _ in 0..n {
                 rcnt += 1;
                 routs -= 1;
@@ -548,6 +654,7 @@ fn bw_test(
         let (mut posted, mut done) = (0u64, 0u64);
         let mut window = (Instant::now(), 0u64);
         let mut off = 0usize;
+        let mut watch = Watch::new(ch);
         while done < iters {
             while posted < iters && posted - done < depth {
                 let remote = RemoteAddr { addr: rem.vaddr + off as u64, rkey: rem.rkey };
@@ -574,6 +681,11 @@ fn bw_test(
                 r.qp.post_send(&SendWr { wr_id: posted, op, payload: Payload::Sgl(vec![local]), flags, ud: None }).context("Couldn't post send")?;
             }
             let n = poll(r, &mut wc)?;
+            if n == 0 {
+                watch.idle(done, iters)?;
+            } else {
+                watch.progress();
+            }
             for w in &wc[..n] {
                 let newly = w.wr_id - done;
                 done = w.wr_id;
@@ -588,9 +700,9 @@ fn bw_test(
     let secs = start.elapsed().as_secs_f64();
     let avg = (iters * size as u64) as f64 / secs / 1e6;
     let rep = BwReport { size: size as u64, iters, peak: peak.max(avg), avg, msg_rate: iters as f64 / secs / 1e6 };
-    println!("{}", bw_header());
-    println!("{}", bw_row(size, iters as usize, rep.peak, rep.avg));
-    println!("{RULE}");
+    outln!("{}", bw_header())?;
+    outln!("{}", bw_row(size, iters as usize, rep.peak, rep.avg))?;
+    outln!("{RULE}")?;
     if is_client && o.test != Test::SendBw {
         ch.hand_shake(my)?;
         xchg_report(ch, &rep)?;
@@ -619,22 +731,22 @@ fn json_bw(o: &Opts, r: &BwReport) -> String {
     )
 }
 
-fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge, half: usize) -> Result<String> {
+#[allow(clippy::too_many_arguments)]
+fn lat_test(o: &Opts, r: &Res, ch: &Channel, rem: &Keys, is_client: bool, recv_sge: urnic::Sge, half: usize) -> Result<String> {
     let size = o.size;
     let iters = o.iters as usize;
     let mut wc = vec![WorkCompletion::default(); 8];
     let mut samples: Vec<f64> = Vec::with_capacity(iters);
-    let deadline_step = Duration::from_secs(30);
+    // Iterations done so far, for the failure message.
+    let done = std::cell::Cell::new(0u64);
     let wait = |want: &dyn Fn(&WorkCompletion) -> bool, wc: &mut [WorkCompletion]| -> Result<()> {
-        let deadline = Instant::now() + deadline_step;
+        let mut watch = Watch::new(ch);
         loop {
             let n = poll(r, wc)?;
             if wc[..n].iter().any(want) {
                 return Ok(());
             }
-            if Instant::now() > deadline {
-                bail!("no completion for 30 s: the peer is gone");
-            }
+            watch.idle(done.get(), o.iters)?;
         }
     };
     let send = |flags| SendWr { wr_id: 1, op: SendOp::Send, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags, ud: None };
@@ -650,6 +762,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     let now = Instant::now();
                     samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
                     t = now;
+                    done.set(done.get() + 1);
                 } else {
                     wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
                     r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
@@ -658,6 +771,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     let now = Instant::now();
                     samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
                     t = now;
+                    done.set(done.get() + 1);
                 }
             }
         }
@@ -672,14 +786,14 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
             while scnt < iters as u64 || rcnt < iters as u64 {
                 if rcnt < iters as u64 && (is_client || scnt >= 1) {
                     rcnt += 1;
-                    let deadline = Instant::now() + deadline_step;
+                    done.set(rcnt - 1);
+                    let mut watch = Watch::new(ch);
                     // SAFETY: `poll_at` is inside the registered buffer; the
                     // datapath writes it concurrently, hence the volatile read.
                     while unsafe { std::ptr::read_volatile(base.add(poll_at)) } != rcnt as u8 {
-                        if Instant::now() > deadline {
-                            bail!("the peer's write did not arrive for 30 s");
+                        if r.ctx.poll() == 0 {
+                            watch.idle(rcnt - 1, o.iters)?;
                         }
-                        r.ctx.poll();
                     }
                 }
                 if scnt < iters as u64 {
@@ -719,6 +833,7 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
                     .context("Couldn't post send")?;
                     wait(&|w| w.opcode == WcOpcode::RdmaRead, &mut wc)?;
                     samples.push(t.elapsed().as_secs_f64() * 1e6);
+                    done.set(done.get() + 1);
                 }
             }
         }
@@ -728,9 +843,9 @@ fn lat_test(o: &Opts, r: &Res, rem: &Keys, is_client: bool, recv_sge: urnic::Sge
         return Ok(String::new());
     }
     let s = LatStats::from_samples(&mut samples).context("no samples")?;
-    println!("{}", lat_header());
-    println!("{}", lat_row(size, iters, &s));
-    println!("{RULE}");
+    outln!("{}", lat_header())?;
+    outln!("{}", lat_row(size, iters, &s))?;
+    outln!("{RULE}")?;
     Ok(format!(
         "{{\"test\": \"{:?}\", \"bytes\": {size}, \"iterations\": {iters}, \"t_min_us\": {:.2}, \"t_typical_us\": {:.2}, \
          \"t_avg_us\": {:.2}, \"t_p99_us\": {:.2}, \"t_p999_us\": {:.2}, \"t_max_us\": {:.2}}}",

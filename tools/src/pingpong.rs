@@ -5,11 +5,11 @@
 //! so either side can be urnic or rdma-core.
 
 use std::io::{Read, Write};
-use std::net::{Ipv6Addr, TcpListener, TcpStream};
+use std::net::{Ipv6Addr, TcpListener};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
-use urnic::{
+use urnic::{CompChannel, 
     AhAttr, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
     Sge, UdDest, WcStatus, WorkCompletion,
 };
@@ -22,11 +22,14 @@ const UD_QKEY: u32 = 0x1111_1111;
 /// Room for the GRH in front of a UD receive.
 const GRH: usize = 40;
 
+use crate::out::outln;
+use crate::peer::Peer;
+
 /// Options shared by both tools (names as rdma-core's).
 #[derive(Clone, Debug)]
 pub struct Opts {
-    /// Server to connect to; `None`: be the server.
-    pub server: Option<String>,
+    /// Server to connect to, resolved; `None`: be the server.
+    pub server: Option<Peer>,
     /// TCP port of the exchange.
     pub port: u16,
     /// Message size.
@@ -41,6 +44,9 @@ pub struct Opts {
     pub gid_idx: Option<u8>,
     /// Validate the received buffer (`-c`).
     pub validate: bool,
+    /// Sleep on completion events instead of polling (`-e`); the device
+    /// must run its own datapath thread.
+    pub events: bool,
 }
 
 /// Our address as the exchange carries it.
@@ -91,18 +97,10 @@ impl Dest {
 }
 
 /// Client side of the exchange: send ours, read theirs, send `done`.
-fn client_exchange(server: &str, port: u16, me: &Dest) -> Result<Dest> {
-    // Retry for a while: the server may still be starting (rdma-core's tool
-    // gives up at once; scripts wrap it in a loop).
-    let mut conn = TcpStream::connect((server, port));
-    for _ in 1..300 {
-        if conn.is_ok() {
-            break;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-        conn = TcpStream::connect((server, port));
-    }
-    let mut s = conn.with_context(|| format!("Couldn't connect to {server}:{port}"))?;
+fn client_exchange(server: &Peer, me: &Dest) -> Result<Dest> {
+    // A refused connection is retried for a while: the server may still be
+    // starting (rdma-core's tool gives up at once; scripts wrap it in a loop).
+    let mut s = server.connect()?;
     s.write_all(&me.to_msg()).context("Couldn't send local address")?;
     let mut m = [0u8; MSG_LEN];
     s.read_exact(&mut m).context("Couldn't read remote address")?;
@@ -134,12 +132,15 @@ struct Ctx {
     cq: Cq,
     mr: Mr,
     pd: urnic::Pd,
+    /// The completion channel of `-e` (as pp_init_ctx's `ibv_create_comp_channel`).
+    channel: Option<CompChannel>,
 }
 
 impl Ctx {
-    fn new(ctx: &Context, qp_type: QpType, buf: usize, rx_depth: u32, max_inline: u32) -> Result<Ctx> {
+    fn new(ctx: &Context, qp_type: QpType, buf: usize, rx_depth: u32, max_inline: u32, events: bool) -> Result<Ctx> {
+        let channel = if events { Some(ctx.create_comp_channel().context("Couldn't create completion channel")?) } else { None };
         let pd = ctx.alloc_pd().context("Couldn't allocate PD")?;
-        let cq = ctx.create_cq(rx_depth + 1, None).context("Couldn't create CQ")?;
+        let cq = ctx.create_cq(rx_depth + 1, channel.as_ref()).context("Couldn't create CQ")?;
         let mut mr = pd.alloc_mr(buf, urnic::Access::LOCAL_WRITE).context("Couldn't register MR")?;
         mr.fill_at(0, buf, 0x7b).context("Couldn't fill the MR")?;
         let qp = pd
@@ -152,7 +153,7 @@ impl Ctx {
                 sq_sig_all: false,
             })
             .context("Couldn't create QP")?;
-        Ok(Ctx { ctx: ctx.clone(), qp, cq, mr, pd })
+        Ok(Ctx { ctx: ctx.clone(), qp, cq, mr, pd, channel })
     }
 
     fn post_recvs(&self, n: u32, sge: Sge) -> u32 {
@@ -170,9 +171,31 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
     let mut wc = [WorkCompletion::default(); 2];
+    // -e: arm the CQ before the loop; each wakeup re-arms it, then polls
+    // until the CQ is empty (as rdma-core's loop: ibv_get_cq_event,
+    // ibv_req_notify_cq, ibv_poll_cq). A completion that lands between the
+    // last poll and the re-arm is not lost: arming after taking the event
+    // and polling after arming finds it.
+    if c.channel.is_some() {
+        c.cq.req_notify(false);
+    }
+    let mut events = 0u64;
     while rcnt < opts.iters || scnt < opts.iters {
-        c.ctx.poll();
-        let n = c.cq.poll(&mut wc).context("poll CQ failed")?;
+        let n = match &c.channel {
+            Some(ch) => {
+                let id = ch.get_cq_event().context("Failed to get cq_event")?;
+                if id != c.cq.id() {
+                    bail!("CQ event for unknown CQ {id}");
+                }
+                events += 1;
+                c.cq.req_notify(false);
+                c.cq.poll(&mut wc).context("poll CQ failed")?
+            }
+            None => {
+                c.ctx.poll();
+                c.cq.poll(&mut wc).context("poll CQ failed")?
+            }
+        };
         for w in &wc[..n] {
             if w.status != WcStatus::Success {
                 bail!("Failed status {:?} for wr_id {}", w.status, w.wr_id);
@@ -197,14 +220,17 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
                 pending = RECV_WRID | SEND_WRID;
             }
         }
-        if n == 0 {
+        if n == 0 && c.channel.is_none() {
             std::hint::spin_loop();
         }
     }
     let usec = start.elapsed().as_secs_f64() * 1e6;
     let bytes = opts.size as u64 * u64::from(opts.iters) * 2;
-    println!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec);
-    println!("{} iters in {:.2} seconds = {:.2} usec/iter", opts.iters, usec / 1e6, usec / f64::from(opts.iters));
+    outln!("{bytes} bytes in {:.2} seconds = {:.2} Mbit/sec", usec / 1e6, bytes as f64 * 8.0 / usec)?;
+    outln!("{} iters in {:.2} seconds = {:.2} usec/iter", opts.iters, usec / 1e6, usec / f64::from(opts.iters))?;
+    if c.channel.is_some() {
+        tracing::debug!(events, "slept on completion events");
+    }
     Ok(())
 }
 
@@ -217,7 +243,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     let mtu = mtu_of(opts.mtu)?;
     let page = 4096usize;
     let inline = if opts.size <= 256 { 256 } else { 0 };
-    let mut c = Ctx::new(ctx, QpType::Rc, opts.size.max(1), opts.rx_depth, inline)?;
+    let mut c = Ctx::new(ctx, QpType::Rc, opts.size.max(1), opts.rx_depth, inline, opts.events)?;
     // INIT now, so receives can be posted before the peer is known (pp_init_ctx).
     let init = QpAttr { qp_state: QpState::Init, ..QpAttr::default() };
     c.qp.modify(&init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
@@ -229,7 +255,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     }
     let gidx = opts.gid_idx.unwrap_or(1);
     let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn: crate::dev::random_psn(), gid: ctx.query_gid(1, u32::from(gidx)).context("can't read sgid")? };
-    println!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid));
+    outln!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid))?;
     let connect = |rem: &Dest| -> Result<()> {
         let conn = Connect {
             mtu: Some(mtu),
@@ -246,13 +272,13 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     };
     let rem = match &opts.server {
         Some(s) => {
-            let rem = client_exchange(s, opts.port, &me)?;
+            let rem = client_exchange(s, &me)?;
             connect(&rem)?;
             rem
         }
         None => server_exchange(opts.port, &me, connect)?,
     };
-    println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
+    outln!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid))?;
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
             c.mr.write_at(i, &[0]).context("write_at")?;
@@ -268,7 +294,7 @@ pub fn rc(ctx: &Context, opts: &Opts) -> Result<()> {
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
             if c.mr.read_vec(i, 1).context("read_at")?[0] != 0 {
-                println!("invalid data in page {}", i / page);
+                outln!("invalid data in page {}", i / page)?;
             }
         }
     }
@@ -282,7 +308,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
         bail!("Requested size larger than port MTU ({active})");
     }
     let page = 4096usize;
-    let mut c = Ctx::new(ctx, QpType::Ud, opts.size + GRH, opts.rx_depth, 0)?;
+    let mut c = Ctx::new(ctx, QpType::Ud, opts.size + GRH, opts.rx_depth, 0, opts.events)?;
     // INIT with the Q_Key, receives, RTR, RTS with our PSN (as pp_init_ctx + pp_connect_ctx).
     let mut at = QpAttr { qp_state: QpState::Init, qkey: UD_QKEY, ..QpAttr::default() };
     c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).context("Failed to modify QP to INIT")?;
@@ -300,14 +326,14 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
     c.qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).context("Failed to modify QP to RTS")?;
     let me = Dest { lid: 0, qpn: c.qp.qp_num(), psn, gid: ctx.query_gid(1, u32::from(gidx)).context("can't read sgid")? };
     // (sic: rdma-core prints a colon before the GID here)
-    println!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid));
+    outln!("  local address:  LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}: GID {}", me.lid, me.qpn, me.psn, gid_str(&me.gid))?;
     let pd_ah = |rem: &Dest| -> Result<urnic::Ah> {
         c.pd.create_ah(&AhAttr { dgid: rem.gid, sgid_index: gidx, hop_limit: 1, port_num: 1, ..AhAttr::default() }).context("Failed to create AH")
     };
     let mut ah = None;
     let rem = match &opts.server {
         Some(s) => {
-            let rem = client_exchange(s, opts.port, &me)?;
+            let rem = client_exchange(s, &me)?;
             ah = Some(pd_ah(&rem)?);
             rem
         }
@@ -317,7 +343,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
         })?,
     };
     let ah = ah.context("no address handle")?;
-    println!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid));
+    outln!("  remote address: LID 0x{:04x}, QPN 0x{:06x}, PSN 0x{:06x}, GID {}", rem.lid, rem.qpn, rem.psn, gid_str(&rem.gid))?;
     if opts.server.is_some() && opts.validate {
         for i in (0..opts.size).step_by(page) {
             c.mr.write_at(i + GRH, &[0]).context("write_at")?;
@@ -340,7 +366,7 @@ pub fn ud(ctx: &Context, opts: &Opts) -> Result<()> {
     if opts.server.is_none() && opts.validate {
         for i in (0..opts.size).step_by(page) {
             if c.mr.read_vec(i + GRH, 1).context("read_at")?[0] != 0 {
-                println!("invalid data in page {}", i / page);
+                outln!("invalid data in page {}", i / page)?;
             }
         }
     }

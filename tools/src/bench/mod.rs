@@ -194,13 +194,14 @@ pub fn ceiling_only(mtu: usize) -> Result<()> {
     let pair = VethPair::create("ceil", if mtu > 1024 { 9000 } else { 1500 }).context("namespaces (root)")?;
     let frame = write_frame_len(mtu);
     let pps = raw_afxdp(&pair, frame, Cores::One, 8.0)?;
-    println!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {:.0} kframes/s, {:.0} MB/s of payload", pps / 1e3, pps * mtu as f64 / 1e6);
+    let (kfps, mbs) = (pps / 1e3, pps * mtu as f64 / 1e6);
+    crate::out::outln!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {kfps:.0} kframes/s, {mbs:.0} MB/s of payload")?;
     Ok(())
 }
 
 /// Run everything `n` times and print medians and ratios.
 pub fn run(n: usize) -> Result<()> {
-    println!("{}", summarize(&runs(n)?).table);
+    crate::out::outln!("{}", summarize(&runs(n)?).table)?;
     Ok(())
 }
 

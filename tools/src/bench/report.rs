@@ -288,8 +288,8 @@ pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Resu
     md.push_str("\nlatency.png: distribution (CDF) of the 8-byte one-way latencies of all runs.\n");
     plot_latency(&s.latency, &dir.join("latency.png"))?;
     std::fs::write(dir.join("report.md"), &md).with_context(|| format!("{}/report.md", dir.display()))?;
-    println!("{md}");
-    println!("written: {}", dir.display());
+    crate::out::outln!("{md}")?;
+    crate::out::outln!("written: {}", dir.display())?;
     Ok(())
 }
 
