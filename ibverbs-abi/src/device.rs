@@ -317,8 +317,7 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
             | IBV_DEVICE_PORT_ACTIVE_EVENT
             | IBV_DEVICE_SYS_IMAGE_GUID
             | IBV_DEVICE_MEM_WINDOW
-            | IBV_DEVICE_MEM_WINDOW_TYPE_2B
-            | IBV_DEVICE_SRQ_RESIZE) as _;
+            | IBV_DEVICE_MEM_WINDOW_TYPE_2B) as _;
         a.max_sge = l.max_sge as c_int;
         a.max_sge_rd = l.max_sge as c_int;
         a.max_cq = l.max_cq as c_int;

@@ -89,7 +89,8 @@ fn access_of(access: c_uint) -> Result<urnic::Access, c_int> {
         | IBV_ACCESS_REMOTE_ATOMIC
         | IBV_ACCESS_MW_BIND
         | IBV_ACCESS_ZERO_BASED) as c_uint;
-    let a = access & !optional;
+    // IBV_ACCESS_HUGETLB is a hint the kernel accepts; urnic needs none.
+    let a = access & !optional & !(IBV_ACCESS_HUGETLB as c_uint);
     if a & !known != 0 {
         return Err(libc::EINVAL);
     }
@@ -205,7 +206,7 @@ unsafe extern "C" fn bind_mw(_qp: *mut ibv_qp, mw: *mut ibv_mw, bind: *mut ibv_m
             Err(e) => return e,
         };
         let u = &mut *(mw as *mut UMw);
-        match u.inner.bind(mr, info.addr, info.length as u64, access) {
+        match u.inner.bind(mr, info.addr, info.length, access) {
             Ok(rkey) => {
                 (*mw).rkey = rkey;
                 0

@@ -589,18 +589,29 @@ pub unsafe extern "C" fn ibv_destroy_ah(ah: *mut ibv_ah) -> c_int {
     })
 }
 
-/// The sender's GID and ours from a received UD message's GRH area: an
-/// IPv6 header (version 6), or for RoCEv2 over IPv4 the IPv4 header in its
-/// last 20 bytes (as rxe and urnic place it).
-fn gids_from_grh(grh: &[u8; 40]) -> Option<([u8; 16], [u8; 16], u8, u8, u32)> {
+/// What a received UD message's GRH area says about its path.
+struct GrhPath {
+    /// The sender's GID.
+    src: [u8; 16],
+    /// Ours, as the sender addressed us.
+    dst: [u8; 16],
+    traffic_class: u8,
+    hop_limit: u8,
+    flow_label: u32,
+}
+
+/// The path from a received UD message's GRH area: an IPv6 header
+/// (version 6), or for RoCEv2 over IPv4 the IPv4 header in its last 20
+/// bytes (as rxe and urnic place it).
+fn path_from_grh(grh: &[u8; 40]) -> Option<GrhPath> {
     if grh[0] >> 4 == 6 {
-        let mut s = [0u8; 16];
-        let mut d = [0u8; 16];
-        s.copy_from_slice(&grh[8..24]);
-        d.copy_from_slice(&grh[24..40]);
-        let tclass = (grh[0] << 4) | (grh[1] >> 4);
-        let flow = (u32::from(grh[1] & 0xf) << 16) | (u32::from(grh[2]) << 8) | u32::from(grh[3]);
-        return Some((s, d, tclass, grh[7], flow));
+        let mut src = [0u8; 16];
+        let mut dst = [0u8; 16];
+        src.copy_from_slice(&grh[8..24]);
+        dst.copy_from_slice(&grh[24..40]);
+        let traffic_class = (grh[0] << 4) | (grh[1] >> 4);
+        let flow_label = (u32::from(grh[1] & 0xf) << 16) | (u32::from(grh[2]) << 8) | u32::from(grh[3]);
+        return Some(GrhPath { src, dst, traffic_class, hop_limit: grh[7], flow_label });
     }
     let ip = &grh[20..40];
     if ip[0] >> 4 != 4 {
@@ -613,7 +624,7 @@ fn gids_from_grh(grh: &[u8; 40]) -> Option<([u8; 16], [u8; 16], u8, u8, u32)> {
         g[12..].copy_from_slice(a);
         g
     };
-    Some((mapped(&ip[12..16]), mapped(&ip[16..20]), ip[1], ip[8], 0))
+    Some(GrhPath { src: mapped(&ip[12..16]), dst: mapped(&ip[16..20]), traffic_class: ip[1], hop_limit: ip[8], flow_label: 0 })
 }
 
 #[no_mangle]
@@ -634,7 +645,7 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
             return -1;
         }
         let bytes = &*(grh as *const [u8; 40]);
-        let Some((src, dst, tclass, hops, flow)) = gids_from_grh(bytes) else {
+        let Some(GrhPath { src, dst, traffic_class, hop_limit, flow_label }) = path_from_grh(bytes) else {
             set_errno(libc::EINVAL);
             return -1;
         };
@@ -648,9 +659,9 @@ pub unsafe extern "C" fn ibv_init_ah_from_wc(
         a.port_num = port;
         a.grh.dgid.raw = src;
         a.grh.sgid_index = sgid_index as u8;
-        a.grh.traffic_class = tclass;
-        a.grh.hop_limit = hops;
-        a.grh.flow_label = flow;
+        a.grh.traffic_class = traffic_class;
+        a.grh.hop_limit = hop_limit;
+        a.grh.flow_label = flow_label;
         0
     })
 }
