@@ -13,6 +13,7 @@ mod perf;
 mod perftest;
 mod pingpong;
 mod plot;
+mod progress;
 mod report;
 mod signals;
 mod soak;

@@ -47,6 +47,7 @@ use self::raw_xdp::{raw_afxdp, raw_afxdp_pingpong, write_frame_len, WRITE64_FRAM
 use self::report::summarize;
 use self::urnic_runs::{many_qps, sweep, urnic_small, urnic_write_64k, Sweep};
 use crate::perf::BwOp;
+use crate::progress::Progress;
 
 /// How many cores urnic gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -131,45 +132,71 @@ struct Run {
     raw_lat: [Vec<f64>; 2],
 }
 
-fn one_run() -> Result<Run> {
+/// Progress steps in one [`one_run`].
+const RUN_STEPS: u64 = 2 * 11 + 7;
+
+fn one_run(p: &Progress) -> Result<Run> {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("bench", 1500).context("namespaces (root)")?;
     let pair9k = VethPair::create("bench", 9000).context("namespaces (root)")?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+        let c = cores.label();
         // Each bandwidth figure next to its ceiling (see `bracketed`).
         let mut cpu = Vec::new();
         (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
             || {
+                p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 1024"));
                 urnic_write_64k(&pair, cores, "bn").map(|(mbs, c)| {
                     cpu.push(c);
                     mbs
                 })
             },
-            || raw_afxdp(&pair, write_frame_len(1024), cores, 1.0),
+            || {
+                p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 1024"));
+                raw_afxdp(&pair, write_frame_len(1024), cores, 1.0)
+            },
         )?;
         r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) =
-            bracketed(|| urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs), || raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0))?;
+        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
+            || {
+                p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
+                urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs)
+            },
+            || {
+                p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
+                raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0)
+            },
+        )?;
+        p.step(format_args!("urnic, {c}: 64 B WRITE message rate, 8 B SEND and WRITE latency"));
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
+        p.step(format_args!("raw AF_XDP, {c}: small-frame rate"));
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
+        p.step(format_args!("raw AF_XDP, {c}: ping-pong latency"));
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
     }
+    p.step("kernel TCP (iperf3): bandwidth, MTU 1500");
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
+    p.step("kernel TCP (iperf3): bandwidth, MTU 9000");
     r.tcp_mbps_9k = iperf3(&pair9k, 2, &[])?.0;
+    p.step("kernel TCP (iperf3): 64-byte message rate");
     r.tcp_msgs = iperf3(&pair, 2, &["-l", "64", "-N"])?.0 * 1e6 / 8.0 / 64.0;
+    p.step("urnic: one RC QP, 64 KiB WRITEs");
     r.one_qp = many_qps(&pair, 1, 2000)?.0;
+    p.step("urnic: 1000 RC QPs, 64 KiB WRITEs, memory per QP");
     (r.many_qp, r.mem_per_qp) = many_qps(&pair, 1000, 4000)?;
+    p.step("kernel UDP: 8-byte ping-pong latency");
     r.udp_lat = udp_pingpong(&pair, 3000)?;
+    p.step("kernel TCP: 8-byte ping-pong latency");
     r.tcp_lat = tcp_pingpong(&pair, 3000)?;
     Ok(r)
 }
 
-fn runs(n: usize) -> Result<Vec<Run>> {
+fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
     let mut out = Vec::new();
     for i in 0..n.max(1) {
-        let r = one_run()?;
-        eprintln!(
+        let r = one_run(p)?;
+        p.println(format!(
             "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; \
              TCP {:.0} MB/s; UDP p50 {:.1} us",
             i + 1,
@@ -181,7 +208,7 @@ fn runs(n: usize) -> Result<Vec<Run>> {
             median(&mut r.urnic[1].send_lat.clone()),
             r.tcp_mbps / 8.0,
             median(&mut r.udp_lat.clone())
-        );
+        ));
         out.push(r);
     }
     Ok(out)
@@ -201,7 +228,10 @@ pub fn ceiling_only(mtu: usize) -> Result<()> {
 
 /// Run everything `n` times and print medians and ratios.
 pub fn run(n: usize) -> Result<()> {
-    crate::out::outln!("{}", summarize(&runs(n)?).table)?;
+    let p = Progress::new("bench", RUN_STEPS * n.max(1) as u64);
+    let all = runs(n, &p)?;
+    drop(p);
+    crate::out::outln!("{}", summarize(&all).table)?;
     Ok(())
 }
 
@@ -217,12 +247,19 @@ pub fn report(dir: &std::path::Path, n: usize) -> Result<()> {
     // back to back would share one moment's noise.
     let mut passes: Vec<Vec<Sweep>> = Vec::new();
     let mut ceiling_samples = (Vec::new(), Vec::new());
+    // Per pass: each configuration's three operations, then four ceilings.
+    let pass_steps = (configs.len() * BwOp::ALL.len()) as u64 + 4;
+    let p = Progress::new("bench", (pass_steps + RUN_STEPS) * n.max(1) as u64);
     for pass in 0..n.max(1) {
         let mut this = Vec::new();
         for &(link, label, cores) in &configs {
-            let s = sweep(link, cores, &sizes)?;
+            let c = cores.label();
+            let s = sweep(link, cores, &sizes, &|op| {
+                p.step(format_args!("sweep {}/{}: {label}, {c}, {} bandwidth, 64 B..1 MiB", pass + 1, n.max(1), op.name()))
+            })?;
             for (op, v) in &s {
-                eprintln!("pass {}: {label}, {}, {}: {:?}", pass + 1, cores.label(), op.name(), v.iter().map(|x| *x as i64).collect::<Vec<_>>());
+                let mbs: Vec<i64> = v.iter().map(|x| *x as i64).collect();
+                p.println(format!("pass {}: {label}, {c}, {}: {mbs:?}", pass + 1, op.name()));
             }
             this.push(s);
         }
@@ -232,9 +269,11 @@ pub fn report(dir: &std::path::Path, n: usize) -> Result<()> {
         // softirq work can do worse than one).
         let p1 = VethPair::create("ceil", 1500).context("namespaces (root)")?;
         let p9 = VethPair::create("ceil", 9000).context("namespaces (root)")?;
-        let best = |p: &VethPair, mtu: usize| -> Result<f64> {
-            let one = raw_afxdp(p, write_frame_len(mtu), Cores::One, 1.0)?;
-            let two = raw_afxdp(p, write_frame_len(mtu), Cores::Two, 1.0)?;
+        let best = |pair: &VethPair, mtu: usize| -> Result<f64> {
+            p.step(format_args!("raw AF_XDP ceiling, one thread, MTU {mtu}"));
+            let one = raw_afxdp(pair, write_frame_len(mtu), Cores::One, 1.0)?;
+            p.step(format_args!("raw AF_XDP ceiling, two threads, MTU {mtu}"));
+            let two = raw_afxdp(pair, write_frame_len(mtu), Cores::Two, 1.0)?;
             Ok(one.max(two) * mtu as f64 / 1e6)
         };
         ceiling_samples.0.push(best(&p1, 1024)?);
@@ -257,6 +296,7 @@ pub fn report(dir: &std::path::Path, n: usize) -> Result<()> {
         .collect();
     let (c1k, c4k) = (median(&mut ceiling_samples.0), median(&mut ceiling_samples.1));
     let md = report::sweep_section(dir, n.max(1), &sizes, &results, (c1k, c4k))?;
-    let all = runs(n)?;
+    let all = runs(n, &p)?;
+    drop(p);
     report::finish(dir, md, &summarize(&all))
 }

@@ -185,8 +185,9 @@ pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f6
 /// Bandwidth (MB/s) per message size, for each operation.
 pub(super) type Sweep = Vec<(BwOp, Vec<f64>)>;
 
-/// Bandwidth (MB/s) of each op and size on a veth of `link_mtu`.
-pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Sweep> {
+/// Bandwidth (MB/s) of each op and size on a veth of `link_mtu`;
+/// `starting` is told each operation as its sizes begin.
+pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize], starting: &dyn Fn(BwOp)) -> Result<Sweep> {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("sweep", link_mtu).context("namespaces (root)")?;
     let max = sizes.iter().copied().max().unwrap_or(65536);
@@ -194,6 +195,7 @@ pub(super) fn sweep(link_mtu: u32, cores: Cores, sizes: &[usize]) -> Result<Swee
     warm_up(&mut rig, 65536)?;
     let mut out = Vec::new();
     for op in BwOp::ALL {
+        starting(op);
         let mut v = Vec::new();
         for &size in sizes {
             v.push(bw(&mut rig.ea, &mut rig.eb, op, size, iters_for(size), 128)?.avg_mbs);
