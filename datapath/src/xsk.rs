@@ -352,6 +352,28 @@ fn setup<E: std::error::Error + Send + Sync + 'static>(what: &'static str) -> im
     move |e| XskError::Setup { what, source: Box::new(e) }
 }
 
+/// libbpf (loading and inspecting XDP programs) prints its messages to
+/// stderr unless told otherwise: lines such as `libbpf: Kernel error
+/// message: ...` ahead of urnic's own error, which already says what failed
+/// and why. They go to `tracing` instead (target `libbpf`): libbpf's
+/// warnings at debug level, its information and debug output at trace
+/// level, so `urnic -v` (or `RUST_LOG=libbpf=debug`) shows them and nothing
+/// reaches stderr raw. Set once per process, before the first use.
+fn route_libbpf_messages() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, libbpf_message)));
+    });
+}
+
+fn libbpf_message(level: libbpf_rs::PrintLevel, msg: String) {
+    let msg = msg.trim_end();
+    match level {
+        libbpf_rs::PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
+        _ => tracing::trace!(target: "libbpf", "{msg}"),
+    }
+}
+
 impl XskPort {
     /// Attach the XDP program to `cfg.ifname` and open an AF_XDP socket on
     /// `cfg.queue`, in the calling thread's network namespace.
@@ -370,6 +392,7 @@ impl XskPort {
     /// than urnic's on it fails with [`XskError::ForeignXdp`]; missing
     /// privileges fail with [`XskError::Permission`].
     pub fn open_queues(cfg: &XskConfig, queues: &[u32]) -> Result<Vec<XskPort>, XskError> {
+        route_libbpf_messages();
         let iface = Interface::query(&cfg.ifname).map_err(|e| XskError::Interface {
             ifname: cfg.ifname.clone(),
             reason: e.to_string(),
@@ -400,6 +423,7 @@ impl XskPort {
         let prog = std::sync::Arc::new(
             XdpProgram::attach(iface.index, &xdp).map_err(|source| XskError::Xdp { ifname: iface.name.clone(), source })?,
         );
+        tracing::debug!(ifname = %iface.name, mode = ?prog.mode(), udp_port = xdp.udp_port, "XDP program attached");
         let mut ports = queues
             .iter()
             .map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone(), lock.clone()))
@@ -520,6 +544,19 @@ impl XskPort {
         // With multi-buffer a frame may span chunks (up to 4 of them).
         let max_frame = if sg { (iface.mtu as usize + 18).min(4 * frame_len) } else { frame_len };
         let mtu = iface.mtu.min((max_frame - 18) as u32);
+        tracing::debug!(
+            ifname = %cfg.ifname,
+            queue,
+            zero_copy,
+            multi_buffer = sg,
+            umem_frames = umem_area.1 / cfg.frame_size as usize,
+            frame_size = cfg.frame_size,
+            umem_bytes = umem_area.1,
+            ring = cfg.ring_size,
+            rx_frames = n_rx,
+            mtu,
+            "AF_XDP socket bound"
+        );
         Ok(XskPort {
             info: PortInfo { mac: iface.mac, mtu },
             iface,

@@ -339,10 +339,19 @@ impl DeviceInner {
     /// device the same way, never to the port.
     pub(crate) fn resolve_mac(&self, gid: &Gid) -> Result<[u8; 6]> {
         if self.gids.contains(gid) {
+            tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), "neighbour: our own GID, looped back inside the device");
             return Ok(self.mac);
         }
-        (self.resolve)(gid)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+        match (self.resolve)(gid) {
+            Some(mac) => {
+                tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), mac = %mac_string(mac), "neighbour resolved");
+                Ok(mac)
+            }
+            None => {
+                tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), "neighbour not resolved");
+                Err(Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+            }
+        }
     }
 
     /// Resolve `dgid` into a full path from our GID at `sgid_index`.
@@ -407,6 +416,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
 
     let (ports, resolve): (Vec<Box<dyn Port>>, Resolver) = match port {
         PortConfig::Memory { hub, impairments } => {
+            impairments.faults.check().map_err(|e| Error::invalid(format!("memory port impairments: {e}")))?;
             for g in &gids[1..] {
                 hub.publish_address(*g, mac);
             }
@@ -434,6 +444,15 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             (Engine::new(cfg, memory.clone()), p)
         })
         .collect();
+    tracing::debug!(
+        device = %name,
+        datapath = ?datapath,
+        shards = n,
+        link_mtu,
+        active_mtu = active_mtu.bytes(),
+        gids = ?gids.iter().map(crate::gid_to_string).collect::<Vec<_>>(),
+        "device open"
+    );
     // Frames to our own GIDs are looped back inside the NIC (`Nic` docs).
     let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize).with_local_addresses(&gids));
     let runners = match datapath {
@@ -587,4 +606,9 @@ impl Drop for DeviceInner {
 /// Format a GID as an IPv6 address string (IPv4-mapped shown as `::ffff:a.b.c.d`).
 pub fn gid_to_string(g: &Gid) -> String {
     std::net::Ipv6Addr::from(*g).to_string()
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+fn mac_string(m: [u8; 6]) -> String {
+    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
 }

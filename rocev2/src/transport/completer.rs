@@ -132,6 +132,7 @@ impl Requester {
                 }
                 AckSyndrome::RnrNak { timer } => {
                     ctx.stats.req_rnr_naks_received += 1;
+                    tracing::debug!(qpn = ctx.qpn, psn = psn.value(), timer, rnr_left = self.rnr_left, "RNR NAK received");
                     self.ack_before(psn, false);
                     self.advance_una(psn);
                     // IBTA 9.7.5.2.8: rnr_retry 7 means retry forever.
@@ -149,6 +150,7 @@ impl Requester {
                 }
                 AckSyndrome::Nak(NakCode::PsnSequenceError) => {
                     ctx.stats.req_naks_seq_received += 1;
+                    tracing::debug!(qpn = ctx.qpn, psn = psn.value(), retry_left = self.retry_left, "sequence NAK received");
                     let (progressed, _) = self.ack_before(psn, false);
                     let advanced = self.advance_una(psn);
                     // The NAK implicitly acknowledges everything before its PSN
@@ -173,11 +175,13 @@ impl Requester {
                     self.retry_left -= 1;
                     self.seq_retry_started = true;
                     ctx.stats.req_retransmits += 1;
+                    tracing::debug!(qpn = ctx.qpn, from = psn.value(), "retransmitting after a sequence NAK");
                     self.rewind(psn, pmtu);
                     Ok(())
                 }
                 AckSyndrome::Nak(code) => {
                     ctx.stats.req_naks_error_received += 1;
+                    tracing::debug!(qpn = ctx.qpn, psn = psn.value(), ?code, "NAK received: the WR fails");
                     self.ack_before(psn, false);
                     let status = match code {
                         NakCode::InvalidRequest => WcStatus::RemInvReqErr,
@@ -260,6 +264,7 @@ impl Requester {
                 if self.read_retry_from != Some(expected) {
                     self.read_retry_from = Some(expected);
                     ctx.stats.req_retransmits += 1;
+                    tracing::debug!(qpn = ctx.qpn, from = expected.value(), got = psn.value(), "READ response missing: requesting again");
                     self.rewind(expected, pmtu);
                 }
             } else {
@@ -343,6 +348,7 @@ impl Requester {
             return Ok(());
         };
         ctx.stats.req_timeouts += 1;
+        tracing::debug!(qpn = ctx.qpn, retry_left = self.retry_left, "local ACK timeout");
         // IBTA 9.7.6.1.3: retry_cnt counts timeouts; exhausted → RETRY_EXC_ERR.
         if self.retry_left == 0 {
             return Err(self.fatal(i, WcStatus::RetryExcErr, ctx));

@@ -243,6 +243,9 @@ impl Engine {
     fn modify_qp_inner(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         let (from, to) = qp.modify(attr, mask)?;
+        if from != to {
+            tracing::debug!(qpn, ?from, ?to, "QP state");
+        }
         if from != QpState::Err && to == QpState::Err {
             self.enter_error(qpn, false);
         }
@@ -267,6 +270,7 @@ impl Engine {
             flush_responder(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events);
         }
         if fatal {
+            tracing::debug!(qpn, "QP state: error (fatal, raised by the QP)");
             self.events.push_back(AsyncEvent::QpFatal(qpn));
         }
     }

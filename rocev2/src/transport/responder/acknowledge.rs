@@ -36,6 +36,7 @@ impl Responder {
     }
 
     pub(super) fn queue_nak(&mut self, ctx: &mut ResponderCtx<'_>, code: NakCode, psn: Psn) {
+        tracing::debug!(qpn = ctx.qpn, psn = psn.value(), ?code, "sending NAK");
         let s = &mut *ctx.stats;
         match code {
             NakCode::PsnSequenceError => s.resp_naks_psn_seq_sent += 1,
@@ -137,6 +138,7 @@ impl Responder {
             self.error = true;
             self.fatal = Some(WcStatus::RemAccessErr);
             ctx.stats.resp_naks_rem_access_sent += 1;
+            tracing::debug!(qpn = ctx.qpn, psn = psn.value(), "sending NAK: remote access error (READ source)");
             let aeth = AethRepr { syndrome: AckSyndrome::Nak(NakCode::RemoteAccessError), msn: self.msn };
             let tr = response(Opcode::RC_ACK, dest_qpn, psn, Some(aeth), None);
             return path.emit_with(tr, 0, buf, |_| {}).ok();

@@ -335,6 +335,7 @@ impl Responder {
                 // following sequence NAK would make it retransmit before the
                 // RNR timer expires.
                 ctx.stats.resp_rnr_naks_sent += 1;
+                tracing::debug!(qpn = ctx.qpn, psn = psn.value(), "sending RNR NAK: no receive posted");
                 let syndrome = AckSyndrome::RnrNak { timer: ctx.min_rnr_timer & 0x1f };
                 self.push(ctx, Pending::Ack { psn, syndrome, msn: self.msn });
                 self.nak_outstanding = true;
