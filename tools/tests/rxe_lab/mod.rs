@@ -1,0 +1,211 @@
+//! The rxe lab shared by the interop tests: a bridge namespace with Linux
+//! rxe guests (deploy/rxe-peer/peer.sh under qemu) and our namespace on it,
+//! the guests' console logs and tap captures, and the capture check every
+//! interop run ends with. Each test binary uses part of it.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// The rxe guest's address (rxe0 on its eth0).
+pub const GUEST_IP: &str = "10.99.0.1";
+/// Our namespace's eth0.
+pub const OUR_IP: &str = "10.99.0.100";
+
+/// deploy/rxe-peer/peer.sh.
+pub fn peer_sh() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/rxe-peer/peer.sh")
+}
+
+/// A bridge namespace with our namespace on it; both removed on drop, and
+/// the directory of guest logs and captures too unless the test failed.
+pub struct Lab {
+    /// The bridge namespace (`URNIC_PEER_NS` for peer.sh).
+    pub bridge_ns: String,
+    /// Our namespace: eth0 on the bridge with OUR_IP.
+    pub ours: String,
+    /// Guest logs and captures.
+    pub dir: PathBuf,
+    /// The link MTU (guests and our eth0).
+    pub mtu: u32,
+}
+
+impl Lab {
+    pub fn new(tag: &str, mtu: u32) -> Lab {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(unsafe { libc::geteuid() }, 0, "the rxe interop tests need root (namespaces, taps, qemu)");
+        static N: AtomicU32 = AtomicU32::new(0);
+        let n = N.fetch_add(1, Ordering::Relaxed);
+        if n == 0 {
+            sweep_stale_labs();
+        }
+        let pid = std::process::id();
+        let lab = Lab {
+            bridge_ns: format!("urnic-rxe-{tag}-{pid}-{n}"),
+            ours: format!("urnic-ours-{tag}-{pid}-{n}"),
+            dir: std::env::temp_dir().join(format!("urnic-interop-{tag}-{pid}-{n}")),
+            mtu,
+        };
+        std::fs::create_dir_all(&lab.dir).unwrap();
+        // Builds the guest the first time (minutes), then reuses the cache.
+        let b = lab.peer(&["build"]).output().expect("bash");
+        assert!(b.status.success(), "building the rxe guest failed (qemu, debootstrap from apt: deploy/deps.sh peer):\n{}", text(&b));
+        let v = lab.peer(&["veth", &lab.ours, &format!("{OUR_IP}/24"), "--mtu", &mtu.to_string()]).output().unwrap();
+        assert!(v.status.success(), "peer.sh veth: {}", text(&v));
+        lab
+    }
+
+    pub fn peer(&self, args: &[&str]) -> Command {
+        let mut c = Command::new("bash");
+        c.arg(peer_sh()).args(args).env("URNIC_PEER_NS", &self.bridge_ns);
+        c
+    }
+
+    /// Boot a guest running `cmd`, capturing its tap into `name.pcap`.
+    pub fn guest(&self, name: &str, cmd: &str) -> (Child, PathBuf, PathBuf) {
+        let log = self.dir.join(format!("{name}.log"));
+        let pcap = self.dir.join(format!("{name}.pcap"));
+        let _ = std::fs::remove_file(&log);
+        let child = self
+            .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "400"])
+            .arg("--log")
+            .arg(&log)
+            .arg("--pcap")
+            .arg(&pcap)
+            .arg("--")
+            .arg(cmd)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("peer.sh run");
+        (child, log, pcap)
+    }
+
+    pub fn wait_ready(&self, log: &Path) {
+        let o = self.peer(&["wait-ready"]).arg(log).arg("240").output().unwrap();
+        assert!(o.status.success(), "the rxe guest did not come up: {}\n{}", text(&o), std::fs::read_to_string(log).unwrap_or_default());
+    }
+
+    /// `urnic ARGS` inside our namespace.
+    pub fn urnic(&self, args: &[String]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ours, env!("CARGO_BIN_EXE_urnic")]).args(args);
+        c
+    }
+}
+
+/// Remove the namespaces of labs whose test process is gone (killed before
+/// its `Drop` ran): `urnic-rxe-TAG-PID-N` and `urnic-ours-TAG-PID-N`, after
+/// stopping what still runs in them (a guest's qemu). Returns how many were
+/// removed.
+pub fn sweep_stale_labs() -> usize {
+    let removed = urnic_datapath::netns::sweep_orphaned(|name| {
+        let rest = name.strip_prefix("urnic-rxe-").or_else(|| name.strip_prefix("urnic-ours-"))?;
+        rest.rsplit('-').nth(1)?.parse().ok()
+    });
+    for name in &removed {
+        eprintln!("removed the stale interop namespace {name} (its test process is gone)");
+    }
+    removed.len()
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        let _ = self.peer(&["veth-del", &self.ours]).output();
+        let _ = self.peer(&["down"]).output();
+        // Guest logs and captures stay for a failed test (its message
+        // names them); a passing one removes them.
+        if std::thread::panicking() {
+            eprintln!("kept the guest logs and captures in {}", self.dir.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+pub fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+pub fn guest_rc(log: &Path) -> Option<i32> {
+    let t = std::fs::read_to_string(log).ok()?;
+    t.lines().rev().find_map(|l| l.strip_prefix("PEER-EXIT rc=")).and_then(|v| v.trim().parse().ok())
+}
+
+/// Every RoCE frame of the capture has a correct ICRC and tshark finds no
+/// malformed or erroneous packet. Returns the number of RoCE frames.
+pub fn check_capture(pcap: &Path) -> usize {
+    let frames = urnic_datapath::capture::read_frames(pcap).unwrap_or_else(|e| panic!("{}: {e}", pcap.display()));
+    let (mut roce, mut bad) = (0, Vec::new());
+    for frame in &frames {
+        if rocev2::wire::peek_dest_qpn(frame).is_some() && frame.len() > 42 && frame[36..38] == [0x12, 0xb7] {
+            roce += 1;
+            if let Err(e) = rocev2::wire::parse_frame(frame) {
+                bad.push(format!("frame {roce}: {e}"));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{}: frames our parser refuses (bad ICRC or layout): {bad:?}", pcap.display());
+    // tshark's payload heuristics (RPC-over-RDMA, SMB Direct, EoIB, ...) try
+    // to read the tools' arbitrary test data as an upper protocol and call
+    // it malformed — rxe's frames as much as ours. They are about the
+    // payload, not RoCE, so they are off; every header is still dissected.
+    let mut no_heur = Vec::new();
+    for h in [
+        "rpcrdma_infiniband",
+        "smb_direct_infiniband",
+        "smcr_infiniband",
+        "iser_infiniband",
+        "sdp_infiniband",
+        "fc_infiniband",
+        "lnet_ib",
+        "mellanox_eoib",
+        "eth_over_ib",
+        "nvme_rdma",
+    ] {
+        no_heur.push("--disable-heuristic".to_string());
+        no_heur.push(h.to_string());
+    }
+    // Frames that reach a namespace after its urnic process has exited (the
+    // peer's last message or a retransmission racing the exit) are answered
+    // by the kernel with ICMP port unreachable, which quotes the start of the
+    // RoCE packet: tshark dissects the quoted headers as InfiniBand too. Those
+    // are the kernel's frames, not a RoCE sender's, and are left out.
+    let roce_only = "!icmp && !icmpv6";
+    let o = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(&no_heur)
+        .args(["-Y", &format!("({roce_only}) && (_ws.malformed || _ws.expert.severity >= \"error\")")])
+        .output()
+        .expect("tshark (deploy/deps.sh test)");
+    assert!(o.status.success(), "tshark: {}", text(&o));
+    let complaints = String::from_utf8_lossy(&o.stdout);
+    assert!(complaints.trim().is_empty(), "tshark flags frames in {}:\n{complaints}", pcap.display());
+    let o = Command::new("tshark").arg("-r").arg(pcap).args(&no_heur).args(["-Y", &format!("infiniband && {roce_only}")]).output().unwrap();
+    let dissected = String::from_utf8_lossy(&o.stdout).lines().count();
+    assert_eq!(dissected, roce, "tshark dissects every RoCE frame of {}", pcap.display());
+    roce
+}
+
+impl Lab {
+    /// A guest that runs DIR/cmd.sh (shared over 9p).
+    pub fn guest_shared(&self, name: &str, share: &Path) -> (Child, PathBuf, PathBuf) {
+        let log = self.dir.join(format!("{name}.log"));
+        let pcap = self.dir.join(format!("{name}.pcap"));
+        let child = self
+            .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "900"])
+            .arg("--log")
+            .arg(&log)
+            .arg("--pcap")
+            .arg(&pcap)
+            .arg("--share")
+            .arg(share)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("peer.sh run");
+        (child, log, pcap)
+    }
+}
