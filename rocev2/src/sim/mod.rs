@@ -12,6 +12,11 @@
 //! counts each; [`adversary`] is that host in a simulated network, injecting
 //! them at live QPs and checking how each was counted.
 //!
+//! [`pair`] is the two-engine harness: two hosts with registered memory and
+//! connected RC or UC QPs (set up with [`rc`]'s helpers), frames moved
+//! between them directly in virtual time through an optional per-frame
+//! filter, timers fired; or handed to a [`Network`].
+//!
 //! The crate's randomized transport tests, the benches crate and the verbs
 //! layer's tests build on it.
 
@@ -20,6 +25,7 @@ pub mod dcqcn;
 pub mod forge;
 pub mod link;
 pub mod network;
+pub mod pair;
 pub mod rc;
 
 pub use link::{Link, LinkConfig, LinkStats};

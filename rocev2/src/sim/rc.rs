@@ -1,5 +1,5 @@
-//! Helpers to join transport engines with RC queue pairs inside a simulated
-//! network: addresses, paths and the RESET → INIT → RTR → RTS sequence an
+//! Helpers to join transport engines with RC (and UC) queue pairs inside a
+//! simulated network: addresses, paths and the RESET → INIT → RTR → RTS sequence an
 //! application (or `ibv_rc_pingpong`) performs with `ibv_modify_qp`.
 
 use crate::psn::Psn;
@@ -106,6 +106,18 @@ impl Default for RcParams {
     }
 }
 
+/// Move QP `qpn` of `engine` from RESET to INIT: port 1, P_Key index 0 and
+/// `p.access` as the remote access it grants (RC and UC alike). Receives may
+/// be posted from here on.
+pub fn init_qp(engine: &mut Engine, qpn: u32, p: &RcParams) -> Result<(), EngineError> {
+    let init = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, qp_access_flags: p.access, ..QpAttr::default() };
+    engine.modify_qp(
+        qpn,
+        &init,
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+}
+
 /// Move QP `qpn` of `engine` from RESET to RTS, connected to `remote_qpn` at
 /// `remote` (whose first request PSN is `remote_sq_psn`).
 pub fn bring_up_rc(
@@ -117,13 +129,41 @@ pub fn bring_up_rc(
     remote_sq_psn: Psn,
     p: &RcParams,
 ) -> Result<(), EngineError> {
-    let init = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, qp_access_flags: p.access, ..QpAttr::default() };
+    init_qp(engine, qpn, p)?;
+    bring_up_rc_from_init(engine, qpn, local, remote, remote_qpn, remote_sq_psn, p)
+}
+
+/// Move UC QP `qpn` of `engine` from RESET to RTS, connected to
+/// `remote_qpn` at `remote` (whose first PSN is `remote_sq_psn`). Of `p`
+/// only `access`, `mtu` and `sq_psn` apply: the RTR and RTS attributes a UC
+/// QP requires are the path, MTU, destination QPN and the two PSNs, and
+/// timeouts, retries or read/atomic limits in the mask are refused (the
+/// kernel's `qp_state_table` / `ib_modify_qp_is_ok`, as the engine checks).
+pub fn bring_up_uc(
+    engine: &mut Engine,
+    qpn: u32,
+    local: &HostAddr,
+    remote: &HostAddr,
+    remote_qpn: u32,
+    remote_sq_psn: Psn,
+    p: &RcParams,
+) -> Result<(), EngineError> {
+    init_qp(engine, qpn, p)?;
+    let rtr = QpAttr {
+        qp_state: QpState::Rtr,
+        ah_attr: Some(local.path_to(remote)),
+        path_mtu: p.mtu,
+        dest_qp_num: remote_qpn,
+        rq_psn: remote_sq_psn,
+        ..QpAttr::default()
+    };
     engine.modify_qp(
         qpn,
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+        &rtr,
+        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
     )?;
-    bring_up_rc_from_init(engine, qpn, local, remote, remote_qpn, remote_sq_psn, p)
+    let rts = QpAttr { qp_state: QpState::Rts, sq_psn: p.sq_psn, ..QpAttr::default() };
+    engine.modify_qp(qpn, &rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
 
 /// Move QP `qpn` (in INIT, receives possibly posted) through RTR to RTS.
