@@ -5,14 +5,13 @@
 //!
 //! One test per rule; each failed on the engine before the rule existed.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use rocev2::psn::Psn;
-use rocev2::sim::rc::{bring_up_rc, HostAddr, RcParams};
+use rocev2::sim::pair::{Dir, Pair, PairConfig};
+use rocev2::sim::rc::{HostAddr, RcParams};
 use rocev2::time::Instant;
-use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpState, QpType};
-use rocev2::transport::engine::{Engine, EngineConfig};
+use rocev2::transport::attr::{QpCaps, QpInitAttr, QpState, QpType};
 use rocev2::transport::memory::{Access, MemoryTable, PdId};
 use rocev2::transport::path::PathHeaders;
 use rocev2::transport::wr::*;
@@ -20,144 +19,21 @@ use rocev2::wire::{parse_frame, AckSyndrome, AethRepr, BthRepr, NakCode, Opcode,
 
 const PD: PdId = PdId(1);
 const BUF: usize = 64 * 1024;
-const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
-
-struct Host {
-    engine: Engine,
-    mem: Box<[u8]>,
-    key: u32,
-    qpn: u32,
-    addr: HostAddr,
-}
-
-impl Host {
-    fn new(addr: HostAddr, first_qpn: u32) -> Host {
-        let table = Arc::new(MemoryTable::new());
-        let mut mem = vec![0u8; BUF].into_boxed_slice();
-        // SAFETY: `mem` lives beside the engine that uses the table, for the whole test.
-        let keys = unsafe { table.register(PD, mem.as_mut_ptr(), BUF, mem.as_ptr() as u64, ALL) }.unwrap();
-        let engine = Engine::new(EngineConfig { first_qpn, ..EngineConfig::default() }, table);
-        Host { engine, mem, key: keys.lkey, qpn: 0, addr }
-    }
-    fn va(&self, off: usize) -> u64 {
-        self.mem.as_ptr() as u64 + off as u64
-    }
-    fn sge(&self, off: usize, len: u32) -> Sge {
-        Sge { addr: self.va(off), length: len, lkey: self.key }
-    }
-    fn remote(&self, off: usize) -> RemoteAddr {
-        RemoteAddr { addr: self.va(off), rkey: self.key }
-    }
-    fn completions(&mut self) -> Vec<WorkCompletion> {
-        std::iter::from_fn(|| self.engine.poll_completion()).map(|c| c.wc).collect()
-    }
-    fn state(&self) -> QpState {
-        self.engine.qp_state(self.qpn).unwrap()
-    }
-    /// The PSN this QP's responder expects next.
-    fn rq_psn(&self) -> Psn {
-        self.engine.query_qp(self.qpn).unwrap().rq_psn
-    }
-    /// The PSN this QP's requester uses next.
-    fn sq_psn(&self) -> Psn {
-        self.engine.query_qp(self.qpn).unwrap().sq_psn
-    }
-}
-
-struct Pair {
-    a: Host,
-    b: Host,
-    now: Instant,
-}
 
 const A_PSN: u32 = 100;
 const B_PSN: u32 = 5000;
 
+/// Hosts 1 (first QPN 0x11) and 2 (0x40) on IPv4 or IPv6 with 64 KiB
+/// buffers and one QP of type `ty` each, connected with the default
+/// parameters (every access right, MTU 1024) and first PSNs 100 and 5000.
 fn pair(ty: QpType, ipv6: bool) -> Pair {
     let host = |n| if ipv6 { HostAddr::ipv6(n) } else { HostAddr::ipv4(n) };
-    let mut a = Host::new(host(1), 0x11);
-    let mut b = Host::new(host(2), 0x40);
-    let cap = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
-    let init = QpInitAttr { qp_type: ty, pd: PD, send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: true };
-    a.qpn = a.engine.create_qp(&init).unwrap();
-    b.qpn = b.engine.create_qp(&init).unwrap();
-    let p = |psn| RcParams { sq_psn: Psn::new(psn), retry_cnt: 7, ..RcParams::default() };
-    let (aa, ba) = (a.addr, b.addr);
-    if ty == QpType::Rc {
-        bring_up_rc(&mut a.engine, a.qpn, &aa, &ba, b.qpn, Psn::new(B_PSN), &p(A_PSN)).unwrap();
-        bring_up_rc(&mut b.engine, b.qpn, &ba, &aa, a.qpn, Psn::new(A_PSN), &p(B_PSN)).unwrap();
-    } else {
-        bring_up_uc(&mut a, &ba, b.qpn, A_PSN, B_PSN);
-        bring_up_uc(&mut b, &aa, a.qpn, B_PSN, A_PSN);
-    }
-    Pair { a, b, now: Instant::ZERO }
-}
-
-fn bring_up_uc(h: &mut Host, remote: &HostAddr, remote_qpn: u32, sq_psn: u32, rq_psn: u32) {
-    use rocev2::transport::attr::{QpAttr, QpAttrMask as M};
-    let e = &mut h.engine;
-    let init = QpAttr { qp_state: QpState::Init, port_num: 1, qp_access_flags: ALL, ..QpAttr::default() };
-    e.modify_qp(h.qpn, &init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).unwrap();
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        ah_attr: Some(h.addr.path_to(remote)),
-        path_mtu: Mtu::Mtu1024,
-        dest_qp_num: remote_qpn,
-        rq_psn: Psn::new(rq_psn),
-        ..QpAttr::default()
-    };
-    e.modify_qp(h.qpn, &rtr, M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN).unwrap();
-    let rts = QpAttr { qp_state: QpState::Rts, sq_psn: Psn::new(sq_psn), ..QpAttr::default() };
-    e.modify_qp(h.qpn, &rts, M::STATE | M::SQ_PSN).unwrap();
-}
-
-impl Pair {
-    /// Move frames both ways until quiet, firing timers; `keep(from_a,
-    /// transport)` false drops a frame (and hands it to the caller through
-    /// `dropped`). Bounded by one virtual minute.
-    fn run_filtered(&mut self, keep: impl FnMut(bool, &TransportRepr) -> bool) -> Vec<Vec<u8>> {
-        self.run_for(Duration::from_secs(60), keep)
-    }
-
-    /// `run_filtered` for at most `max` of virtual time (no timer later
-    /// than that fires).
-    fn run_for(&mut self, max: Duration, mut keep: impl FnMut(bool, &TransportRepr) -> bool) -> Vec<Vec<u8>> {
-        let mut buf = vec![0u8; 9000];
-        let mut dropped = Vec::new();
-        let end = self.now + max;
-        loop {
-            let mut moved = false;
-            for from_a in [true, false] {
-                let (from, to) =
-                    if from_a { (&mut self.a.engine, &mut self.b.engine) } else { (&mut self.b.engine, &mut self.a.engine) };
-                while let Some(len) = from.poll_transmit(self.now, &mut buf) {
-                    moved = true;
-                    let t = parse_frame(&buf[..len]).expect("engines emit valid frames").repr.transport;
-                    if keep(from_a, &t) {
-                        to.handle_frame(self.now, &buf[..len]);
-                    } else {
-                        dropped.push(buf[..len].to_vec());
-                    }
-                    self.now += Duration::from_nanos(100);
-                }
-            }
-            if moved {
-                continue;
-            }
-            match [self.a.engine.next_timeout(), self.b.engine.next_timeout()].into_iter().flatten().min() {
-                Some(t) if t < end => {
-                    self.now = self.now.max(t);
-                    self.a.engine.handle_timeout(self.now);
-                    self.b.engine.handle_timeout(self.now);
-                }
-                _ => return dropped,
-            }
-        }
-    }
-
-    fn run(&mut self) {
-        self.run_filtered(|_, _| true);
-    }
+    let mut cfg = PairConfig { hosts: [host(1), host(2)], buf_len: BUF, ..PairConfig::default() };
+    cfg.engines[0].first_qpn = 0x11;
+    cfg.engines[1].first_qpn = 0x40;
+    cfg.qp.qp_type = ty;
+    cfg.params = [A_PSN, B_PSN].map(|psn| RcParams { sq_psn: Psn::new(psn), retry_cnt: 7, ..RcParams::default() });
+    Pair::new(&cfg).unwrap()
 }
 
 /// A well-formed frame with a correct ICRC from `from` to `to`.
@@ -225,21 +101,21 @@ fn requests_from_a_stranger_change_nothing() {
             rocev2::wire::icrc::fill_frame(&mut spoof).unwrap();
             p.b.engine.handle_frame(p.now, &spoof);
             assert_eq!(p.b.engine.stats().rx_wrong_peer, 4, "{ty:?} ipv6={ipv6}");
-            assert!(p.b.mem.iter().all(|&b| b == 0), "{ty:?} ipv6={ipv6}: no byte placed");
+            assert!(p.b.mem().iter().all(|&b| b == 0), "{ty:?} ipv6={ipv6}: no byte placed");
             assert!(p.b.completions().is_empty(), "{ty:?} ipv6={ipv6}: no completion");
             assert_eq!(p.b.rq_psn(), psn, "the expected PSN did not move");
-            assert_eq!(p.b.state(), QpState::Rts);
+            assert_eq!(p.b.qp_state(), QpState::Rts);
             assert_eq!(p.b.engine.qp_stats(p.b.qpn).unwrap().rx_packets, 0, "refused before the QP saw it");
             // The real SEND at the same PSN goes through.
-            p.a.mem[..300].fill(0x5a);
+            p.a.mem_mut()[..300].fill(0x5a);
             let sge = p.a.sge(0, 300);
             p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::Send, vec![sge])).unwrap();
             p.run();
             let c = p.b.completions();
             assert_eq!(c.len(), 1, "{ty:?} ipv6={ipv6}: {c:?}");
             assert_eq!((c[0].wr_id, c[0].status, c[0].byte_len), (7, WcStatus::Success, 300));
-            assert!(p.b.mem[..300].iter().all(|&b| b == 0x5a));
-            assert!(p.b.mem[300..].iter().all(|&b| b == 0));
+            assert!(p.b.mem()[..300].iter().all(|&b| b == 0x5a));
+            assert!(p.b.mem()[300..].iter().all(|&b| b == 0));
             assert_eq!(p.b.engine.stats().rx_wrong_peer, 4, "real traffic is never refused");
         }
     }
@@ -276,20 +152,20 @@ fn stale_and_ghost_responses_do_not_touch_the_send_queue() {
         let s = *p.a.engine.qp_stats(qa).unwrap();
         assert_eq!(s.req_stale_responses, 4, "{s:?}");
         assert_eq!(s.req_naks_error_received, 0, "stale NAKs are not acted on");
-        assert_eq!(p.a.state(), QpState::Rts);
+        assert_eq!(p.a.qp_state(), QpState::Rts);
         assert!(p.a.completions().is_empty());
         // A ghost: beyond anything sent.
         let ghost = p.a.sq_psn().add(10);
         p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, ghost, AckSyndrome::Nak(NakCode::InvalidRequest)), &[]));
         assert_eq!(p.a.engine.qp_stats(qa).unwrap().req_ghost_responses, 1);
-        assert_eq!(p.a.state(), QpState::Rts);
+        assert_eq!(p.a.qp_state(), QpState::Rts);
         // With work outstanding, a stale error NAK does not fail the WQE in
         // flight: hold B's answers back, inject, then let them through.
         let remote = p.b.remote(4096);
         let sge = p.a.sge(0, 3000);
-        p.a.mem[..3000].fill(0x33);
+        p.a.mem_mut()[..3000].fill(0x33);
         p.a.engine.post_send(p.a.qpn, send_wr(2, SendOp::Write { remote }, vec![sge])).unwrap();
-        let held = p.run_for(Duration::from_millis(1), |from_a, _| from_a);
+        let held = p.run_filtered(Duration::from_millis(1), |f| f.dir == Dir::AtoB);
         assert!(!held.is_empty());
         p.a.engine.handle_frame(p.now, &forge(&b_addr, &a_addr, ack(qa, old, AckSyndrome::Nak(NakCode::RemoteOperationalError)), &[]));
         assert_eq!(p.a.engine.qp_stats(qa).unwrap().req_stale_responses, 5);
@@ -300,8 +176,8 @@ fn stale_and_ghost_responses_do_not_touch_the_send_queue() {
         let c = p.a.completions();
         assert_eq!(c.len(), 1, "{c:?}");
         assert_eq!((c[0].wr_id, c[0].status), (2, WcStatus::Success));
-        assert!(p.b.mem[4096..4096 + 3000].iter().all(|&b| b == 0x33));
-        assert_eq!(p.a.state(), QpState::Rts);
+        assert!(p.b.mem()[4096..4096 + 3000].iter().all(|&b| b == 0x33));
+        assert_eq!(p.a.qp_state(), QpState::Rts);
     }
 }
 
@@ -313,7 +189,7 @@ fn stale_and_ghost_responses_do_not_touch_the_send_queue() {
 fn duplicated_sequence_naks_do_not_use_up_the_retry_budget() {
     let mut p = pair(QpType::Rc, false);
     let remote = p.b.remote(0);
-    for (i, b) in p.a.mem[..3000].iter_mut().enumerate() {
+    for (i, b) in p.a.mem_mut()[..3000].iter_mut().enumerate() {
         *b = i as u8;
     }
     let sge = p.a.sge(0, 3000);
@@ -322,7 +198,8 @@ fn duplicated_sequence_naks_do_not_use_up_the_retry_budget() {
     let mut first = true;
     let mut nak = None;
     // Well before the retransmission timer (4.096 µs × 2^14 = 67 ms).
-    p.run_for(Duration::from_millis(1), |from_a, t| {
+    p.run_filtered(Duration::from_millis(1), |f| {
+        let (from_a, t) = (f.dir == Dir::AtoB, &f.repr.transport);
         if from_a && first {
             first = false;
             return false;
@@ -342,12 +219,12 @@ fn duplicated_sequence_naks_do_not_use_up_the_retry_budget() {
     let s = *p.a.engine.qp_stats(p.a.qpn).unwrap();
     assert_eq!(s.req_naks_seq_received, 10);
     assert_eq!(s.req_duplicate_naks, 9, "{s:?}");
-    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(p.a.qp_state(), QpState::Rts);
     p.run();
     let c = p.a.completions();
     assert_eq!(c.len(), 1);
     assert_eq!(c[0].status, WcStatus::Success);
-    assert_eq!(&p.b.mem[..3000], &p.a.mem[..3000]);
+    assert_eq!(&p.b.mem()[..3000], &p.a.mem()[..3000]);
 }
 
 /// Rule 4 (rxe `invalidate_rkey`): SEND with Invalidate naming an ordinary
@@ -355,7 +232,7 @@ fn duplicated_sequence_naks_do_not_use_up_the_retry_budget() {
 #[test]
 fn send_with_invalidate_cannot_revoke_an_ordinary_mr() {
     let mut p = pair(QpType::Rc, false);
-    let rkey = p.b.key;
+    let rkey = p.b.mr.key();
     p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 9, sgl: vec![p.b.sge(0, 1024)] }).unwrap();
     let sge = p.a.sge(0, 16);
     p.a.engine.post_send(p.a.qpn, send_wr(1, SendOp::SendWithInv { rkey }, vec![sge])).unwrap();
@@ -450,7 +327,7 @@ fn cnps_only_from_the_peer() {
 fn an_ack_covering_the_message_being_resent_restarts_the_next_wr_at_its_start() {
     let mut p = pair(QpType::Rc, false);
     let (a_addr, b_addr, qa) = (p.a.addr, p.b.addr, p.a.qpn);
-    for (i, b) in p.a.mem[..4096].iter_mut().enumerate() {
+    for (i, b) in p.a.mem_mut()[..4096].iter_mut().enumerate() {
         *b = (i % 251) as u8;
     }
     p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 100, sgl: vec![p.b.sge(0, 4096)] }).unwrap();
@@ -463,7 +340,8 @@ fn an_ack_covering_the_message_being_resent_restarts_the_next_wr_at_its_start() 
     // B loses the second packet: it NAKs PSN first+1 (once).
     let mut n = 0;
     let mut nak = None;
-    p.run_for(Duration::from_micros(20), |from_a, t| {
+    p.run_filtered(Duration::from_micros(20), |f| {
+        let (from_a, t) = (f.dir == Dir::AtoB, &f.repr.transport);
         if from_a {
             n += 1;
             return n != 2;
@@ -490,6 +368,6 @@ fn an_ack_covering_the_message_being_resent_restarts_the_next_wr_at_its_start() 
     let f = parse_frame(&buf[..len]).unwrap();
     assert_eq!(f.repr.transport.bth.psn, first.add(3));
     assert_eq!(f.repr.transport.bth.opcode, Opcode::RC_SEND_ONLY);
-    assert_eq!(f.payload, &p.a.mem[3000..3100]);
-    assert_eq!(p.a.state(), QpState::Rts);
+    assert_eq!(f.payload, &p.a.mem()[3000..3100]);
+    assert_eq!(p.a.qp_state(), QpState::Rts);
 }

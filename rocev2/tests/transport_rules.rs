@@ -1,63 +1,22 @@
-//! One test per transport rule, with two engines joined by a hand-driven
-//! link in virtual time that can drop chosen frames.
+//! One test per transport rule, with two engines joined by the simulator's
+//! two-engine harness (`rocev2::sim::pair`) in virtual time, dropping
+//! chosen frames.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use rocev2::psn::Psn;
+use rocev2::sim::pair::{Dir, Host, Pair, PairConfig, RUN_LIMIT};
+use rocev2::sim::rc::RcParams;
 use rocev2::time::Instant;
 use rocev2::transport::attr::*;
 use rocev2::transport::engine::{Engine, EngineConfig, EngineError};
 use rocev2::transport::memory::{Access, MemoryTable, PdId};
 use rocev2::transport::wr::*;
-use rocev2::wire::{parse_frame, Opcode, TransportRepr};
+use rocev2::wire::Opcode;
 
 const PD: PdId = PdId(1);
 const BUF: usize = 1 << 20;
-
-struct Side {
-    engine: Engine,
-    mem: Box<[u8]>,
-    key: u32,
-    qpn: u32,
-}
-
-impl Side {
-    fn addr(&self) -> u64 {
-        self.mem.as_ptr() as u64
-    }
-    fn sge(&self, off: usize, len: u32) -> Sge {
-        Sge { addr: self.addr() + off as u64, length: len, lkey: self.key }
-    }
-    fn remote(&self, off: usize) -> RemoteAddr {
-        RemoteAddr { addr: self.addr() + off as u64, rkey: self.key }
-    }
-}
-
-/// Which direction a frame travels.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-enum Dir {
-    AtoB,
-    BtoA,
-}
-
-struct Pair {
-    a: Side,
-    b: Side,
-    now: Instant,
-    /// Every frame that crossed (or was dropped), for assertions.
-    log: Vec<(Dir, TransportRepr, bool)>,
-}
-
-fn side(i: u8) -> Side {
-    let mem_table = Arc::new(MemoryTable::new());
-    let mut mem = vec![0u8; BUF].into_boxed_slice();
-    let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-    // SAFETY: `mem` lives in the Side next to the engine that uses the table.
-    let keys = unsafe { mem_table.register(PD, mem.as_mut_ptr(), BUF, mem.as_ptr() as u64, access) }.unwrap();
-    let engine = Engine::new(EngineConfig { first_qpn: 0x11 + u32::from(i), ..EngineConfig::default() }, mem_table);
-    Side { engine, mem, key: keys.lkey, qpn: 0 }
-}
 
 struct Opts {
     mtu: Mtu,
@@ -75,111 +34,38 @@ impl Default for Opts {
     }
 }
 
-fn av(i: u8, j: u8) -> AddressVector {
-    AddressVector {
-        dmac: [2, 0, 0, 0, 0, j],
-        smac: [2, 0, 0, 0, 0, i],
-        vlan: None,
-        sgid: AddressVector::ipv4_gid([10, 0, 0, i]),
-        dgid: AddressVector::ipv4_gid([10, 0, 0, j]),
-        traffic_class: 0,
-        hop_limit: 64,
-        flow_label: 0,
-        udp_sport: None,
-    }
-}
-
-fn bring_up(s: &mut Side, me: u8, peer: u8, dest: u32, sq: u32, rq: u32, o: &Opts) {
-    let e = &mut s.engine;
-    let q = s.qpn;
-    let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC, ..QpAttr::default() };
-    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS).unwrap();
-    a.qp_state = QpState::Rtr;
-    a.path_mtu = o.mtu;
-    a.dest_qp_num = dest;
-    a.rq_psn = Psn::new(rq);
-    a.max_dest_rd_atomic = 16;
-    a.min_rnr_timer = 1;
-    a.ah_attr = Some(av(me, peer));
-    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN | QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER).unwrap();
-    a.qp_state = QpState::Rts;
-    a.sq_psn = Psn::new(sq);
-    a.timeout = 8;
-    a.retry_cnt = o.retry_cnt;
-    a.rnr_retry = o.rnr_retry;
-    a.max_rd_atomic = o.max_rd_atomic;
-    e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::SQ_PSN | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC).unwrap();
-}
-
+/// Hosts 10.0.0.1 (first QPN 0x12) and 10.0.0.2 (0x13) with 1 MiB buffers
+/// and one RC QP each, connected with a 1 ms ACK timeout (4.096 µs × 2^8); every
+/// frame is recorded in `p.log()`.
 fn pair(o: Opts) -> Pair {
-    let mut a = side(1);
-    let mut b = side(2);
-    let cap = QpCaps { max_send_wr: 64, max_recv_wr: 64, max_send_sge: 4, max_recv_sge: 4, max_inline_data: 64 };
-    let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: o.sig_all };
-    a.qpn = a.engine.create_qp(&init).unwrap();
-    b.qpn = b.engine.create_qp(&init).unwrap();
-    let (qa, qb) = (a.qpn, b.qpn);
-    bring_up(&mut a, 1, 2, qb, o.a_psn, o.b_psn, &o);
-    bring_up(&mut b, 2, 1, qa, o.b_psn, o.a_psn, &o);
-    Pair { a, b, now: Instant::ZERO, log: Vec::new() }
-}
-
-impl Pair {
-    /// Move frames both ways until quiet, firing timers; `drop` decides per
-    /// frame. Bounded: at most `max_steps` frames and one virtual minute.
-    fn run(&mut self, drop: impl FnMut(Dir, &TransportRepr, usize) -> bool) {
-        self.run_for(Duration::from_secs(60), drop)
-    }
-
-    fn run_for(&mut self, max: Duration, mut drop: impl FnMut(Dir, &TransportRepr, usize) -> bool) {
-        let mut buf = vec![0u8; 9000];
-        let mut n = 0usize;
-        let end = self.now + max;
-        loop {
-            let mut moved = false;
-            for dir in [Dir::AtoB, Dir::BtoA] {
-                let (from, to) = match dir {
-                    Dir::AtoB => (&mut self.a.engine, &mut self.b.engine),
-                    Dir::BtoA => (&mut self.b.engine, &mut self.a.engine),
-                };
-                while let Some(len) = from.poll_transmit(self.now, &mut buf) {
-                    moved = true;
-                    let t = parse_frame(&buf[..len]).expect("engines emit valid frames").repr.transport;
-                    let dropped = drop(dir, &t, n);
-                    self.log.push((dir, t, dropped));
-                    n += 1;
-                    if !dropped {
-                        to.handle_frame(self.now, &buf[..len]);
-                    }
-                    self.now += Duration::from_nanos(100);
-                }
-            }
-            if moved {
-                continue;
-            }
-            let next = [self.a.engine.next_timeout(), self.b.engine.next_timeout()].into_iter().flatten().min();
-            match next {
-                Some(t) if t < end => {
-                    self.now = self.now.max(t);
-                    self.a.engine.handle_timeout(self.now);
-                    self.b.engine.handle_timeout(self.now);
-                }
-                _ => return,
-            }
-        }
-    }
-
-    fn completions(e: &mut Engine) -> Vec<WorkCompletion> {
-        std::iter::from_fn(|| e.poll_completion()).map(|c| c.wc).collect()
-    }
+    let mut cfg = PairConfig::default();
+    cfg.engines[0].first_qpn = 0x12;
+    cfg.engines[1].first_qpn = 0x13;
+    cfg.qp.sq_sig_all = o.sig_all;
+    cfg.buf_len = BUF;
+    let params = |sq_psn| RcParams {
+        mtu: o.mtu,
+        sq_psn: Psn::new(sq_psn),
+        access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        timeout: 8,
+        retry_cnt: o.retry_cnt,
+        rnr_retry: o.rnr_retry,
+        min_rnr_timer: 1,
+        max_rd_atomic: o.max_rd_atomic,
+        max_dest_rd_atomic: 16,
+    };
+    cfg.params = [params(o.a_psn), params(o.b_psn)];
+    let mut p = Pair::new(&cfg).unwrap();
+    p.record();
+    p
 }
 
 fn wr(id: u64, op: SendOp, sgl: Vec<Sge>) -> SendWr {
     SendWr { wr_id: id, op, payload: Payload::Sgl(sgl), flags: SendFlags::SIGNALED, ud: None }
 }
 
-fn pattern(s: &mut Side, off: usize, len: usize, seed: u8) {
-    for (i, b) in s.mem[off..off + len].iter_mut().enumerate() {
+fn pattern(s: &mut Host, off: usize, len: usize, seed: u8) {
+    for (i, b) in s.mem_mut()[off..off + len].iter_mut().enumerate() {
         *b = (i as u8).wrapping_mul(7).wrapping_add(seed);
     }
 }
@@ -193,12 +79,12 @@ fn segmentation_at_every_mtu_with_correct_pad_and_ackreq() {
             let remote = p.b.remote(4096);
             let sge = p.a.sge(0, len as u32);
             p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
-            p.run(|_, _, _| false);
-            let c = Pair::completions(&mut p.a.engine);
+            p.run();
+            let c = p.a.completions();
             assert_eq!(c.len(), 1);
             assert_eq!(c[0].status, WcStatus::Success, "mtu {mtu:?} len {len}");
-            assert_eq!(&p.b.mem[4096..4096 + len], &p.a.mem[..len]);
-            let data: Vec<_> = p.log.iter().filter(|(d, _, _)| *d == Dir::AtoB).map(|(_, t, _)| t).collect();
+            assert_eq!(&p.b.mem()[4096..4096 + len], &p.a.mem()[..len]);
+            let data: Vec<_> = p.log().iter().filter(|s| s.dir == Dir::AtoB).map(|s| s.transport).collect();
             let want = len.div_ceil(mtu.bytes() as usize).max(1);
             assert_eq!(data.len(), want, "packets for {len} at {mtu:?}");
             for (i, t) in data.iter().enumerate() {
@@ -231,8 +117,11 @@ fn one_ack_covers_many_messages() {
     }
     // Deliver requests, but drop every ACK except the one for the last message.
     let last = Psn::new(100 + 9);
-    p.run(|d, t, _| d == Dir::BtoA && t.bth.opcode == Opcode::RC_ACK && t.bth.psn != last);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run_filtered(RUN_LIMIT, |f| {
+        let t = &f.repr.transport;
+        !(f.dir == Dir::BtoA && t.bth.opcode == Opcode::RC_ACK && t.bth.psn != last)
+    });
+    let c = p.a.completions();
     assert_eq!(c.iter().map(|c| c.wr_id).collect::<Vec<_>>(), (0..10).collect::<Vec<_>>());
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 0, "the last ACK covered all ten");
@@ -244,11 +133,11 @@ fn dropped_packet_gets_one_nak_and_go_back_n() {
     pattern(&mut p.a, 0, 10 * 1024, 3);
     let (remote, sge) = (p.b.remote(0), p.a.sge(0, 10 * 1024));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
-    p.run(|d, _, n| d == Dir::AtoB && n == 3);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run_filtered(RUN_LIMIT, |f| !(f.dir == Dir::AtoB && f.index == 3));
+    let c = p.a.completions();
     assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
-    assert_eq!(&p.b.mem[..10 * 1024], &p.a.mem[..10 * 1024]);
-    let naks = p.log.iter().filter(|(d, t, _)| *d == Dir::BtoA && t.aeth.is_some_and(|a| a.syndrome == rocev2::wire::AckSyndrome::Nak(rocev2::wire::NakCode::PsnSequenceError))).count();
+    assert_eq!(&p.b.mem()[..10 * 1024], &p.a.mem()[..10 * 1024]);
+    let naks = p.log().iter().filter(|s| s.dir == Dir::BtoA && s.transport.aeth.is_some_and(|a| a.syndrome == rocev2::wire::AckSyndrome::Nak(rocev2::wire::NakCode::PsnSequenceError))).count();
     assert_eq!(naks, 1, "one PSN sequence NAK, then silence until in order");
     let s = p.a.engine.qp_stats(p.a.qpn).unwrap();
     assert_eq!(s.req_naks_seq_received, 1);
@@ -263,8 +152,8 @@ fn timeouts_exhaust_retries_then_flush() {
         p.a.engine.post_send(p.a.qpn, wr(i, SendOp::Write { remote }, vec![sge])).unwrap();
     }
     // A link that loses everything from A to B.
-    p.run(|d, _, _| d == Dir::AtoB);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run_filtered(RUN_LIMIT, |f| f.dir != Dir::AtoB);
+    let c = p.a.completions();
     assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![
         (0, WcStatus::RetryExcErr),
         (1, WcStatus::WrFlushErr),
@@ -276,7 +165,7 @@ fn timeouts_exhaust_retries_then_flush() {
     assert!(matches!(p.a.engine.poll_event(), Some(rocev2::transport::engine::AsyncEvent::QpFatal(_))));
     // Posting in ERR completes at once with a flush error.
     p.a.engine.post_send(p.a.qpn, wr(9, SendOp::Send, vec![])).unwrap();
-    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::WrFlushErr);
+    assert_eq!(p.a.completions()[0].status, WcStatus::WrFlushErr);
 }
 
 #[test]
@@ -287,19 +176,19 @@ fn rnr_waits_and_retries_until_a_receive_is_posted() {
     let mut rnrs = 0;
     let recv = RecvWr { wr_id: 77, sgl: vec![p.b.sge(0, 4096)] };
     // First 2 ms: no receive posted, the responder RNR-NAKs (timer code 1 = 10 µs).
-    p.run_for(Duration::from_millis(2), |d, t, _| {
-        if d == Dir::BtoA && matches!(t.aeth.map(|a| a.syndrome), Some(rocev2::wire::AckSyndrome::RnrNak { .. })) {
+    p.run_filtered(Duration::from_millis(2), |f| {
+        if f.dir == Dir::BtoA && matches!(f.repr.transport.aeth.map(|a| a.syndrome), Some(rocev2::wire::AckSyndrome::RnrNak { .. })) {
             rnrs += 1;
         }
-        false
+        true
     });
     assert!(rnrs >= 2, "rnr_retry 7 retries forever: {rnrs} RNR NAKs until the run ended");
-    assert!(Pair::completions(&mut p.a.engine).is_empty());
+    assert!(p.a.completions().is_empty());
     p.b.engine.post_recv(p.b.qpn, recv).unwrap();
-    p.run(|_, _, _| false);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run();
+    let c = p.a.completions();
     assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
-    let r = Pair::completions(&mut p.b.engine);
+    let r = p.b.completions();
     assert_eq!((r[0].wr_id, r[0].byte_len), (77, 200));
     assert!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_rnr_naks_received >= 2);
 }
@@ -309,8 +198,8 @@ fn rnr_retry_count_is_honoured() {
     let mut p = pair(Opts { rnr_retry: 2, ..Opts::default() });
     let sge = p.a.sge(0, 8);
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
-    p.run(|_, _, _| false);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run();
+    let c = p.a.completions();
     assert_eq!(c[0].status, WcStatus::RnrRetryExcErr);
     assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_rnr_naks_received, 3, "initial try + 2 retries");
 }
@@ -323,11 +212,11 @@ fn psn_wraps_around_2_pow_24() {
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
     let (r2, s2) = (p.a.remote(100_000), p.b.sge(50_000, 3000));
     p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Read { remote: r2 }, vec![s2])).unwrap();
-    p.run(|d, _, n| d == Dir::AtoB && n == 20);
-    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::Success);
-    assert_eq!(Pair::completions(&mut p.b.engine)[0].status, WcStatus::Success);
-    assert_eq!(&p.b.mem[..40 * 1024], &p.a.mem[..40 * 1024]);
-    assert!(p.log.iter().any(|(_, t, _)| t.bth.psn == Psn::new(0)), "PSN 0 was crossed");
+    p.run_filtered(RUN_LIMIT, |f| !(f.dir == Dir::AtoB && f.index == 20));
+    assert_eq!(p.a.completions()[0].status, WcStatus::Success);
+    assert_eq!(p.b.completions()[0].status, WcStatus::Success);
+    assert_eq!(&p.b.mem()[..40 * 1024], &p.a.mem()[..40 * 1024]);
+    assert!(p.log().iter().any(|s| s.transport.bth.psn == Psn::new(0)), "PSN 0 was crossed");
 }
 
 #[test]
@@ -337,52 +226,52 @@ fn lost_read_response_is_requested_again() {
     let (remote, sge) = (p.b.remote(0), p.a.sge(8192, 5000));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Read { remote }, vec![sge])).unwrap();
     let mut dropped = false;
-    p.run(|d, t, _| {
-        if d == Dir::BtoA && t.bth.opcode == Opcode::RC_READ_RESPONSE_MIDDLE && !dropped {
+    p.run_filtered(RUN_LIMIT, |f| {
+        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_READ_RESPONSE_MIDDLE && !dropped {
             dropped = true;
-            return true;
+            return false;
         }
-        false
+        true
     });
     assert!(dropped);
-    let c = Pair::completions(&mut p.a.engine);
+    let c = p.a.completions();
     assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead));
-    assert_eq!(&p.a.mem[8192..8192 + 5000], &p.b.mem[..5000]);
-    let reqs = p.log.iter().filter(|(d, t, _)| *d == Dir::AtoB && t.bth.opcode == Opcode::RC_READ_REQUEST).count();
+    assert_eq!(&p.a.mem()[8192..8192 + 5000], &p.b.mem()[..5000]);
+    let reqs = p.log().iter().filter(|s| s.dir == Dir::AtoB && s.transport.bth.opcode == Opcode::RC_READ_REQUEST).count();
     assert_eq!(reqs, 2, "the READ was re-requested from the first missing byte");
 }
 
 #[test]
 fn lost_atomic_ack_is_replayed_not_executed_twice() {
     let mut p = pair(Opts::default());
-    p.b.mem[64..72].copy_from_slice(&41u64.to_ne_bytes());
+    p.b.mem_mut()[64..72].copy_from_slice(&41u64.to_ne_bytes());
     let (remote, sge) = (p.b.remote(64), p.a.sge(0, 8));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::FetchAdd { remote, add: 1 }, vec![sge])).unwrap();
     let mut dropped = false;
-    p.run(|d, t, _| {
-        if d == Dir::BtoA && t.bth.opcode == Opcode::RC_ATOMIC_ACK && !dropped {
+    p.run_filtered(RUN_LIMIT, |f| {
+        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_ATOMIC_ACK && !dropped {
             dropped = true;
-            return true;
+            return false;
         }
-        false
+        true
     });
-    let c = Pair::completions(&mut p.a.engine);
+    let c = p.a.completions();
     assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::FetchAdd));
-    assert_eq!(u64::from_ne_bytes(p.a.mem[..8].try_into().unwrap()), 41);
-    assert_eq!(u64::from_ne_bytes(p.b.mem[64..72].try_into().unwrap()), 42, "executed once");
+    assert_eq!(u64::from_ne_bytes(p.a.mem()[..8].try_into().unwrap()), 41);
+    assert_eq!(u64::from_ne_bytes(p.b.mem()[64..72].try_into().unwrap()), 42, "executed once");
 }
 
 #[test]
 fn remote_access_error_fails_the_wr_and_flushes_the_rest() {
     let mut p = pair(Opts::default());
-    let bad = RemoteAddr { addr: p.b.addr() + BUF as u64 - 4, rkey: p.b.key };
+    let bad = RemoteAddr { addr: p.b.va(BUF - 4), rkey: p.b.mr.key() };
     let sge = p.a.sge(0, 64);
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote: bad }, vec![sge])).unwrap();
     p.a.engine.post_send(p.a.qpn, wr(2, SendOp::Write { remote: p.b.remote(0) }, vec![sge])).unwrap();
-    p.run(|_, _, _| false);
-    let c = Pair::completions(&mut p.a.engine);
+    p.run();
+    let c = p.a.completions();
     assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::RemAccessErr), (2, WcStatus::WrFlushErr)]);
-    assert!(p.b.mem[BUF - 4..].iter().all(|&x| x == 0));
+    assert!(p.b.mem()[BUF - 4..].iter().all(|&x| x == 0));
 }
 
 #[test]
@@ -393,8 +282,8 @@ fn unsignaled_wrs_complete_silently_and_in_order() {
         let (remote, sge) = (p.b.remote(0), p.a.sge(0, 16));
         p.a.engine.post_send(p.a.qpn, SendWr { wr_id: i, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![sge]), flags, ud: None }).unwrap();
     }
-    p.run(|_, _, _| false);
-    assert_eq!(Pair::completions(&mut p.a.engine).iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![2, 5]);
+    p.run();
+    assert_eq!(p.a.completions().iter().map(|c| c.wr_id).collect::<Vec<_>>(), vec![2, 5]);
 }
 
 #[test]
@@ -404,12 +293,12 @@ fn max_rd_atomic_limits_outstanding_reads() {
         let (remote, sge) = (p.b.remote(0), p.a.sge(4096 * i, 3000));
         p.a.engine.post_send(p.a.qpn, wr(i as u64, SendOp::Read { remote }, vec![sge])).unwrap();
     }
-    p.run(|_, _, _| false);
-    assert_eq!(Pair::completions(&mut p.a.engine).len(), 3);
+    p.run();
+    assert_eq!(p.a.completions().len(), 3);
     // A READ request is only sent after the previous READ's last response.
     let mut outstanding = 0;
-    for (d, t, _) in &p.log {
-        match (d, t.bth.opcode) {
+    for s in p.log() {
+        match (s.dir, s.transport.bth.opcode) {
             (Dir::AtoB, Opcode::RC_READ_REQUEST) => {
                 outstanding += 1;
                 assert!(outstanding <= 1, "two READs outstanding with max_rd_atomic = 1");
@@ -466,8 +355,8 @@ fn hostile_frames_are_counted_not_fatal() {
     pattern(&mut p.a, 0, 100, 1);
     let (remote, sge) = (p.b.remote(0), p.a.sge(0, 100));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
-    p.run(|_, _, _| false);
-    assert_eq!(Pair::completions(&mut p.a.engine)[0].status, WcStatus::Success);
+    p.run();
+    assert_eq!(p.a.completions()[0].status, WcStatus::Success);
 }
 
 #[test]
@@ -496,53 +385,33 @@ fn mark_ce(frame: &mut [u8]) {
 fn dcqcn_ce_marks_become_cnps_that_slow_the_sender() {
     let mut p = pair(Opts::default());
     let (qa, qb) = (p.a.qpn, p.b.qpn);
-    let key = p.a.key;
     pattern(&mut p.a, 0, 64 * 1024, 3);
     for i in 0..48u64 {
-        let remote = RemoteAddr { addr: p.b.mem.as_ptr() as u64 + (i % 16) * 4096, rkey: p.b.key };
-        p.a.engine.post_send(qa, wr(i, SendOp::Write { remote }, vec![Sge { addr: p.a.mem.as_ptr() as u64, length: 4096, lkey: key }])).unwrap();
+        let (remote, sge) = (p.b.remote((i % 16) as usize * 4096), p.a.sge(0, 4096));
+        p.a.engine.post_send(qa, wr(i, SendOp::Write { remote }, vec![sge])).unwrap();
     }
-    let mut buf = vec![0u8; 9000];
-    let mut now = Instant::ZERO;
     let (mut data_ecn, mut cnps, mut a_departures) = (Vec::new(), Vec::new(), Vec::new());
     let mut first_cnp_at = None;
-    for _ in 0..100_000 {
-        let mut moved = false;
-        while let Some(len) = p.a.engine.poll_transmit(now, &mut buf) {
-            moved = true;
-            let f = &mut buf[..len];
-            let parsed = parse_frame(f).unwrap();
-            if let rocev2::wire::IpRepr::V4(v4) = parsed.repr.ip {
-                data_ecn.push(v4.ecn);
-            }
-            a_departures.push((now, len));
-            // The congestion point marks every data packet CE.
-            mark_ce(f);
-            p.b.engine.handle_frame(now, f);
-            now += Duration::from_nanos(100);
-        }
-        while let Some(len) = p.b.engine.poll_transmit(now, &mut buf) {
-            moved = true;
-            let parsed = parse_frame(&buf[..len]).unwrap();
-            if parsed.repr.transport.bth.opcode == Opcode::CNP {
-                cnps.push(parsed.repr);
-                first_cnp_at.get_or_insert(now);
-            }
-            p.a.engine.handle_frame(now, &buf[..len]);
-            now += Duration::from_nanos(100);
-        }
-        if !moved {
-            match [p.a.engine.next_timeout(), p.b.engine.next_timeout()].into_iter().flatten().min() {
-                Some(t) => {
-                    now = now.max(t);
-                    p.a.engine.handle_timeout(now);
-                    p.b.engine.handle_timeout(now);
+    p.run_filtered(RUN_LIMIT, |f| {
+        match f.dir {
+            Dir::AtoB => {
+                if let rocev2::wire::IpRepr::V4(v4) = f.repr.ip {
+                    data_ecn.push(v4.ecn);
                 }
-                None => break,
+                a_departures.push((f.at, f.bytes.len()));
+                // The congestion point marks every data packet CE.
+                mark_ce(f.bytes);
+            }
+            Dir::BtoA => {
+                if f.repr.transport.bth.opcode == Opcode::CNP {
+                    cnps.push(f.repr);
+                    first_cnp_at.get_or_insert(f.at);
+                }
             }
         }
-    }
-    let done = Pair::completions(&mut p.a.engine);
+        true
+    });
+    let done = p.a.completions();
     assert_eq!(done.iter().filter(|c| c.status == WcStatus::Success).count(), 48, "{done:?}");
     // Our data leaves ECN-capable, ECT(0).
     assert!(data_ecn.iter().all(|&e| e == 2), "{data_ecn:?}");

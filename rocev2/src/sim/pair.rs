@@ -22,7 +22,7 @@ use crate::sim::network::{Network, NodeId, MAX_FRAME};
 use crate::sim::rc::{bring_up_rc, bring_up_uc, HostAddr, RcParams};
 use crate::sim::LinkConfig;
 use crate::time::Instant;
-use crate::transport::attr::{QpCaps, QpInitAttr, QpType};
+use crate::transport::attr::{QpCaps, QpInitAttr, QpState, QpType};
 use crate::transport::engine::{Engine, EngineConfig, EngineError};
 use crate::transport::memory::{Access, MemoryTable, PdId, RegError};
 use crate::transport::wr::{CqId, RemoteAddr, Sge, WorkCompletion};
@@ -253,6 +253,30 @@ impl Host {
     /// Every completion the engine has, in order.
     pub fn completions(&mut self) -> Vec<WorkCompletion> {
         std::iter::from_fn(|| self.engine.poll_completion()).map(|c| c.wc).collect()
+    }
+
+    /// The QP's state.
+    ///
+    /// # Panics
+    /// If the QP was destroyed.
+    pub fn qp_state(&self) -> QpState {
+        self.engine.qp_state(self.qpn).expect("the pair's QP exists")
+    }
+
+    /// The PSN the QP's responder expects next.
+    ///
+    /// # Panics
+    /// If the QP was destroyed.
+    pub fn rq_psn(&self) -> Psn {
+        self.engine.query_qp(self.qpn).expect("the pair's QP exists").rq_psn
+    }
+
+    /// The PSN the QP's requester uses next.
+    ///
+    /// # Panics
+    /// If the QP was destroyed.
+    pub fn sq_psn(&self) -> Psn {
+        self.engine.query_qp(self.qpn).expect("the pair's QP exists").sq_psn
     }
 }
 
