@@ -14,7 +14,8 @@ for g in "${groups[@]}"; do
   case "$g" in
     build) want_apt+=(clang llvm libelf-dev zlib1g-dev m4 pkg-config make libbpf-dev libibverbs-dev) ;;
     # g++: libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets.
-    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3 g++ ibverbs-utils ibverbs-providers perftest qperf rdmacm-utils); want_pip+=(scapy) ;;
+    # fonts-dejavu-core: the text of the figures (urnic bench --report, dcqcn-sim).
+    test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3 g++ ibverbs-utils ibverbs-providers perftest qperf rdmacm-utils fonts-dejavu-core); want_pip+=(scapy) ;;
     peer)  want_apt+=(qemu-system-x86 debootstrap cpio zstd kmod) ;;
     *) echo "deps.sh: unknown group '$g' (build, test, peer, all)" >&2; exit 64 ;;
   esac

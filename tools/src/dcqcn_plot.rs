@@ -8,41 +8,67 @@ use std::time::Duration;
 use anyhow::Context as _;
 use rocev2::sim::dcqcn::{run, FlowSpec, Outcome, Scenario};
 
-use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
+use plotters::prelude::{RGBColor, SeriesLabelPosition, BLACK};
 
-fn plot(out: &Outcome, sc: &Scenario, path: &Path) -> anyhow::Result<()> {
-    let mut c = Canvas::new();
+use crate::plot::{nice_max, save_stacked, Chart, Line, COLORS};
+
+fn plot(name: &str, out: &Outcome, sc: &Scenario, path: &Path) -> anyhow::Result<()> {
     let tmax = sc.duration.as_secs_f64() * 1e6;
-    let top = Panel { area: (90, 30, W as i64 - 20, 300), xmax: tmax, ymax: nice_max(sc.link_mbps * 1.05) };
     let qmax = out.samples.iter().map(|s| s.queue).max().unwrap_or(1).max(sc.red.kmax) as f64 * 1.1;
-    let bottom = Panel { area: (90, 360, W as i64 - 20, H as i64 - 50), xmax: tmax, ymax: nice_max(qmax) };
-    top.frame(&mut c);
-    bottom.frame(&mut c);
-    let ms = |v: f64| format!("{:.0}", v / 1e3);
-    top.label(&mut c, &linear_ticks(tmax, 5, ms), &linear_ticks(top.ymax, 4, |v| format!("{:.0}", v / 1e3)), "", "GBIT/S", "RATE OF EACH FLOW");
-    bottom.label(
-        &mut c,
-        &linear_ticks(tmax, 5, ms),
-        &linear_ticks(bottom.ymax, 4, |v| format!("{:.0}", v / 1e3)),
-        "TIME (MS)",
-        "KB",
-        "BOTTLENECK QUEUE, RED DASHED: KMIN, KMAX",
-    );
-    // Kmin and Kmax as dashed red lines.
-    for k in [sc.red.kmin, sc.red.kmax] {
-        c.dashed_line(bottom.at(0.0, k as f64), bottom.at(tmax, k as f64), [200, 0, 0]);
-    }
     let flows = out.samples.first().map_or(0, |s| s.rate_mbps.len());
-    for f in 0..flows {
-        let col = COLORS[f % COLORS.len()];
-        for w in out.samples.windows(2) {
-            c.line(top.at(w[0].t_us, w[0].rate_mbps[f]), top.at(w[1].t_us, w[1].rate_mbps[f]), col);
-        }
+    // One legend entry per colour: flows whose colour repeats share it
+    // ("flows 1, 9"), the rest of them unlabelled.
+    let names: Vec<String> = (0..flows)
+        .map(|f| match f {
+            f if f >= COLORS.len() => String::new(),
+            f if flows > COLORS.len() => {
+                let same: Vec<String> = (f..flows).step_by(COLORS.len()).map(|g| (g + 1).to_string()).collect();
+                format!("flows {}", same.join(", "))
+            }
+            f => format!("flow {}", f + 1),
+        })
+        .collect();
+    let rates = (0..flows)
+        .map(|f| Line {
+            label: &names[f],
+            points: out.samples.iter().map(|s| (s.t_us, s.rate_mbps[f])).collect(),
+            color: COLORS[f % COLORS.len()],
+            dashed: false,
+        })
+        .collect();
+    let queue_points = out.samples.iter().map(|s| (s.t_us, s.queue as f64)).collect();
+    let mut queue = vec![Line { label: "queue", points: queue_points, color: BLACK, dashed: false }];
+    for (label, k) in [("RED marking: Kmin, Kmax", sc.red.kmin), ("", sc.red.kmax)] {
+        queue.push(Line { label, points: vec![(0.0, k as f64), (tmax, k as f64)], color: RGBColor(200, 0, 0), dashed: true });
     }
-    for w in out.samples.windows(2) {
-        c.line(bottom.at(w[0].t_us, w[0].queue as f64), bottom.at(w[1].t_us, w[1].queue as f64), BLACK);
-    }
-    c.save(path)
+    let ms = |v: f64| format!("{:.0}", v / 1e3);
+    let top = Chart {
+        title: &format!("{name}: rate of each flow"),
+        xdesc: "time (ms)",
+        ydesc: "rate (Gbit/s)",
+        x: 0.0..tmax,
+        ymax: nice_max(sc.link_mbps * 1.05),
+        xticks: Vec::new(),
+        xlabel: &ms,
+        ylabel: &|v| format!("{:.0}", v / 1e3),
+        legend: SeriesLabelPosition::UpperRight,
+        lines: rates,
+    };
+    // The legend where the queue is not: it stays high without DCQCN.
+    let late_high = out.samples.iter().filter(|s| s.t_us > tmax * 0.6).any(|s| s.queue as f64 > nice_max(qmax) * 0.6);
+    let bottom = Chart {
+        title: &format!("{name}: bottleneck queue"),
+        xdesc: "time (ms)",
+        ydesc: "queue (KB)",
+        x: 0.0..tmax,
+        ymax: nice_max(qmax),
+        xticks: Vec::new(),
+        xlabel: &ms,
+        ylabel: &|v| format!("{:.0}", v / 1e3),
+        legend: if late_high { SeriesLabelPosition::LowerRight } else { SeriesLabelPosition::UpperRight },
+        lines: queue,
+    };
+    save_stacked(path, &[top, bottom])
 }
 
 fn csv(out: &Outcome, path: &Path) -> anyhow::Result<()> {
@@ -88,7 +114,7 @@ pub fn run_all(dir: &Path) -> anyhow::Result<()> {
         let jain = active.iter().sum::<f64>().powi(2) / (active.len() as f64 * active.iter().map(|v| v * v).sum::<f64>());
         let (qmax, qmean) = out.queue_stats(end / 2.0, end);
         crate::out::outln!("{name:<20} {:>9.0} Mb/s {jain:>10.3} {:>10} B {:>10.0} B {:>8} {:>8}", total, qmax, qmean, out.drops, out.cnps)?;
-        plot(&out, sc, &dir.join(format!("{name}.png")))?;
+        plot(name, &out, sc, &dir.join(format!("{name}.png")))?;
         csv(&out, &dir.join(format!("{name}.csv")))?;
     }
     let d = dir.display();

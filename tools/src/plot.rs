@@ -1,270 +1,235 @@
-//! A small PNG plotter for the reports (`urnic bench --report`, `urnic
-//! dcqcn-sim`): an RGB canvas with lines, a 5×7 bitmap font for labels, and
-//! panels with tick labels, axis titles and a legend. No plotting crate: the
-//! figures need lines and text, nothing more.
+//! PNG figures of the reports (`urnic bench --report`, `urnic dcqcn-sim`),
+//! drawn with plotters: axes with tick labels and titles inside the image,
+//! a legend per panel.
+//!
+//! Text needs a TrueType font, read at run time (plotters' `ab_glyph`
+//! backend, no C libraries): DejaVu Sans (Debian's fonts-dejavu-core) or
+//! whatever `fc-match sans-serif` names; `URNIC_FONT=FILE.ttf` picks one.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
-use anyhow::Context as _;
+use anyhow::{anyhow, bail, Context as _, Result};
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
+use plotters::coord::types::RangedCoordf64;
+use plotters::prelude::*;
+use plotters::style::{FontStyle, RGBColor};
 
-/// Canvas width, pixels.
-pub(crate) const W: usize = 1000;
-/// Canvas height, pixels.
-pub(crate) const H: usize = 600;
+/// Image size, pixels.
+pub const SIZE: (u32, u32) = (1000, 600);
+
 /// Series colours (matplotlib's tab10).
-pub(crate) const COLORS: [[u8; 3]; 8] =
-    [[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75], [227, 119, 194], [127, 127, 127]];
-/// Black.
-pub(crate) const BLACK: [u8; 3] = [0, 0, 0];
+pub const COLORS: [RGBColor; 8] = [
+    RGBColor(31, 119, 180),
+    RGBColor(255, 127, 14),
+    RGBColor(44, 160, 44),
+    RGBColor(214, 39, 40),
+    RGBColor(148, 103, 189),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(127, 127, 127),
+];
 
-/// An RGB image, white to start with.
-pub(crate) struct Canvas {
-    px: Vec<u8>,
+/// The font family the charts ask for (registered by [`fonts`]).
+pub const FONT: &str = "sans-serif";
+
+fn font_file() -> Option<PathBuf> {
+    if let Some(f) = std::env::var_os("URNIC_FONT") {
+        return Some(PathBuf::from(f));
+    }
+    let known = ["/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf", "/usr/share/fonts/TTF/DejaVuSans.ttf", "/usr/share/fonts/dejavu/DejaVuSans.ttf"];
+    if let Some(p) = known.iter().map(PathBuf::from).find(|p| p.is_file()) {
+        return Some(p);
+    }
+    let out = std::process::Command::new("fc-match").args(["-f", "%{file}", "sans-serif:fontformat=TrueType"]).output().ok()?;
+    let p = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+    p.is_file().then_some(p)
 }
 
-/// Font scale: each font pixel is SCALE×SCALE canvas pixels.
-const SCALE: i64 = 2;
-/// Horizontal advance per character, canvas pixels.
-pub(crate) const CHAR_W: i64 = 6 * SCALE;
-/// Line height, canvas pixels.
-pub(crate) const CHAR_H: i64 = 8 * SCALE;
-
-/// 5×7 glyph rows, top to bottom, bit 4 the leftmost column.
-fn glyph(c: char) -> [u8; 7] {
-    match c.to_ascii_uppercase() {
-        '0' => [0x0E, 0x11, 0x13, 0x15, 0x19, 0x11, 0x0E],
-        '1' => [0x04, 0x0C, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        '2' => [0x0E, 0x11, 0x01, 0x02, 0x04, 0x08, 0x1F],
-        '3' => [0x1F, 0x02, 0x04, 0x02, 0x01, 0x11, 0x0E],
-        '4' => [0x02, 0x06, 0x0A, 0x12, 0x1F, 0x02, 0x02],
-        '5' => [0x1F, 0x10, 0x1E, 0x01, 0x01, 0x11, 0x0E],
-        '6' => [0x06, 0x08, 0x10, 0x1E, 0x11, 0x11, 0x0E],
-        '7' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x08, 0x08],
-        '8' => [0x0E, 0x11, 0x11, 0x0E, 0x11, 0x11, 0x0E],
-        '9' => [0x0E, 0x11, 0x11, 0x0F, 0x01, 0x02, 0x0C],
-        'A' => [0x0E, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'B' => [0x1E, 0x11, 0x11, 0x1E, 0x11, 0x11, 0x1E],
-        'C' => [0x0E, 0x11, 0x10, 0x10, 0x10, 0x11, 0x0E],
-        'D' => [0x1C, 0x12, 0x11, 0x11, 0x11, 0x12, 0x1C],
-        'E' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x1F],
-        'F' => [0x1F, 0x10, 0x10, 0x1E, 0x10, 0x10, 0x10],
-        'G' => [0x0E, 0x11, 0x10, 0x17, 0x11, 0x11, 0x0F],
-        'H' => [0x11, 0x11, 0x11, 0x1F, 0x11, 0x11, 0x11],
-        'I' => [0x0E, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0E],
-        'J' => [0x07, 0x02, 0x02, 0x02, 0x02, 0x12, 0x0C],
-        'K' => [0x11, 0x12, 0x14, 0x18, 0x14, 0x12, 0x11],
-        'L' => [0x10, 0x10, 0x10, 0x10, 0x10, 0x10, 0x1F],
-        'M' => [0x11, 0x1B, 0x15, 0x15, 0x11, 0x11, 0x11],
-        'N' => [0x11, 0x11, 0x19, 0x15, 0x13, 0x11, 0x11],
-        'O' => [0x0E, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'P' => [0x1E, 0x11, 0x11, 0x1E, 0x10, 0x10, 0x10],
-        'Q' => [0x0E, 0x11, 0x11, 0x11, 0x15, 0x12, 0x0D],
-        'R' => [0x1E, 0x11, 0x11, 0x1E, 0x14, 0x12, 0x11],
-        'S' => [0x0F, 0x10, 0x10, 0x0E, 0x01, 0x01, 0x1E],
-        'T' => [0x1F, 0x04, 0x04, 0x04, 0x04, 0x04, 0x04],
-        'U' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x11, 0x0E],
-        'V' => [0x11, 0x11, 0x11, 0x11, 0x11, 0x0A, 0x04],
-        'W' => [0x11, 0x11, 0x11, 0x15, 0x15, 0x15, 0x0A],
-        'X' => [0x11, 0x11, 0x0A, 0x04, 0x0A, 0x11, 0x11],
-        'Y' => [0x11, 0x11, 0x11, 0x0A, 0x04, 0x04, 0x04],
-        'Z' => [0x1F, 0x01, 0x02, 0x04, 0x08, 0x10, 0x1F],
-        'µ' => [0x00, 0x11, 0x11, 0x11, 0x13, 0x1D, 0x10],
-        '.' => [0x00, 0x00, 0x00, 0x00, 0x00, 0x0C, 0x0C],
-        ',' => [0x00, 0x00, 0x00, 0x00, 0x0C, 0x04, 0x08],
-        '-' => [0x00, 0x00, 0x00, 0x1F, 0x00, 0x00, 0x00],
-        '+' => [0x00, 0x04, 0x04, 0x1F, 0x04, 0x04, 0x00],
-        '=' => [0x00, 0x00, 0x1F, 0x00, 0x1F, 0x00, 0x00],
-        '/' => [0x00, 0x01, 0x02, 0x04, 0x08, 0x10, 0x00],
-        '(' => [0x02, 0x04, 0x08, 0x08, 0x08, 0x04, 0x02],
-        ')' => [0x08, 0x04, 0x02, 0x02, 0x02, 0x04, 0x08],
-        ':' => [0x00, 0x0C, 0x0C, 0x00, 0x0C, 0x0C, 0x00],
-        '%' => [0x18, 0x19, 0x02, 0x04, 0x08, 0x13, 0x03],
-        '_' => [0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x1F],
-        // Space, and anything the font lacks, prints blank.
-        _ => [0; 7],
-    }
-}
-
-impl Canvas {
-    /// A white canvas of W×H.
-    pub(crate) fn new() -> Canvas {
-        Canvas { px: vec![255; W * H * 3] }
-    }
-
-    fn dot(&mut self, x: i64, y: i64, c: [u8; 3]) {
-        if (0..W as i64).contains(&x) && (0..H as i64).contains(&y) {
-            let i = (y as usize * W + x as usize) * 3;
-            self.px[i..i + 3].copy_from_slice(&c);
-        }
-    }
-
-    /// A one-pixel line (Bresenham).
-    pub(crate) fn line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3]) {
-        let (dx, dy) = ((x1 - x0).abs(), -(y1 - y0).abs());
-        let (sx, sy) = (if x0 < x1 { 1 } else { -1 }, if y0 < y1 { 1 } else { -1 });
-        let (mut x, mut y, mut err) = (x0, y0, dx + dy);
-        loop {
-            self.dot(x, y, c);
-            if x == x1 && y == y1 {
-                break;
-            }
-            let e2 = 2 * err;
-            if e2 >= dy {
-                err += dy;
-                x += sx;
-            }
-            if e2 <= dx {
-                err += dx;
-                y += sy;
-            }
-        }
-    }
-
-    /// A two-pixel-wide line, for data series.
-    pub(crate) fn thick_line(&mut self, a: (i64, i64), b: (i64, i64), c: [u8; 3]) {
-        self.line(a, b, c);
-        self.line((a.0, a.1 + 1), (b.0, b.1 + 1), c);
-    }
-
-    /// A dashed horizontal or sloped line.
-    pub(crate) fn dashed_line(&mut self, (x0, y0): (i64, i64), (x1, y1): (i64, i64), c: [u8; 3]) {
-        let len = (((x1 - x0).pow(2) + (y1 - y0).pow(2)) as f64).sqrt().max(1.0);
-        let mut t = 0.0;
-        while t < len {
-            let t2 = (t + 6.0).min(len);
-            let p = |t: f64| (x0 + ((x1 - x0) as f64 * t / len).round() as i64, y0 + ((y1 - y0) as f64 * t / len).round() as i64);
-            self.line(p(t), p(t2), c);
-            t += 12.0;
-        }
-    }
-
-    /// Text with its top-left corner at (x, y).
-    pub(crate) fn text(&mut self, x: i64, y: i64, s: &str, c: [u8; 3]) {
-        for (i, ch) in s.chars().enumerate() {
-            let g = glyph(ch);
-            let ox = x + i as i64 * CHAR_W;
-            for (row, bits) in g.iter().enumerate() {
-                for col in 0..5 {
-                    if bits & (0x10 >> col) != 0 {
-                        for dy in 0..SCALE {
-                            for dx in 0..SCALE {
-                                self.dot(ox + col * SCALE + dx, y + row as i64 * SCALE + dy, c);
-                            }
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// Width of `s` in canvas pixels.
-    pub(crate) fn text_width(s: &str) -> i64 {
-        s.chars().count() as i64 * CHAR_W
-    }
-
-    /// Write the canvas as an 8-bit RGB PNG.
-    pub(crate) fn save(&self, path: &Path) -> anyhow::Result<()> {
-        let f = std::fs::File::create(path).with_context(|| path.display().to_string())?;
-        let mut enc = png::Encoder::new(std::io::BufWriter::new(f), W as u32, H as u32);
-        enc.set_color(png::ColorType::Rgb);
-        enc.set_depth(png::BitDepth::Eight);
-        let mut w = enc.write_header().with_context(|| format!("{}: PNG header", path.display()))?;
-        w.write_image_data(&self.px).with_context(|| format!("{}: PNG data", path.display()))
-    }
-}
-
-/// A panel: area (x0, y0, x1, y1) in pixels, data ranges from 0 to
-/// (xmax, ymax), light grid.
-pub(crate) struct Panel {
-    pub(crate) area: (i64, i64, i64, i64),
-    pub(crate) xmax: f64,
-    pub(crate) ymax: f64,
-}
-
-impl Panel {
-    /// Grid (tenths) and the two axes.
-    pub(crate) fn frame(&self, c: &mut Canvas) {
-        let (x0, y0, x1, y1) = self.area;
-        for k in 0..=10 {
-            let gx = x0 + (x1 - x0) * k / 10;
-            let gy = y0 + (y1 - y0) * k / 10;
-            c.line((gx, y0), (gx, y1), [230, 230, 230]);
-            c.line((x0, gy), (x1, gy), [230, 230, 230]);
-        }
-        c.line((x0, y1), (x1, y1), BLACK);
-        c.line((x0, y0), (x0, y1), BLACK);
-    }
-
-    /// Pixel of data point (x, y), clamped to the panel.
-    pub(crate) fn at(&self, x: f64, y: f64) -> (i64, i64) {
-        let (x0, y0, x1, y1) = self.area;
-        let px = x0 as f64 + (x / self.xmax).clamp(0.0, 1.0) * (x1 - x0) as f64;
-        let py = y1 as f64 - (y / self.ymax).clamp(0.0, 1.0) * (y1 - y0) as f64;
-        (px.round() as i64, py.round() as i64)
-    }
-
-    /// Tick labels on both axes (data value, label), the axis titles (x
-    /// below, y above the axis) and a title above the panel.
-    pub(crate) fn label(&self, c: &mut Canvas, xticks: &[(f64, String)], yticks: &[(f64, String)], xtitle: &str, ytitle: &str, title: &str) {
-        let (x0, y0, x1, y1) = self.area;
-        for (v, l) in xticks {
-            let (px, _) = self.at(*v, 0.0);
-            c.line((px, y1), (px, y1 + 4), BLACK);
-            c.text(px - Canvas::text_width(l) / 2, y1 + 7, l, BLACK);
-        }
-        for (v, l) in yticks {
-            let (_, py) = self.at(0.0, *v);
-            c.line((x0 - 4, py), (x0, py), BLACK);
-            c.text(x0 - 7 - Canvas::text_width(l), py - CHAR_H / 2 + 1, l, BLACK);
-        }
-        c.text((x0 + x1) / 2 - Canvas::text_width(xtitle) / 2, y1 + 8 + CHAR_H, xtitle, BLACK);
-        c.text(x0 - 40, y0 - 2 * CHAR_H - 2, ytitle, BLACK);
-        c.text(x1 - Canvas::text_width(title), y0 - CHAR_H - 4, title, BLACK);
-    }
-
-    /// A legend box at the panel's top-left (inside): one line per entry,
-    /// a colour sample (dashed if the flag is set) and the label.
-    pub(crate) fn legend(&self, c: &mut Canvas, entries: &[(String, [u8; 3], bool)]) {
-        let (x0, y0, _, _) = self.area;
-        Self::legend_at(c, entries, x0 + 12, y0 + 8);
-    }
-
-    /// The legend in the panel's bottom-right corner (where rising curves,
-    /// such as CDFs, leave room).
-    pub(crate) fn legend_bottom_right(&self, c: &mut Canvas, entries: &[(String, [u8; 3], bool)]) {
-        let (_, _, x1, y1) = self.area;
-        let width = entries.iter().map(|(l, _, _)| Canvas::text_width(l)).max().unwrap_or(0) + 38;
-        let height = entries.len() as i64 * (CHAR_H + 4);
-        Self::legend_at(c, entries, x1 - width - 12, y1 - height - 8);
-    }
-
-    fn legend_at(c: &mut Canvas, entries: &[(String, [u8; 3], bool)], x: i64, y: i64) {
-        let mut y = y;
-        for (label, col, dashed) in entries {
-            let mid = y + CHAR_H / 2 - 2;
-            if *dashed {
-                c.dashed_line((x, mid), (x + 30, mid), *col);
-            } else {
-                c.thick_line((x, mid), (x + 30, mid), *col);
-            }
-            c.text(x + 38, y, label, *col);
-            y += CHAR_H + 4;
-        }
-    }
-}
-
-/// Evenly spaced ticks 0..=max with `n` steps, labelled with `fmt`.
-pub(crate) fn linear_ticks(max: f64, n: usize, fmt: impl Fn(f64) -> String) -> Vec<(f64, String)> {
-    (0..=n).map(|k| max * k as f64 / n as f64).map(|v| (v, fmt(v))).collect()
+/// Register the font once per process.
+pub fn fonts() -> Result<()> {
+    static DONE: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    DONE.get_or_init(|| {
+        let file = font_file().ok_or("no TrueType font found for the plots: install fonts-dejavu-core, or set URNIC_FONT=FILE.ttf")?;
+        let bytes = std::fs::read(&file).map_err(|e| format!("{}: {e}", file.display()))?;
+        // plotters keeps the font for the life of the process.
+        let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
+        plotters::style::register_font(FONT, FontStyle::Normal, bytes).map_err(|_| format!("{}: not a usable TrueType font", file.display()))
+    })
+    .clone()
+    .map_err(|e| anyhow!(e))
 }
 
 /// A "nice" axis maximum at or above `v`: 1, 2, 2.5 or 5 times a power of ten.
-pub(crate) fn nice_max(v: f64) -> f64 {
+pub fn nice_max(v: f64) -> f64 {
     if !(v.is_finite() && v > 0.0) {
         return 1.0;
     }
     let p = 10f64.powf(v.log10().floor());
     [1.0, 2.0, 2.5, 5.0, 10.0].iter().map(|m| m * p).find(|m| *m >= v).unwrap_or(10.0 * p)
+}
+
+/// A drawing error as anyhow (plotters' errors borrow the backend's).
+pub fn err<E: std::fmt::Debug>(path: &Path) -> impl Fn(E) -> anyhow::Error + '_ {
+    move |e| anyhow!("{}: drawing: {e:?}", path.display())
+}
+
+/// One line of a chart: label, points, colour, dashed.
+pub struct Line<'a> {
+    /// Legend text (empty: not in the legend).
+    pub label: &'a str,
+    /// (x, y) in data units.
+    pub points: Vec<(f64, f64)>,
+    /// Colour.
+    pub color: RGBColor,
+    /// Dashed (reference lines: ceilings, thresholds).
+    pub dashed: bool,
+}
+
+/// A single-panel chart: title, axis titles, x ticks at `xticks` labelled
+/// by `xlabel` (nice ticks when none are given), y from 0 to `ymax`,
+/// legend at `legend`.
+pub struct Chart<'a> {
+    /// Title above the panel.
+    pub title: &'a str,
+    /// X axis title.
+    pub xdesc: &'a str,
+    /// Y axis title.
+    pub ydesc: &'a str,
+    /// X range.
+    pub x: std::ops::Range<f64>,
+    /// Y maximum.
+    pub ymax: f64,
+    /// Ticks to label on x (empty: automatic).
+    pub xticks: Vec<f64>,
+    /// X tick labels.
+    pub xlabel: &'a dyn Fn(f64) -> String,
+    /// Y tick labels.
+    pub ylabel: &'a dyn Fn(f64) -> String,
+    /// Where the legend goes.
+    pub legend: SeriesLabelPosition,
+    /// The lines.
+    pub lines: Vec<Line<'a>>,
+}
+
+/// Ticks at a "nice" step (1, 2, 2.5 or 5 times a power of ten) covering
+/// `range`, about `n` of them.
+pub fn nice_ticks(range: &std::ops::Range<f64>, n: usize) -> Vec<f64> {
+    let span = range.end - range.start;
+    if !(span.is_finite() && span > 0.0) || n == 0 {
+        return vec![range.start];
+    }
+    let step = nice_max(span / n as f64);
+    let first = (range.start / step).ceil() as i64;
+    let last = (range.end / step + 1e-9).floor() as i64;
+    (first..=last).map(|k| k as f64 * step).collect()
+}
+
+/// An f64 axis with its ticks where we say (plotters' own key points
+/// land between a log2 axis' sizes).
+#[derive(Clone)]
+struct Ticked {
+    range: std::ops::Range<f64>,
+    ticks: Vec<f64>,
+}
+
+impl Ranged for Ticked {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        RangedCoordf64::from(self.range.clone()).map(v, limit)
+    }
+
+    fn key_points<H: KeyPointHint>(&self, hint: H) -> Vec<f64> {
+        // Every tick if they fit, else every k-th.
+        let k = self.ticks.len().div_ceil(hint.max_num_points().max(1)).max(1);
+        self.ticks.iter().copied().step_by(k).collect()
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
+    }
+}
+
+type Coords = Cartesian2d<Ticked, RangedCoordf64>;
+
+impl Chart<'_> {
+    /// Draw into `area`.
+    pub fn draw<DB: DrawingBackend>(&self, area: &DrawingArea<DB, plotters::coord::Shift>) -> Result<()>
+    where
+        DB::ErrorType: 'static,
+    {
+        let e = |e: DrawingAreaErrorKind<DB::ErrorType>| anyhow!("drawing {}: {e:?}", self.title);
+        let xticks = if self.xticks.is_empty() { nice_ticks(&self.x, 8) } else { self.xticks.clone() };
+        let mut c: ChartContext<'_, DB, Coords> = ChartBuilder::on(area)
+            .caption(self.title, (FONT, 20))
+            .margin(12)
+            .margin_right(36)
+            .x_label_area_size(48)
+            .y_label_area_size(80)
+            .build_cartesian_2d(Ticked { range: self.x.clone(), ticks: xticks.clone() }, 0f64..self.ymax)
+            .map_err(e)?;
+        c.configure_mesh()
+            .x_desc(self.xdesc)
+            .y_desc(self.ydesc)
+            .x_labels(xticks.len())
+            .x_label_formatter(&|v| (self.xlabel)(*v))
+            .y_label_formatter(&|v| (self.ylabel)(*v))
+            .label_style((FONT, 15))
+            .axis_desc_style((FONT, 16))
+            .light_line_style(WHITE)
+            .draw()
+            .map_err(e)?;
+        for l in &self.lines {
+            let (color, dashed) = (l.color, l.dashed);
+            let style = color.stroke_width(2);
+            let ann = if dashed {
+                c.draw_series(DashedLineSeries::new(l.points.iter().copied(), 8, 6, style)).map_err(e)?
+            } else {
+                c.draw_series(LineSeries::new(l.points.iter().copied(), style)).map_err(e)?
+            };
+            if l.label.is_empty() {
+                continue;
+            }
+            ann.label(l.label).legend(move |(x, y)| {
+                // Two segments, with a gap if dashed.
+                let s = color.stroke_width(2);
+                let gap = if dashed { 5 } else { 0 };
+                EmptyElement::at((x, y)) + PathElement::new(vec![(0, 0), (8, 0)], s) + PathElement::new(vec![(8 + gap, 0), (20, 0)], s)
+            });
+        }
+        c.configure_series_labels()
+            .position(self.legend.clone())
+            .background_style(WHITE.mix(0.85))
+            .border_style(RGBColor(180, 180, 180))
+            .label_font((FONT, 15))
+            .draw()
+            .map_err(e)
+    }
+}
+
+/// Draw `chart` alone into a PNG at `path`.
+pub fn save(path: &Path, chart: &Chart) -> Result<()> {
+    fonts()?;
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
+    root.fill(&WHITE).map_err(err(path))?;
+    chart.draw(&root)?;
+    root.present().map_err(err(path)).with_context(|| format!("writing {}", path.display()))
+}
+
+/// Draw `charts` stacked top to bottom into one PNG at `path`.
+pub fn save_stacked(path: &Path, charts: &[Chart]) -> Result<()> {
+    fonts()?;
+    if charts.is_empty() {
+        bail!("{}: nothing to draw", path.display());
+    }
+    let root = BitMapBackend::new(path, (SIZE.0, SIZE.1 + 150 * (charts.len() as u32 - 1))).into_drawing_area();
+    root.fill(&WHITE).map_err(err(path))?;
+    for (area, chart) in root.split_evenly((charts.len(), 1)).iter().zip(charts) {
+        chart.draw(area)?;
+    }
+    root.present().map_err(err(path)).with_context(|| format!("writing {}", path.display()))
 }
 
 #[cfg(test)]
@@ -282,15 +247,39 @@ mod tests {
     }
 
     #[test]
-    fn text_sets_pixels_inside_the_glyph_box_only() {
-        let mut c = Canvas::new();
-        c.text(10, 10, "8", BLACK);
-        let dark = |x: usize, y: usize| c.px[(y * W + x) * 3] == 0;
-        // The top bar of an 8 (columns 1..=3 of row 0) is set, its corners are not.
-        assert!(dark(10 + SCALE as usize, 10));
-        assert!(!dark(10, 10));
-        let inked = (0..H).flat_map(|y| (0..W).map(move |x| (x, y))).filter(|&(x, y)| dark(x, y)).count();
-        assert!(inked > 0);
-        assert!((0..H).all(|y| (0..W).all(|x| !dark(x, y) || ((10..10 + CHAR_W as usize).contains(&x) && (10..10 + CHAR_H as usize).contains(&y)))));
+    fn ticks_at_nice_steps() {
+        // 120 ms / 8 = 15 ms, rounded up to a nice 20 ms.
+        assert_eq!(nice_ticks(&(0.0..120_000.0), 8), (0..=6).map(|k| f64::from(k) * 20_000.0).collect::<Vec<_>>());
+        assert_eq!(nice_ticks(&(0.0..10.0), 5), vec![0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+    }
+
+    #[test]
+    fn a_chart_is_a_png_with_ink() {
+        let dir = std::env::temp_dir().join(format!("urnic-plot-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("chart.png");
+        let chart = Chart {
+            title: "test",
+            xdesc: "x",
+            ydesc: "y",
+            x: 0.0..10.0,
+            ymax: 10.0,
+            xticks: vec![0.0, 5.0, 10.0],
+            xlabel: &|v| format!("{v:.0}"),
+            ylabel: &|v| format!("{v:.0}"),
+            legend: SeriesLabelPosition::UpperLeft,
+            lines: vec![Line { label: "a", points: vec![(0.0, 0.0), (10.0, 10.0)], color: COLORS[0], dashed: false }],
+        };
+        save(&path, &chart).unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(&bytes[1..4], b"PNG");
+        // The series' colour is in the image (decoded: not all white).
+        let decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+        let mut reader = decoder.read_info().unwrap();
+        let mut buf = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut buf).unwrap();
+        let px = &buf[..info.buffer_size()];
+        assert!(px.chunks(3).any(|p| p == [31, 119, 180]), "no pixel of the series colour");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

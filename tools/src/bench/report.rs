@@ -9,7 +9,8 @@ use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
 use super::{Cores, Run};
 use crate::perf::BwOp;
-use crate::plot::{linear_ticks, nice_max, Canvas, Panel, BLACK, COLORS, H, W};
+use crate::plot::{self, nice_max, Chart, Line, COLORS};
+use plotters::prelude::{SeriesLabelPosition, BLACK};
 use anyhow::{Context as _, Result};
 
 /// The measurements of several runs: medians, ratios, pooled latency samples.
@@ -152,34 +153,42 @@ fn size_label(s: usize) -> String {
 /// Bandwidth vs message size (log2 x axis), one line per series, dashed
 /// horizontal lines for the ceilings.
 fn plot_bandwidth(title: &str, sizes: &[usize], series: &[(String, Vec<f64>)], ceilings: &[(String, f64)], path: &std::path::Path) -> Result<()> {
-    let mut c = Canvas::new();
     let top = series.iter().flat_map(|s| s.1.iter().copied()).chain(ceilings.iter().map(|c| c.1)).fold(0.0, f64::max);
-    let (lo, hi) = ((sizes[0] as f64).log2(), (*sizes.last().unwrap_or(&1) as f64).log2());
-    let p = Panel { area: (100, 40, W as i64 - 30, H as i64 - 60), xmax: hi - lo, ymax: nice_max(top * 1.05) };
-    p.frame(&mut c);
-    let xt: Vec<_> = sizes.iter().map(|&s| ((s as f64).log2() - lo, size_label(s))).collect();
-    p.label(&mut c, &xt, &linear_ticks(p.ymax, 5, |v| format!("{v:.0}")), "MESSAGE SIZE (BYTES)", "MB/S", title);
-    let mut legend = Vec::new();
-    for (k, (label, v)) in series.iter().enumerate() {
-        let col = COLORS[k % COLORS.len()];
-        for (i, w) in v.windows(2).enumerate() {
-            c.thick_line(p.at((sizes[i] as f64).log2() - lo, w[0]), p.at((sizes[i + 1] as f64).log2() - lo, w[1]), col);
-        }
-        legend.push((label.to_uppercase(), col, false));
-    }
+    let log2 = |s: usize| (s as f64).log2();
+    let (lo, hi) = (log2(sizes[0]), log2(*sizes.last().unwrap_or(&1)));
+    let mut lines: Vec<Line> = series
+        .iter()
+        .enumerate()
+        .map(|(k, (label, v))| Line {
+            label,
+            points: sizes.iter().zip(v).map(|(&s, &y)| (log2(s), y)).collect(),
+            color: COLORS[k % COLORS.len()],
+            dashed: false,
+        })
+        .collect();
     for (k, (label, y)) in ceilings.iter().enumerate() {
-        let col = if k == 0 { BLACK } else { COLORS[7] };
-        c.dashed_line(p.at(0.0, *y), p.at(hi - lo, *y), col);
-        legend.push((label.to_uppercase(), col, true));
+        lines.push(Line { label, points: vec![(lo, *y), (hi, *y)], color: if k == 0 { BLACK } else { COLORS[7] }, dashed: true });
     }
-    p.legend(&mut c, &legend);
-    c.save(path)
+    plot::save(
+        path,
+        &Chart {
+            title,
+            xdesc: "message size (bytes)",
+            ydesc: "MB/s",
+            x: lo..hi,
+            ymax: nice_max(top * 1.05),
+            xticks: sizes.iter().map(|&s| log2(s)).collect(),
+            xlabel: &|v| size_label(v.exp2().round() as usize),
+            ylabel: &|v| format!("{v:.0}"),
+            legend: SeriesLabelPosition::UpperLeft,
+            lines,
+        },
+    )
 }
 
 /// Latency distributions as CDFs: x one-way µs (up to the largest p99),
 /// y fraction of round trips at or below.
 fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result<()> {
-    let mut c = Canvas::new();
     // Up to the largest p99, in steps of 5 µs (or 10 "nice" steps beyond
     // 50 µs): the slower tail would squeeze the curves into a corner.
     let p99 = series.iter().map(|(_, v)| pct(&mut v.clone(), 0.99)).filter(|v| v.is_finite()).fold(1.0, f64::max);
@@ -187,36 +196,34 @@ fn plot_latency(series: &[(String, Vec<f64>)], path: &std::path::Path) -> Result
         n @ 1..=10 => (n as f64 * 5.0, n),
         _ => (nice_max(p99), 10),
     };
-    let p = Panel { area: (100, 50, W as i64 - 30, H as i64 - 60), xmax, ymax: 1.0 };
-    p.frame(&mut c);
-    p.label(
-        &mut c,
-        &linear_ticks(xmax, steps, |v| format!("{v:.0}")),
-        &linear_ticks(1.0, 5, |v| format!("{v:.1}")),
-        "ONE-WAY LATENCY (US), 8 BYTES",
-        "CDF",
-        "LATENCY DISTRIBUTION",
-    );
-    let mut legend = Vec::new();
-    for (k, (label, v)) in series.iter().enumerate() {
-        let mut s = v.clone();
-        s.sort_by(|a, b| a.total_cmp(b));
-        let col = COLORS[k % COLORS.len()];
-        let n = s.len().max(1) as f64;
-        let mut prev = None;
-        // At most ~1000 points per curve.
-        let step = (s.len() / 1000).max(1);
-        for (i, x) in s.iter().enumerate().step_by(step) {
-            let pt = p.at(*x, (i + 1) as f64 / n);
-            if let Some(q) = prev {
-                c.thick_line(q, pt, col);
-            }
-            prev = Some(pt);
-        }
-        legend.push((label.clone(), col, false));
-    }
-    p.legend_bottom_right(&mut c, &legend);
-    c.save(path)
+    let lines = series
+        .iter()
+        .enumerate()
+        .map(|(k, (label, v))| {
+            let mut s = v.clone();
+            s.sort_by(|a, b| a.total_cmp(b));
+            let n = s.len().max(1) as f64;
+            // At most ~1000 points per curve, cut at the axis' end.
+            let step = (s.len() / 1000).max(1);
+            let points = s.iter().enumerate().step_by(step).map(|(i, x)| (x.min(xmax), (i + 1) as f64 / n)).collect();
+            Line { label, points, color: COLORS[k % COLORS.len()], dashed: false }
+        })
+        .collect();
+    plot::save(
+        path,
+        &Chart {
+            title: "latency distribution",
+            xdesc: "one-way latency (µs), 8 bytes",
+            ydesc: "fraction of round trips at or below",
+            x: 0.0..xmax,
+            ymax: 1.0,
+            xticks: (0..=steps).map(|k| xmax * k as f64 / steps as f64).collect(),
+            xlabel: &|v| format!("{v:.0}"),
+            ylabel: &|v| format!("{v:.1}"),
+            legend: SeriesLabelPosition::LowerRight,
+            lines,
+        },
+    )
 }
 
 /// The start of report.md: the median bandwidth of every configuration
@@ -268,7 +275,7 @@ pub(super) fn sweep_section(
                 }
             }
         }
-        let title = format!("RDMA {} BANDWIDTH", op.name().to_uppercase());
+        let title = format!("RDMA {} bandwidth", op.name().to_uppercase());
         plot_bandwidth(&title, sizes, &series, &ceilings, &dir.join(format!("bandwidth_{}.png", op.name())))?;
     }
     let _ = writeln!(
@@ -310,6 +317,30 @@ mod tests {
         let s = summarize(&[mk(100.0, 200.0), mk(300.0, 400.0), mk(50.0, 50.0)]);
         let row = s.table.lines().find(|l| l.starts_with("| 64 KiB WRITE, MTU 1024, 1 core vs raw")).expect("row");
         assert!(row.ends_with("| 100 MB/s | 200 MB/s | 0.75 |"), "{row}");
+    }
+
+    #[test]
+    fn report_figures_are_drawn() {
+        // URNIC_PLOT_DIR keeps them to look at.
+        let keep = std::env::var_os("URNIC_PLOT_DIR").map(std::path::PathBuf::from);
+        let dir = keep.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("urnic-report-plot-test-{}", std::process::id())));
+        std::fs::create_dir_all(&dir).unwrap();
+        let sizes = [64usize, 256, 1024, 4096, 16384, 65536, 262_144, 1 << 20];
+        let series: Vec<(String, Vec<f64>)> = (1..=4)
+            .map(|k| (format!("MTU 1024, {k} cores"), sizes.iter().map(|&s| 500.0 * k as f64 * (s as f64).log2() / 20.0).collect()))
+            .collect();
+        let ceilings = vec![("raw AF_XDP ceiling, MTU 1024 frames".to_string(), 2500.0), ("raw AF_XDP ceiling, MTU 4096 frames".to_string(), 4100.0)];
+        plot_bandwidth("RDMA WRITE bandwidth", &sizes, &series, &ceilings, &dir.join("bandwidth.png")).unwrap();
+        let lat: Vec<(String, Vec<f64>)> =
+            (1..=3).map(|k| (format!("series {k}"), (0..3000).map(|i| 5.0 * k as f64 + (i % 100) as f64 / 10.0).collect())).collect();
+        plot_latency(&lat, &dir.join("latency.png")).unwrap();
+        for f in ["bandwidth.png", "latency.png"] {
+            let bytes = std::fs::read(dir.join(f)).unwrap();
+            assert!(bytes.len() > 10_000 && &bytes[1..4] == b"PNG", "{f}: {} bytes", bytes.len());
+        }
+        if keep.is_none() {
+            let _ = std::fs::remove_dir_all(&dir);
+        }
     }
 
     #[test]
