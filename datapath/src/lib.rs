@@ -17,6 +17,7 @@ pub mod runner;
 pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};
+pub use rocev2::impair::Faults;
 pub use nic::Nic;
 pub use port::{Port, PortError, PortInfo};
 pub use runner::{IdlePolicy, Runner};

@@ -3,9 +3,9 @@
 //! forwards by destination MAC, like a switch.
 //!
 //! Optional impairments, applied per sending port with a seeded RNG so runs
-//! are repeatable: drop, duplicate, reorder, corrupt, ECN CE marking and a rate
-//! limit. Used by unit tests and by the no-privilege quick start; real links
-//! use the AF_XDP port.
+//! are repeatable: the [`Faults`] (loss, duplication, reordering, corruption,
+//! ECN CE marking) and a rate limit. Used by unit tests and by the
+//! no-privilege quick start; real links use the AF_XDP port.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -14,6 +14,7 @@ use std::time::Instant;
 use crossbeam_queue::ArrayQueue;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
+use rocev2::impair::Faults;
 use rocev2::wire::FrameView;
 
 use crate::port::{Port, PortError, PortInfo};
@@ -21,37 +22,44 @@ use crate::port::{Port, PortError, PortInfo};
 /// Largest frame the hub carries (a 4096-byte-MTU RoCEv2 frame plus VLAN tag fits).
 pub const MAX_FRAME: usize = 9216;
 
-/// Impairments applied to frames a port sends. Probabilities are in `0.0..=1.0`.
+/// Impairments applied to frames a port sends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Impairments {
-    /// Drop a frame.
-    pub drop: f64,
-    /// Deliver a frame twice.
-    pub duplicate: f64,
-    /// Hold a frame back and deliver it after the next one.
-    pub reorder: f64,
-    /// Flip one random bit after the Ethernet header (the ICRC catches it).
-    pub corrupt: f64,
-    /// Mark ECN-capable (ECT) RoCEv2 frames Congestion Experienced ([`mark_ce`]).
-    pub ecn_mark: f64,
-    /// Limit the sending rate to this many bytes per second (tail drop past
-    /// `rate_burst_bytes` of backlog). `None`: unlimited.
-    pub rate_bytes_per_sec: Option<u64>,
+    /// Fault probabilities per frame, in the vocabulary the simulator's links
+    /// and the XDP program share. A reordered frame is held back and
+    /// delivered after the port's next frame (or at the next flush).
+    /// Probabilities outside `0.0..=1.0` act as the nearest bound (NaN as 0);
+    /// the verbs layer refuses them when a device opens.
+    pub faults: Faults,
+    /// Limit the sending rate to this many bits per second (a policer: a
+    /// frame past `rate_burst_bytes` of credit is dropped). `None`: unlimited.
+    pub rate_bps: Option<u64>,
     /// Bytes of credit the rate limiter allows in a burst.
     pub rate_burst_bytes: u64,
 }
 
 impl Default for Impairments {
     fn default() -> Self {
-        Impairments {
-            drop: 0.0,
-            duplicate: 0.0,
-            reorder: 0.0,
-            corrupt: 0.0,
-            ecn_mark: 0.0,
-            rate_bytes_per_sec: None,
-            rate_burst_bytes: 64 * 1024,
-        }
+        Impairments { faults: Faults::NONE, rate_bps: None, rate_burst_bytes: 64 * 1024 }
+    }
+}
+
+impl From<Faults> for Impairments {
+    /// `faults`, without a rate limit.
+    fn from(faults: Faults) -> Self {
+        Impairments { faults, ..Impairments::default() }
+    }
+}
+
+/// A Bernoulli draw that cannot panic: `p >= 1` is always (no draw, as
+/// `gen_bool(1.0)`), `p <= 0` and NaN never (no draw).
+fn chance(rng: &mut ChaCha8Rng, p: f64) -> bool {
+    if p >= 1.0 {
+        true
+    } else if p > 0.0 {
+        rng.gen_bool(p)
+    } else {
+        false
     }
 }
 
@@ -60,7 +68,7 @@ impl Default for Impairments {
 pub struct HubStats {
     /// Frames delivered to a port's inbox.
     pub delivered: AtomicU64,
-    /// Frames dropped by the drop impairment.
+    /// Frames lost to [`Faults::loss`].
     pub dropped: AtomicU64,
     /// Frames duplicated.
     pub duplicated: AtomicU64,
@@ -206,11 +214,12 @@ impl MemPort {
     }
 
     fn rate_allows(&mut self, len: usize) -> bool {
-        let Some(rate) = self.impair.rate_bytes_per_sec else { return true };
+        let Some(rate_bps) = self.impair.rate_bps else { return true };
+        let rate = rate_bps as f64 / 8.0;
         let now = Instant::now();
         let dt = now.duration_since(self.last_refill);
         self.last_refill = now;
-        self.credit = (self.credit + dt.as_secs_f64() * rate as f64).min(self.impair.rate_burst_bytes as f64);
+        self.credit = (self.credit + dt.as_secs_f64() * rate).min(self.impair.rate_burst_bytes as f64);
         if self.credit >= len as f64 {
             self.credit -= len as f64;
             true
@@ -230,20 +239,21 @@ impl MemPort {
             st.rate_dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.impair.drop > 0.0 && self.rng.gen_bool(self.impair.drop) {
+        let f = self.impair.faults;
+        if chance(&mut self.rng, f.loss) {
             st.dropped.fetch_add(1, Ordering::Relaxed);
             return;
         }
-        if self.impair.corrupt > 0.0 && frame.len() > 14 && self.rng.gen_bool(self.impair.corrupt) {
+        if frame.len() > 14 && chance(&mut self.rng, f.corrupt) {
             let byte = self.rng.gen_range(14..frame.len());
             frame[byte] ^= 1 << self.rng.gen_range(0..8);
             st.corrupted.fetch_add(1, Ordering::Relaxed);
         }
-        if self.impair.ecn_mark > 0.0 && self.rng.gen_bool(self.impair.ecn_mark) && mark_ce(&mut frame) {
+        if chance(&mut self.rng, f.ecn_mark) && mark_ce(&mut frame) {
             st.ecn_marked.fetch_add(1, Ordering::Relaxed);
         }
-        let dup = self.impair.duplicate > 0.0 && self.rng.gen_bool(self.impair.duplicate);
-        if self.impair.reorder > 0.0 && self.held.is_none() && self.rng.gen_bool(self.impair.reorder) {
+        let dup = chance(&mut self.rng, f.duplicate);
+        if self.held.is_none() && chance(&mut self.rng, f.reorder) {
             st.reordered.fetch_add(1, Ordering::Relaxed);
             self.held = Some(frame);
             return;
@@ -357,9 +367,9 @@ mod tests {
     }
 
     #[test]
-    fn drop_rate_is_seeded_and_close() {
+    fn loss_rate_is_seeded_and_close() {
         let hub = MemHub::new(42);
-        let imp = Impairments { drop: 0.1, ..Default::default() };
+        let imp = Impairments::from(Faults { loss: 0.1, ..Faults::NONE });
         let mut a = hub.attach(A, 1500, imp);
         let mut b = hub.attach(B, 1500, Impairments::default());
         let mut got = 0;
@@ -375,14 +385,14 @@ mod tests {
     #[test]
     fn reorder_and_duplicate() {
         let hub = MemHub::new(3);
-        let imp = Impairments { reorder: 1.0, ..Default::default() };
+        let imp = Impairments::from(Faults { reorder: 1.0, ..Faults::NONE });
         let mut a = hub.attach(A, 1500, imp);
         let mut b = hub.attach(B, 1500, Impairments::default());
         send(&mut a, &frame(B, A, 1));
         send(&mut a, &frame(B, A, 2));
         let got: Vec<u8> = drain(&mut b).iter().map(|f| f[20]).collect();
         assert_eq!(got, vec![2, 1]);
-        a.set_impairments(Impairments { duplicate: 1.0, ..Default::default() });
+        a.set_impairments(Impairments::from(Faults { duplicate: 1.0, ..Faults::NONE }));
         send(&mut a, &frame(B, A, 3));
         assert_eq!(drain(&mut b).len(), 2);
     }
@@ -424,7 +434,7 @@ mod tests {
     #[test]
     fn rate_limit_drops_past_burst() {
         let hub = MemHub::new(5);
-        let imp = Impairments { rate_bytes_per_sec: Some(1), rate_burst_bytes: 600, ..Default::default() };
+        let imp = Impairments { rate_bps: Some(8), rate_burst_bytes: 600, ..Default::default() };
         let mut a = hub.attach(A, 1500, imp);
         let mut b = hub.attach(B, 1500, Impairments::default());
         for i in 0..20 {

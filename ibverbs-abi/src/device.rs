@@ -238,7 +238,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
                 return null_err(libc::EINVAL);
             }
         };
-        xsk.xdp.impairments.drop_prob = env.drop;
+        xsk.xdp.impairments.faults.loss = env.drop;
         let ctx = match urnic::open_af_xdp(None, &name, &xsk, mode) {
             Ok(c) => c,
             Err(e) => {

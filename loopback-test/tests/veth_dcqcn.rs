@@ -133,7 +133,7 @@ fn run(dcqcn_on: bool) -> Run {
     let c1 = open(&s1, "s1", &xsk);
     let c2 = open(&s2, "s2", &xsk);
     // The receiver's XDP program marks CE above 75% of the bottleneck's packet rate.
-    xsk.xdp.impairments.ce_above_pps = RATE_MBIT * 1_000_000 / 8 / FRAME * 3 / 4;
+    xsk.xdp.impairments.ecn_mark_above_pps = RATE_MBIT * 1_000_000 / 8 / FRAME * 3 / 4;
     let cr = open(&r, "r", &xsk);
     let pcap = std::env::temp_dir().join(format!("urnic-dcqcn-{}-{}.pcap", if dcqcn_on { "on" } else { "off" }, std::process::id()));
     cr.nic().set_capture(Some(&pcap)).unwrap();

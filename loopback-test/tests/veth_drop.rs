@@ -17,7 +17,7 @@ fn counter(ctx: &Context, name: &str) -> u64 {
 
 fn run_with_drop(drop: f64, big: usize, small_msgs: u64) {
     veth::require_root();
-    let (_pair, ca, cb) = veth::pair(Impairments { drop, ..Impairments::default() }, 1500);
+    let (_pair, ca, cb) = veth::pair(Impairments::from(Faults { loss: drop, ..Faults::NONE }), 1500);
     let mut a = side(&ca, 8 * big);
     let mut b = side(&cb, 8 * big);
     let qa = rc_qp(&a, None);

@@ -24,7 +24,7 @@ fn device_alone(drop: f64, shards: u32) -> (VethPair, Context) {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create_with_queues("lb", 1500, shards).expect("create namespaces and veth (needs root and iproute2)");
     let mut xsk = XskConfig::new(&pair.ifname[0]);
-    xsk.xdp.impairments = veth::xdp_impairments(Impairments { drop, ..Impairments::default() });
+    xsk.xdp.impairments = veth::xdp_impairments(Impairments::from(Faults { loss: drop, ..Faults::NONE }));
     let idle = IdlePolicy::default();
     let mode = match shards {
         1 => DatapathMode::Thread { core: None, idle },
@@ -91,7 +91,7 @@ fn rc_across_shards() {
 #[test]
 fn loopback_beside_a_lossy_link() {
     veth::require_root();
-    let (_pair, a, b) = veth::pair(Impairments { drop: 0.05, ..Impairments::default() }, 1500);
+    let (_pair, a, b) = veth::pair(Impairments::from(Faults { loss: 0.05, ..Faults::NONE }), 1500);
     loopback_cases::loopback_beside_a_lossy_link(&a, &b, 1);
     let dropped = |c: &Context| c.counters().get("xdp_impair_dropped").unwrap();
     assert!(dropped(&a) + dropped(&b) > 0, "the XDP programs dropped nothing");

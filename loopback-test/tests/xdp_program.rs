@@ -1,7 +1,9 @@
 //! urnic's XDP program on a real veth, driven by kernel sockets: what it
 //! passes to the kernel (ARP, ICMP, other ports, other addresses, our port
 //! with no AF_XDP socket), its counters, its attach modes, and its test
-//! impairments (drop, CE marking with a correct IPv4 checksum, corruption).
+//! impairments (loss, CE marking with a correct IPv4 checksum, corruption),
+//! and one `Faults` value meaning the same to the simulator, the in-memory hub
+//! and the program.
 
 use std::net::{SocketAddr, UdpSocket};
 use std::os::fd::AsRawFd;
@@ -9,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use urnic_datapath::netns::{in_netns, VethPair};
-use urnic_datapath::xdp::{ifindex_of, AttachMode, Impairments, XdpConfig, XdpCounters, XdpError, XdpProgram};
+use urnic_datapath::xdp::{ifindex_of, AttachMode, Faults, Impairments, XdpConfig, XdpCounters, XdpError, XdpProgram};
 
 mod veth;
 
@@ -135,8 +137,8 @@ fn passes_everything_but_ours_and_counts_why() {
     assert_eq!(drain(&rx4791).len(), 3);
     prog.set_addresses(&[OURS], &[]).unwrap();
 
-    // Drop impairment: ours vanish; other ports are untouched.
-    prog.set_impairments(&Impairments { drop_prob: 1.0, ..Default::default() }).unwrap();
+    // Loss: ours vanish; other ports are untouched.
+    prog.set_impairments(&Impairments::from(Faults { loss: 1.0, ..Faults::NONE })).unwrap();
     send(&tx, 4791, b"drop me", 6);
     send(&tx, 5000, b"keep me", 2);
     let c3 = prog.counters().unwrap();
@@ -146,7 +148,7 @@ fn passes_everything_but_ours_and_counts_why() {
 
     // CE marking: ECT(0) becomes CE and the IPv4 checksum stays valid (the
     // kernel would drop the datagram otherwise).
-    prog.set_impairments(&Impairments { ce_prob: 1.0, ..Default::default() }).unwrap();
+    prog.set_impairments(&Impairments::from(Faults { ecn_mark: 1.0, ..Faults::NONE })).unwrap();
     send(&tx, 4791, b"mark me", 4);
     let got = drain(&rx4791);
     let c4 = prog.counters().unwrap();
@@ -155,7 +157,7 @@ fn passes_everything_but_ours_and_counts_why() {
     assert!(got.iter().all(|(_, tos)| tos & 3 == 3), "TOS bytes: {:?}", got.iter().map(|g| g.1).collect::<Vec<_>>());
 
     // Corruption: one bit of the payload flips.
-    prog.set_impairments(&Impairments { corrupt_prob: 1.0, ..Default::default() }).unwrap();
+    prog.set_impairments(&Impairments::from(Faults { corrupt: 1.0, ..Faults::NONE })).unwrap();
     let payload = [0x5au8; 200];
     send(&tx, 4791, &payload, 5);
     let got = drain(&rx4791);
@@ -172,7 +174,7 @@ fn passes_everything_but_ours_and_counts_why() {
     send(&tx, 4791, &payload, 2);
     assert!(drain(&rx4791).iter().all(|(p, tos)| p[..] == payload[..] && tos & 3 == 2));
     // Bad impairments are refused, the program keeps the old ones.
-    assert!(matches!(prog.set_impairments(&Impairments { drop_prob: 2.0, ..Default::default() }), Err(XdpError::Config(_))));
+    assert!(matches!(prog.set_impairments(&Impairments::from(Faults { loss: 2.0, ..Faults::NONE })), Err(XdpError::Config(_))));
 }
 
 #[test]
@@ -194,4 +196,91 @@ fn attach_modes_native_generic_auto_and_exclusive() {
     assert!(attach(&pair, AttachMode::Generic).is_ok());
     // No such interface: typed error from the calling namespace.
     assert!(matches!(ifindex_of("no-such-if0"), Err(XdpError::NoInterface(_))));
+}
+
+/// A valid RoCEv2 frame (IPv4, ECT(0)) from `src` to `dst`.
+fn roce_ect0(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
+    use rocev2::wire::*;
+    let repr = FrameRepr {
+        eth: EthernetRepr { dst, src, vlan: None, ethertype: ETHERTYPE_IPV4 },
+        ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+        udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
+        transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, rocev2::Psn::new(1))),
+    };
+    let mut f = vec![0u8; 128];
+    let n = repr.emit(&[7u8; 16], &mut f).unwrap();
+    f.truncate(n);
+    f
+}
+
+/// One `Faults` value, said to all three backends that impair frames: half
+/// the frames lost, every surviving ECN-capable one marked CE. The
+/// simulator's link and the in-memory hub are seeded; the XDP program draws
+/// from the kernel, so its loss is checked against wide binomial bounds
+/// (400 frames at p = 0.5: sigma 10, bounds 6 sigma).
+#[test]
+fn one_faults_value_means_the_same_to_the_simulator_the_hub_and_the_xdp_program() {
+    use rocev2::sim::{Link, LinkConfig};
+    use rocev2::Instant;
+    use urnic_datapath::{MemHub, Port};
+
+    const N: u64 = 400;
+    let faults = Faults { loss: 0.5, ecn_mark: 1.0, ..Faults::NONE };
+    let lost_ok = |what: &str, lost: u64| assert!((140..=260).contains(&lost), "{what}: lost {lost} of {N} at loss 0.5");
+    let (a, b) = ([2, 0, 0, 0, 0, 1], [2, 0, 0, 0, 0, 2]);
+    let frame = roce_ect0(b, a);
+    assert_eq!(frame[15] & 3, 2);
+
+    // The simulator's virtual link.
+    let mut link = Link::new(LinkConfig::default().with_faults(faults), 5);
+    for _ in 0..N {
+        link.send(Instant::ZERO, &frame);
+    }
+    let mut got = Vec::new();
+    while let Some(f) = link.pop_due(Instant::from_nanos(u64::MAX)) {
+        got.push(f);
+    }
+    lost_ok("sim", link.stats().lost);
+    assert_eq!(got.len() as u64 + link.stats().lost, N);
+    assert!(got.iter().all(|f| f[15] & 3 == 3), "sim: a surviving frame is not CE");
+
+    // The in-memory hub.
+    let hub = MemHub::new(5);
+    let mut pa = hub.attach(a, 1500, faults.into());
+    let mut pb = hub.attach(b, 1500, urnic_datapath::Impairments::default());
+    for _ in 0..N {
+        pa.transmit_with(&mut |buf| {
+            buf[..frame.len()].copy_from_slice(&frame);
+            Some(frame.len())
+        })
+        .unwrap();
+    }
+    let mut got = Vec::new();
+    pb.receive(usize::MAX, &mut |f| got.push(f.to_vec())).unwrap();
+    let lost = hub.stats.dropped.load(std::sync::atomic::Ordering::Relaxed);
+    lost_ok("memport", lost);
+    assert_eq!(got.len() as u64 + lost, N);
+    assert!(got.iter().all(|f| f[15] & 3 == 3), "memport: a surviving frame is not CE");
+
+    // The XDP program, on frames arriving at a veth (passed on to a kernel
+    // socket, as no AF_XDP socket is registered).
+    veth::require_root();
+    let pair = VethPair::create("xf", 1500).unwrap();
+    let prog = attach(&pair, AttachMode::Generic).unwrap();
+    prog.set_impairments(&faults.into()).unwrap();
+    let rx = receiver(&pair, 4791);
+    let tx = sender(&pair);
+    let c0 = prog.counters().unwrap();
+    let mut got = Vec::new();
+    for _ in 0..N / 50 {
+        send(&tx, 4791, b"faults", 50);
+        got.extend(drain(&rx));
+    }
+    let c1 = prog.counters().unwrap();
+    let (lost, passed) = (c1.impair_dropped - c0.impair_dropped, c1.pass_no_socket - c0.pass_no_socket);
+    assert_eq!(lost + passed, N, "{:?}", diff(c0, c1));
+    lost_ok("xdp", lost);
+    assert_eq!(c1.impair_ce_marked - c0.impair_ce_marked, passed, "{:?}", diff(c0, c1));
+    assert_eq!(got.len() as u64, passed, "every frame the program passed reaches the socket");
+    assert!(got.iter().all(|(_, tos)| tos & 3 == 3), "xdp: a surviving datagram is not CE");
 }

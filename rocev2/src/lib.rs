@@ -8,6 +8,7 @@
 #![forbid(unsafe_op_in_unsafe_fn)]
 
 pub mod hash;
+pub mod impair;
 pub mod psn;
 #[cfg(feature = "sim")]
 pub mod sim;

@@ -366,22 +366,22 @@ fn pick_link(rng: &mut ChaCha8Rng) -> LinkConfig {
     let mut c = LinkConfig::ideal(delay);
     if rng.gen_bool(0.02) {
         // Severe: 10..25 % loss. Runs may give up (RETRY_EXC_ERR, then flushes).
-        c.loss = rng.gen_range(SEVERE_LOSS..0.25);
-        c.duplicate = rng.gen_range(0.0..0.05);
-        c.reorder = rng.gen_range(0.0..0.1);
+        c.faults.loss = rng.gen_range(SEVERE_LOSS..0.25);
+        c.faults.duplicate = rng.gen_range(0.0..0.05);
+        c.faults.reorder = rng.gen_range(0.0..0.1);
         c.reorder_max = Duration::from_nanos(rng.gen_range(1_000..50_000));
-        c.corrupt = rng.gen_range(0.0..0.05);
+        c.faults.corrupt = rng.gen_range(0.0..0.05);
         return c;
     }
     if x < 40 {
         return c;
     }
     let severity = if x < 70 { 0.01 } else { 0.05 };
-    c.loss = rng.gen_range(0.0..severity);
-    c.duplicate = rng.gen_range(0.0..severity);
-    c.reorder = rng.gen_range(0.0..severity * 2.0);
+    c.faults.loss = rng.gen_range(0.0..severity);
+    c.faults.duplicate = rng.gen_range(0.0..severity);
+    c.faults.reorder = rng.gen_range(0.0..severity * 2.0);
     c.reorder_max = Duration::from_nanos(rng.gen_range(1_000..50_000));
-    c.corrupt = rng.gen_range(0.0..severity);
+    c.faults.corrupt = rng.gen_range(0.0..severity);
     if x >= 92 {
         // A rate-limited bottleneck: 1..100 Gb/s with a 64 KiB..1 MiB queue.
         c.rate_bps = Some(rng.gen_range(1..=100u64) * 1_000_000_000);
@@ -785,7 +785,7 @@ fn run_seed(seed: u64, opts: RunOpts) -> Result<Outcome, String> {
 
 fn run_seed_with(seed: u64, mut opts: RunOpts, after_idle: AfterIdle<'_>) -> Result<Outcome, String> {
     let (mut plan, mut mem) = plan(seed, opts.generations);
-    opts.allow_failure |= plan.links.iter().any(|l| l.loss >= SEVERE_LOSS);
+    opts.allow_failure |= plan.links.iter().any(|l| l.faults.loss >= SEVERE_LOSS);
     let trace = std::env::var("URNIC_SIM_TRACE").is_ok_and(|v| v != "0");
     if trace {
         eprintln!("seed {seed}: links {:?}\npairs {:?}\nlate receives {:?}, ipv6 {}", plan.links, plan.pairs, plan.late_recvs, plan.ipv6);
@@ -1658,7 +1658,7 @@ fn blackout_exhausts_retries_then_flushes() {
 fn seed_with_shared_pair(pick: impl Fn(&Plan, &PlannedWr, &PlannedWr) -> bool) -> (u64, usize, usize) {
     for seed in 0..1000 {
         let (plan, _mem) = plan(seed, true);
-        if plan.links.iter().any(|l| l.loss >= SEVERE_LOSS) {
+        if plan.links.iter().any(|l| l.faults.loss >= SEVERE_LOSS) {
             continue;
         }
         for (i, a) in plan.wrs.iter().enumerate() {

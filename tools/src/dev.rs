@@ -57,7 +57,7 @@ pub enum Drive {
 /// watch retransmission against a peer).
 pub fn open(ifname: &str, drop: f64, drive: Drive) -> anyhow::Result<Context> {
     let mut xsk = XskConfig::new(ifname);
-    xsk.xdp.impairments.drop_prob = drop;
+    xsk.xdp.impairments.faults.loss = drop;
     let mode = match drive {
         Drive::Caller => DatapathMode::Manual,
         Drive::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },

@@ -99,4 +99,4 @@ pub use rocev2::transport::wr::{
 pub use rocev2::Psn;
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
 pub use rocev2::transport::stats::QpStats;
-pub use urnic_datapath::{xdp, BindMode, IdlePolicy, Impairments, MemHub, XskConfig};
+pub use urnic_datapath::{xdp, BindMode, Faults, IdlePolicy, Impairments, MemHub, XskConfig};

@@ -29,7 +29,7 @@ fn device_alone(hub: &Arc<MemHub>, impair: Impairments) -> Context {
 
 /// A port that loses everything it is given.
 fn black_hole() -> Impairments {
-    Impairments { drop: 1.0, ..Impairments::default() }
+    Impairments::from(Faults { loss: 1.0, ..Faults::NONE })
 }
 
 /// Nothing reached the hub: no frame delivered, none dropped by the port's
@@ -96,7 +96,7 @@ fn loopback_beside_a_lossy_link_ipv4() {
     // Only a's port loses frames (5 %): the WRITEs a sends to b.
     let mut ca = DeviceConfig::memory(&hub, "urnic0", MAC_A, [10, 0, 0, 1]);
     if let PortConfig::Memory { impairments, .. } = &mut ca.port {
-        impairments.drop = 0.05;
+        impairments.faults.loss = 0.05;
     }
     let ca = open_device(ca).unwrap();
     let cb = open_device(DeviceConfig::memory(&hub, "urnic1", [2, 0, 0, 0, 0, 2], [10, 0, 0, 2])).unwrap();
@@ -201,4 +201,19 @@ fn loopback_frames_are_captured_once() {
         assert_eq!((&f[..6], &f[6..12]), (&MAC_A[..], &MAC_A[..]), "to and from our own MAC");
         assert!(rocev2::wire::parse_frame(f).is_ok(), "a whole RoCEv2 frame with its ICRC");
     }
+}
+
+#[test]
+fn a_memory_port_with_a_fault_probability_outside_0_to_1_is_refused() {
+    let hub = MemHub::new(1);
+    for faults in [Faults { loss: 1.5, ..Faults::NONE }, Faults { reorder: f64::NAN, ..Faults::NONE }] {
+        let mut cfg = DeviceConfig::memory(&hub, "urnic0", MAC_A, [10, 0, 0, 1]);
+        if let PortConfig::Memory { impairments, .. } = &mut cfg.port {
+            *impairments = faults.into();
+        }
+        let e = open_device(cfg).err().expect("bad impairments accepted");
+        assert_eq!(e.kind(), ErrorKind::InvalidArgument);
+        assert!(e.to_string().contains("probability"), "{e}");
+    }
+    assert_eq!(hub.stats.delivered.load(std::sync::atomic::Ordering::Relaxed), 0);
 }

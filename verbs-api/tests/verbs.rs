@@ -130,7 +130,7 @@ fn link_down_raises_port_events_and_rc_recovers_after_it() {
 
 #[test]
 fn everything_completes_over_an_impaired_link() {
-    let imp = Impairments { drop: 0.03, duplicate: 0.01, reorder: 0.02, corrupt: 0.01, ..Impairments::default() };
+    let imp = Impairments::from(Faults { loss: 0.03, duplicate: 0.01, reorder: 0.02, corrupt: 0.01, ..Faults::NONE });
     let (mut a, qa, mut b, qb) = rc_pair(imp, 4 * MIB);
     fill(&mut a.mr, 0, MIB, 1);
     fill(&mut b.mr, 2 * MIB, MIB, 2);

@@ -6,8 +6,9 @@
 //! the queue it arrived on, through an XSKMAP; ARP, ICMP, neighbour
 //! discovery and all other traffic pass to the kernel. It counts every
 //! decision per reason ([`XdpCounters`]) and can impair our traffic for tests
-//! ([`Impairments`]: drop, bit corruption, ECN CE marking by probability or
-//! above a packet rate), since these machines have no netem.
+//! ([`Impairments`]: loss, bit corruption and ECN CE marking by probability,
+//! in the [`Faults`] vocabulary the simulator and the in-memory hub share, or
+//! CE marking above a packet rate), since these machines have no netem.
 //!
 //! [`XdpProgram::attach`] loads the object with libbpf-rs and attaches it to
 //! an interface of the calling thread's network namespace through a BPF link:
@@ -23,6 +24,7 @@ use std::fmt;
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 use libbpf_rs::{MapCore, MapFlags, Object, ObjectBuilder, XdpFlags};
+pub use rocev2::impair::Faults;
 
 /// The IANA RoCEv2 port.
 pub const DEFAULT_UDP_PORT: u16 = 4791;
@@ -43,23 +45,32 @@ pub enum AttachMode {
     Generic,
 }
 
-/// Test impairments applied to our traffic only (off by default).
+/// Test impairments applied to our traffic only, as it arrives (off by
+/// default).
 #[derive(Clone, Copy, Debug, PartialEq, Default)]
 pub struct Impairments {
-    /// Drop a frame with this probability (0..=1).
-    pub drop_prob: f64,
-    /// Mark an ECN-capable frame Congestion Experienced with this probability.
-    pub ce_prob: f64,
+    /// Fault probabilities per frame, in the vocabulary the simulator's links
+    /// and the in-memory hub share. The program does [`Faults::loss`] (drops
+    /// the frame), [`Faults::corrupt`] (flips one random bit of the UDP
+    /// payload, the first 8 KiB of it) and [`Faults::ecn_mark`] (marks an
+    /// ECN-capable frame CE, IPv4 header checksum fixed). It cannot
+    /// duplicate or hold back a frame: a nonzero [`Faults::duplicate`] or
+    /// [`Faults::reorder`] is refused ([`XdpError::Config`]).
+    pub faults: Faults,
     /// Mark ECN-capable frames CE while our frames arrive faster than this
     /// many packets per second; 0 = off. A phantom queue over all CPUs,
     /// drained at this rate, with a burst tolerance of max(250 µs, one packet
     /// interval): once a rate above the limit has used up the tolerance,
     /// nearly every frame is marked until the rate falls below the limit
     /// (step marking, like a switch queue above its ECN threshold).
-    pub ce_above_pps: u64,
-    /// Flip one random bit of the UDP payload (the first 8 KiB of it) with
-    /// this probability.
-    pub corrupt_prob: f64,
+    pub ecn_mark_above_pps: u64,
+}
+
+impl From<Faults> for Impairments {
+    /// `faults`, without rate-triggered marking.
+    fn from(faults: Faults) -> Self {
+        Impairments { faults, ecn_mark_above_pps: 0 }
+    }
 }
 
 /// The program's configuration.
@@ -175,7 +186,9 @@ impl fmt::Display for XdpError {
 
 impl std::error::Error for XdpError {}
 
-/// `struct urnic_cfg` of the C program, byte for byte.
+/// `struct urnic_cfg` of the C program, byte for byte. The C names predate
+/// [`Faults`]: `drop_thresh` is [`Faults::loss`], `ce_thresh`
+/// [`Faults::ecn_mark`], `ce_above_pps` [`Impairments::ecn_mark_above_pps`].
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct Config {
@@ -216,12 +229,23 @@ impl Config {
     }
 }
 
-/// A probability as the program's threshold on a random u32.
-fn threshold(what: &str, p: f64) -> Result<u32, XdpError> {
-    if !(0.0..=1.0).contains(&p) || p.is_nan() {
-        return Err(XdpError::Config(format!("{what} probability {p} is outside 0..=1")));
+/// A probability as the program's threshold on a random u32 (`p` checked
+/// to be in `0..=1`).
+fn threshold(p: f64) -> u32 {
+    (p * f64::from(u32::MAX)).round() as u32
+}
+
+/// The program's thresholds for loss, corruption and CE marking, in the
+/// order of `Config`; faults it cannot apply are refused.
+fn thresholds(f: &Faults) -> Result<[u32; 3], XdpError> {
+    f.check().map_err(|e| XdpError::Config(e.to_string()))?;
+    if f.duplicate > 0.0 || f.reorder > 0.0 {
+        return Err(XdpError::Config(format!(
+            "the XDP program cannot duplicate or reorder frames (duplicate {}, reorder {})",
+            f.duplicate, f.reorder
+        )));
     }
-    Ok((p * f64::from(u32::MAX)).round() as u32)
+    Ok([threshold(f.loss), threshold(f.corrupt), threshold(f.ecn_mark)])
 }
 
 fn build_config(udp_port: u16, ipv4: &[[u8; 4]], ipv6: &[[u8; 16]], imp: &Impairments) -> Result<Config, XdpError> {
@@ -235,6 +259,7 @@ fn build_config(udp_port: u16, ipv4: &[[u8; 4]], ipv6: &[[u8; 16]], imp: &Impair
     if udp_port == 0 {
         return Err(XdpError::Config("UDP port 0".into()));
     }
+    let [drop_thresh, corrupt_thresh, ce_thresh] = thresholds(&imp.faults)?;
     let mut c = Config {
         udp_port,
         n_ipv4: ipv4.len() as u16,
@@ -242,11 +267,11 @@ fn build_config(udp_port: u16, ipv4: &[[u8; 4]], ipv6: &[[u8; 16]], imp: &Impair
         pad0: 0,
         ipv4: [0; MAX_ADDRS],
         ipv6: [[0; 16]; MAX_ADDRS],
-        drop_thresh: threshold("drop", imp.drop_prob)?,
-        corrupt_thresh: threshold("corrupt", imp.corrupt_prob)?,
-        ce_thresh: threshold("CE", imp.ce_prob)?,
+        drop_thresh,
+        corrupt_thresh,
+        ce_thresh,
         pad1: 0,
-        ce_above_pps: imp.ce_above_pps,
+        ce_above_pps: imp.ecn_mark_above_pps,
     };
     for (d, s) in c.ipv4.iter_mut().zip(ipv4) {
         // Network order in memory, as the program compares with the header.
@@ -335,7 +360,7 @@ impl XdpProgram {
         self.obj.maps().find(|m| m.name() == name).ok_or_else(|| XdpError::Map(format!("map {name} missing from the object")))
     }
 
-    /// Restart the ce_above_pps rate meter (after its limit changed).
+    /// Restart the ecn_mark_above_pps rate meter (after its limit changed).
     fn reset_rate_meter(&self) -> Result<(), XdpError> {
         self.map("rate")?
             .update(&0u32.to_ne_bytes(), &0u64.to_ne_bytes(), MapFlags::ANY)
@@ -373,13 +398,8 @@ impl XdpProgram {
     /// Change the impairments of the running program.
     pub fn set_impairments(&self, imp: &Impairments) -> Result<(), XdpError> {
         let mut cur = self.cfg.lock().unwrap_or_else(|e| e.into_inner());
-        let next = Config {
-            drop_thresh: threshold("drop", imp.drop_prob)?,
-            corrupt_thresh: threshold("corrupt", imp.corrupt_prob)?,
-            ce_thresh: threshold("CE", imp.ce_prob)?,
-            ce_above_pps: imp.ce_above_pps,
-            ..*cur
-        };
+        let [drop_thresh, corrupt_thresh, ce_thresh] = thresholds(&imp.faults)?;
+        let next = Config { drop_thresh, corrupt_thresh, ce_thresh, ce_above_pps: imp.ecn_mark_above_pps, ..*cur };
         self.write_config(&next)?;
         if next.ce_above_pps != cur.ce_above_pps {
             self.reset_rate_meter()?;
@@ -447,7 +467,7 @@ mod tests {
 
     #[test]
     fn config_layout_matches_the_c_struct() {
-        let c = build_config(4791, &[[10, 0, 0, 1]], &[[0xfe; 16]], &Impairments { drop_prob: 1.0, ..Default::default() }).unwrap();
+        let c = build_config(4791, &[[10, 0, 0, 1]], &[[0xfe; 16]], &Faults { loss: 1.0, ..Faults::NONE }.into()).unwrap();
         let b = c.to_bytes();
         assert_eq!(u16::from_ne_bytes([b[0], b[1]]), 4791);
         assert_eq!(&b[8..12], &[10, 0, 0, 1], "IPv4 addresses in network order");
@@ -463,17 +483,21 @@ mod tests {
 
     #[test]
     fn bad_configurations_are_refused_with_reasons() {
-        let imp = Impairments { drop_prob: 1.5, ..Default::default() };
+        let imp = Impairments::from(Faults { loss: 1.5, ..Faults::NONE });
         let e = build_config(4791, &[], &[], &imp).err().unwrap().to_string();
-        assert!(e.contains("drop probability 1.5"), "{e}");
+        assert!(e.contains("loss probability 1.5"), "{e}");
+        for f in [Faults { duplicate: 0.1, ..Faults::NONE }, Faults { reorder: 1.0, ..Faults::NONE }] {
+            let e = build_config(4791, &[], &[], &f.into()).err().unwrap().to_string();
+            assert!(e.contains("cannot duplicate or reorder"), "{e}");
+        }
         let e = build_config(4791, &[[1, 2, 3, 4]; 9], &[], &Impairments::default()).err().unwrap().to_string();
         assert!(e.contains("at most 8"), "{e}");
         let e = build_config(0, &[], &[], &Impairments::default()).err().unwrap().to_string();
         assert!(e.contains("port 0"), "{e}");
-        let imp = Impairments { ce_prob: f64::NAN, ..Default::default() };
+        let imp = Impairments::from(Faults { ecn_mark: f64::NAN, ..Faults::NONE });
         assert!(build_config(4791, &[], &[], &imp).is_err());
-        assert_eq!(threshold("x", 0.0).unwrap(), 0);
-        assert_eq!(threshold("x", 1.0).unwrap(), u32::MAX);
+        let c = build_config(4791, &[], &[], &Impairments { faults: Faults { corrupt: 1.0, ecn_mark: 0.5, ..Faults::NONE }, ecn_mark_above_pps: 7 }).unwrap();
+        assert_eq!((c.drop_thresh, c.corrupt_thresh, c.ce_thresh, c.ce_above_pps), (0, u32::MAX, threshold(0.5), 7));
     }
 
     #[test]

@@ -19,7 +19,7 @@ use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use urnic_xdp::{ifindex_of, AttachMode, Impairments, XdpConfig, XdpCounters, XdpError, XdpProgram, DEFAULT_UDP_PORT};
+use urnic_xdp::{ifindex_of, AttachMode, Faults, Impairments, XdpConfig, XdpCounters, XdpError, XdpProgram, DEFAULT_UDP_PORT};
 
 const IF_A: &str = "uxa";
 const IF_B: &str = "uxb";
@@ -805,7 +805,7 @@ fn impairments(mode: AttachMode, tag: &str) {
     let mut c = prog.counters().expect("counters");
 
     // Drop everything of ours; other ports untouched.
-    prog.set_impairments(&Impairments { drop_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { loss: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"drop me", 20);
     send_n(&tx, v4(IP_A, OTHER_PORT), b"keep me", 2);
     c = expect_moves(&prog, &c, &[("impair_dropped", 20), ("pass_other_port", 2)], &[]);
@@ -813,13 +813,13 @@ fn impairments(mode: AttachMode, tag: &str) {
     assert_eq!(drain(&rx_other).len(), 2);
 
     // Drop nothing: all delivered (no AF_XDP socket: to the kernel).
-    prog.set_impairments(&Impairments { drop_prob: 0.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { loss: 0.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"keep me", 20);
     c = expect_moves(&prog, &c, &[("pass_no_socket", 20)], &[]);
     assert_eq!(drain(&rx).len(), 20);
 
     // Half: about half (400 tries; 10 standard deviations either side).
-    prog.set_impairments(&Impairments { drop_prob: 0.5, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { loss: 0.5, ..Faults::NONE })).expect("impairments");
     let before = c;
     send_n(&tx, v4(IP_A, PORT), b"maybe", 400);
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -830,12 +830,12 @@ fn impairments(mode: AttachMode, tag: &str) {
     c = prog.counters().expect("counters");
     let dropped = c.impair_dropped - before.impair_dropped;
     assert_eq!(dropped + c.pass_no_socket - before.pass_no_socket, 400, "{c:?}");
-    assert!((100..=300).contains(&dropped), "drop_prob 0.5 dropped {dropped} of 400");
+    assert!((100..=300).contains(&dropped), "loss 0.5 dropped {dropped} of 400");
     assert_eq!(drain(&rx).len() as u64, 400 - dropped);
 
     // CE marking of ECN-capable datagrams, with a valid IPv4 header checksum
     // afterwards (the kernel drops datagrams whose header checksum fails).
-    prog.set_impairments(&Impairments { ce_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { ecn_mark: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"mark me", 5);
     c = expect_moves(&prog, &c, &[("pass_no_socket", 5), ("impair_ce_marked", 5)], &[]);
     let got = drain(&rx);
@@ -854,7 +854,7 @@ fn impairments(mode: AttachMode, tag: &str) {
 
     // Corruption: exactly one bit of the UDP payload flips (the sender puts
     // no UDP checksum on, so the kernel still delivers).
-    prog.set_impairments(&Impairments { corrupt_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { corrupt: 1.0, ..Faults::NONE })).expect("impairments");
     let payload: Vec<u8> = (0..300u32).map(|i| (i * 7) as u8).collect();
     send_n(&tx_nocsum, v4(IP_A, PORT), &payload, 10);
     c = expect_moves(&prog, &c, &[("pass_no_socket", 10), ("impair_corrupted", 10)], &[]);
@@ -869,7 +869,7 @@ fn impairments(mode: AttachMode, tag: &str) {
     assert_eq!(drain(&rx).len(), 2);
 
     // All at once: drop wins, nothing else is counted for dropped frames.
-    prog.set_impairments(&Impairments { drop_prob: 1.0, ce_prob: 1.0, corrupt_prob: 1.0, ce_above_pps: 1 }).expect("impairments");
+    prog.set_impairments(&Impairments { faults: Faults { loss: 1.0, ecn_mark: 1.0, corrupt: 1.0, ..Faults::NONE }, ecn_mark_above_pps: 1 }).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"gone", 3);
     c = expect_moves(&prog, &c, &[("impair_dropped", 3)], &[]);
 
@@ -902,7 +902,7 @@ fn ce_above_a_packet_rate() {
     let mut c = prog.counters().expect("counters");
 
     // Limit 100 packets/s (an interval of 10 ms, as much burst tolerance).
-    prog.set_impairments(&Impairments { ce_above_pps: 100, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments { ecn_mark_above_pps: 100, ..Default::default() }).expect("impairments");
     // Slower than that: nothing marked.
     for _ in 0..8 {
         send_n(&tx, v4(IP_A, PORT), b"slow", 1);
@@ -938,14 +938,14 @@ fn ce_above_a_packet_rate() {
     // A limit of 1 packet/s (an interval of 1 s, as much tolerance): of a
     // quick burst of 5, two conform and three are marked; the meter then
     // runs two seconds ahead.
-    prog.set_impairments(&Impairments { ce_above_pps: 1, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments { ecn_mark_above_pps: 1, ..Default::default() }).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"fast", 5);
     c = expect_moves(&prog, &c, &[("pass_no_socket", 5), ("impair_ce_marked", 3)], &[]);
     assert_eq!(drain(&rx).iter().filter(|(_, tos)| *tos == 3).count(), 3);
 
     // A limit far above the burst's rate: nothing marked — the meter
     // restarted when the limit changed (no debt carried over).
-    prog.set_impairments(&Impairments { ce_above_pps: 100_000_000, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments { ecn_mark_above_pps: 100_000_000, ..Default::default() }).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"fast", 200);
     expect_moves(&prog, &c, &[("pass_no_socket", 200)], &[]);
     let got = drain(&rx);
@@ -1104,19 +1104,19 @@ fn ipv6_our_port_addresses_and_ce() {
     prog.set_addresses(&[IP_A], &[IP6_B, IP6_A]).expect("set_addresses");
 
     // CE marking in the traffic class (no header checksum in IPv6).
-    prog.set_impairments(&Impairments { ce_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { ecn_mark: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v6(IP6_A, PORT), b"mark6", 4);
     c = expect_moves(&prog, &c, &[("pass_no_socket", 4), ("impair_ce_marked", 4)], &noise);
     let got = drain(&rx);
     assert_eq!(got.len(), 4);
     assert!(got.iter().all(|(p, tc)| p == b"mark6" && *tc == 3), "traffic classes {:?}", got.iter().map(|g| g.1).collect::<Vec<_>>());
 
-    prog.set_impairments(&Impairments { drop_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { loss: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v6(IP6_A, PORT), b"drop6", 3);
     c = expect_moves(&prog, &c, &[("impair_dropped", 3)], &noise);
     assert!(drain(&rx).is_empty());
 
-    prog.set_impairments(&Impairments { corrupt_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { corrupt: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v6(IP6_A, PORT), &[0x55; 100], 3);
     expect_moves(&prog, &c, &[("pass_no_socket", 3), ("impair_corrupted", 3)], &noise);
     drain(&rx);
@@ -1151,7 +1151,7 @@ fn redirect(mode: AttachMode, tag: &str) {
 
     // CE marking, seen on the wire image: TOS 3 and a correct IPv4 header
     // checksum (RFC 1624 incremental update).
-    prog.set_impairments(&Impairments { ce_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { ecn_mark: 1.0, ..Faults::NONE })).expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"ce", 3);
     c = expect_moves(&prog, &c, &[("redirected", 3), ("impair_ce_marked", 3)], &[]);
     for f in xsk.recv(3, Duration::from_secs(2)) {
@@ -1160,7 +1160,7 @@ fn redirect(mode: AttachMode, tag: &str) {
     }
 
     // Corruption: one bit of the UDP payload, headers intact.
-    prog.set_impairments(&Impairments { corrupt_prob: 1.0, ..Default::default() }).expect("impairments");
+    prog.set_impairments(&Impairments::from(Faults { corrupt: 1.0, ..Faults::NONE })).expect("impairments");
     let payload = [0xa5u8; 1000];
     send_n(&tx, v4(IP_A, PORT), &payload, 3);
     c = expect_moves(&prog, &c, &[("redirected", 3), ("impair_corrupted", 3)], &[]);
@@ -1210,9 +1210,12 @@ fn configuration_errors_are_typed_and_explained() {
         Ok(_) => panic!("a bad configuration was accepted"),
     };
     let imp = |i: Impairments| XdpConfig { impairments: i, ..XdpConfig::default() };
-    bad(imp(Impairments { drop_prob: 1.5, ..Default::default() }), "1.5");
-    bad(imp(Impairments { ce_prob: -0.1, ..Default::default() }), "-0.1");
-    bad(imp(Impairments { corrupt_prob: f64::NAN, ..Default::default() }), "NaN");
+    bad(imp(Impairments::from(Faults { loss: 1.5, ..Faults::NONE })), "1.5");
+    bad(imp(Impairments::from(Faults { ecn_mark: -0.1, ..Faults::NONE })), "-0.1");
+    bad(imp(Impairments::from(Faults { corrupt: f64::NAN, ..Faults::NONE })), "NaN");
+    // Faults the program cannot apply are refused, not ignored.
+    bad(imp(Impairments::from(Faults { duplicate: 0.5, ..Faults::NONE })), "cannot duplicate or reorder");
+    bad(imp(Impairments::from(Faults { reorder: 0.01, ..Faults::NONE })), "cannot duplicate or reorder");
     bad(XdpConfig { ipv4: vec![[10, 0, 0, 1]; 9], ..XdpConfig::default() }, "at most 8");
     bad(XdpConfig { ipv6: vec![IP6_A; 9], ..XdpConfig::default() }, "at most 8");
     bad(XdpConfig { udp_port: 0, ..XdpConfig::default() }, "port 0");
@@ -1236,8 +1239,9 @@ fn configuration_errors_are_typed_and_explained() {
     let prog = t.attach(&XdpConfig { ipv4: vec![IP_A], mode: AttachMode::Generic, ..XdpConfig::default() }).expect("attach");
     let tx = sender(&t, 2, false, false);
     let _rx = receiver(&t, PORT, false);
-    assert!(matches!(prog.set_impairments(&Impairments { drop_prob: 1.5, ..Default::default() }), Err(XdpError::Config(_))));
-    assert!(matches!(prog.set_impairments(&Impairments { drop_prob: 1.0, ce_prob: 2.0, ..Default::default() }), Err(XdpError::Config(_))));
+    assert!(matches!(prog.set_impairments(&Impairments::from(Faults { loss: 1.5, ..Faults::NONE })), Err(XdpError::Config(_))));
+    assert!(matches!(prog.set_impairments(&Impairments::from(Faults { loss: 1.0, ecn_mark: 2.0, ..Faults::NONE })), Err(XdpError::Config(_))));
+    assert!(matches!(prog.set_impairments(&Impairments::from(Faults { loss: 1.0, reorder: 0.5, ..Faults::NONE })), Err(XdpError::Config(_))));
     assert!(matches!(prog.set_addresses(&[[10, 0, 0, 1]; 9], &[]), Err(XdpError::Config(_))));
     assert!(matches!(prog.set_addresses(&[], &[IP6_A; 9]), Err(XdpError::Config(_))));
     let c = prog.counters().expect("counters");

@@ -14,13 +14,12 @@ pub fn require_root() {
     assert_eq!(euid, 0, "the veth tests create network namespaces and attach XDP programs: run them as root");
 }
 
-/// What the XDP program does to the frames each device receives.
+/// What the XDP program does to the frames each device receives: the same
+/// [`Faults`] (the program refuses duplication and reordering when the
+/// device opens); it has no rate limiter.
 pub fn xdp_impairments(imp: Impairments) -> xdp::Impairments {
-    assert!(
-        imp.duplicate == 0.0 && imp.reorder == 0.0 && imp.rate_bytes_per_sec.is_none(),
-        "the XDP program impairs by dropping, corrupting and CE-marking only: {imp:?}"
-    );
-    xdp::Impairments { drop_prob: imp.drop, corrupt_prob: imp.corrupt, ce_prob: imp.ecn_mark, ce_above_pps: 0 }
+    assert!(imp.rate_bps.is_none(), "the XDP program has no rate limiter: {imp:?}");
+    xdp::Impairments::from(imp.faults)
 }
 
 /// A veth pair in two fresh namespaces with a urnic device on each end.

@@ -5,7 +5,7 @@
 //! 2. the serializer, when the link has a rate ([`LinkConfig::rate_bps`]): a
 //!    FIFO of at most [`LinkConfig::queue_bytes`] bytes drained at the link
 //!    rate; a frame that does not fit behind the backlog is tail-dropped;
-//! 3. the wire: loss, corruption (one random bit flipped after the Ethernet
+//! 3. the wire ([`LinkConfig::faults`]): loss, corruption (one random bit flipped after the Ethernet
 //!    header, where the IPv4 checksum or the ICRC must catch it), ECN CE
 //!    marking, the fixed propagation delay, a random extra delay for reordered
 //!    frames, and duplication.
@@ -21,32 +21,27 @@ use std::collections::BinaryHeap;
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
+use crate::impair::Faults;
 use crate::time::Instant;
 use crate::wire::{FrameView, ETHERNET_LEN};
 
 /// Impairments and shape of one direction of a link.
-///
-/// Probabilities are per frame, in `0.0..=1.0`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct LinkConfig {
     /// Fixed propagation delay of every frame.
     pub delay: Duration,
-    /// Probability that a frame is lost on the wire.
-    pub loss: f64,
-    /// Probability that a frame is delivered twice.
-    pub duplicate: f64,
-    /// Probability that a frame is held back by a random extra delay, uniform
-    /// in `1 ns ..= reorder_max`, so frames sent after it may overtake it.
-    pub reorder: f64,
-    /// Largest extra delay of a reordered frame.
+    /// Fault probabilities per frame (loss, duplication, reordering,
+    /// corruption, ECN marking), in the vocabulary the in-memory hub and the
+    /// XDP program share. Corruption flips one random bit after the Ethernet
+    /// header; ECN marking marks only a frame that is valid RoCEv2
+    /// ([`FrameView::mark_ce`]), so one a receiver would drop anyway (e.g.
+    /// corrupted just before) is left alone; a reordered frame gets a random
+    /// extra delay up to [`LinkConfig::reorder_max`].
+    pub faults: Faults,
+    /// Largest extra delay of a reordered frame: uniform in
+    /// `1 ns ..= reorder_max`, so frames sent after it may overtake it. Zero:
+    /// no frame is reordered.
     pub reorder_max: Duration,
-    /// Probability that one random bit after the Ethernet header is flipped.
-    pub corrupt: f64,
-    /// Probability that an ECN-capable (ECT) frame is marked Congestion
-    /// Experienced, as a switch above its marking threshold would. Only a
-    /// frame that is valid RoCEv2 is marked ([`FrameView::mark_ce`]); one a
-    /// receiver would drop anyway (e.g. corrupted just before) is left alone.
-    pub ecn_mark: f64,
     /// Serialization rate in bits per second; `None`: infinitely fast (no
     /// serializer, no queue).
     pub rate_bps: Option<u64>,
@@ -63,12 +58,8 @@ impl Default for LinkConfig {
     fn default() -> Self {
         LinkConfig {
             delay: Duration::from_micros(1),
-            loss: 0.0,
-            duplicate: 0.0,
-            reorder: 0.0,
+            faults: Faults::NONE,
             reorder_max: Duration::ZERO,
-            corrupt: 0.0,
-            ecn_mark: 0.0,
             rate_bps: None,
             queue_bytes: 256 * 1024,
             frame_overhead_bytes: 0,
@@ -80,6 +71,11 @@ impl LinkConfig {
     /// A perfect link with the given propagation delay.
     pub fn ideal(delay: Duration) -> LinkConfig {
         LinkConfig { delay, ..LinkConfig::default() }
+    }
+
+    /// This link with `faults`.
+    pub fn with_faults(self, faults: Faults) -> LinkConfig {
+        LinkConfig { faults, ..self }
     }
 
     /// Time the serializer needs for a frame of `len` bytes (zero without a rate).
@@ -266,11 +262,11 @@ impl Link {
         // The wire. Each decision draws from the generator whether or not its
         // probability is zero, so that turning one impairment on does not
         // shift the others' random streams.
-        let lose = self.chance(self.config.loss);
-        let corrupt = self.chance(self.config.corrupt);
-        let mark = self.chance(self.config.ecn_mark);
-        let reorder = self.chance(self.config.reorder);
-        let duplicate = self.chance(self.config.duplicate);
+        let lose = self.chance(self.config.faults.loss);
+        let corrupt = self.chance(self.config.faults.corrupt);
+        let mark = self.chance(self.config.faults.ecn_mark);
+        let reorder = self.chance(self.config.faults.reorder);
+        let duplicate = self.chance(self.config.faults.duplicate);
         let bit_pick: u64 = self.rng.gen();
         let extra_pick: u64 = self.rng.gen();
         if lose {
@@ -396,7 +392,7 @@ mod tests {
 
     #[test]
     fn loss_rate_within_tolerance() {
-        let cfg = LinkConfig { loss: 0.1, ..LinkConfig::default() };
+        let cfg = LinkConfig::default().with_faults(Faults { loss: 0.1, ..Faults::NONE });
         let mut link = Link::new(cfg, 42);
         let n = 100_000u32;
         for i in 0..n {
@@ -414,11 +410,8 @@ mod tests {
     #[test]
     fn same_seed_same_fate_other_seed_other_fate() {
         let cfg = LinkConfig {
-            loss: 0.2,
-            duplicate: 0.1,
-            reorder: 0.2,
+            faults: Faults { loss: 0.2, duplicate: 0.1, reorder: 0.2, corrupt: 0.1, ..Faults::NONE },
             reorder_max: Duration::from_micros(50),
-            corrupt: 0.1,
             ..LinkConfig::default()
         };
         let run = |seed| {
@@ -434,7 +427,7 @@ mod tests {
 
     #[test]
     fn without_reorder_order_is_kept_despite_duplicates_and_loss() {
-        let cfg = LinkConfig { loss: 0.3, duplicate: 0.3, ..LinkConfig::default() };
+        let cfg = LinkConfig::default().with_faults(Faults { loss: 0.3, duplicate: 0.3, ..Faults::NONE });
         let mut link = Link::new(cfg, 3);
         for i in 0..5000u32 {
             link.send(Instant::from_nanos(u64::from(i)), &frame(i, 32));
@@ -450,7 +443,7 @@ mod tests {
     #[test]
     fn reorder_lets_later_frames_overtake() {
         let cfg = LinkConfig {
-            reorder: 0.2,
+            faults: Faults { reorder: 0.2, ..Faults::NONE },
             reorder_max: Duration::from_micros(20),
             ..LinkConfig::default()
         };
@@ -473,7 +466,7 @@ mod tests {
 
     #[test]
     fn corruption_flips_exactly_one_bit_after_the_ethernet_header() {
-        let cfg = LinkConfig { corrupt: 1.0, ..LinkConfig::default() };
+        let cfg = LinkConfig::default().with_faults(Faults { corrupt: 1.0, ..Faults::NONE });
         let mut link = Link::new(cfg, 5);
         let orig: Vec<u8> = (0..200u32).map(|i| (i * 7) as u8).collect();
         for _ in 0..500 {
@@ -580,7 +573,7 @@ mod tests {
             !(s as u16)
         };
         assert_eq!(csum(&f[14..34]), 0);
-        let mut link = Link::new(LinkConfig { ecn_mark: 1.0, ..LinkConfig::default() }, 0);
+        let mut link = Link::new(LinkConfig::default().with_faults(Faults { ecn_mark: 1.0, ..Faults::NONE }), 0);
         link.send(Instant::ZERO, &f);
         let not_ect = roce(0);
         link.send(Instant::ZERO, &not_ect);

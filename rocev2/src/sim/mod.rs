@@ -28,5 +28,6 @@ pub mod network;
 pub mod pair;
 pub mod rc;
 
+pub use crate::impair::Faults;
 pub use link::{Link, LinkConfig, LinkStats};
 pub use network::{split_seed, Endpoint, LinkId, Network, NetworkStats, NodeId, RunOutcome, Tap, TapPoint, Watch, MAX_FRAME};

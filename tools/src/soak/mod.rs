@@ -413,8 +413,8 @@ fn open_side(net: &Net, i: usize, a: &SoakArgs) -> Result<Context, String> {
     let mut xsk = XskConfig::new(net.ifname(i));
     xsk.bind = BindMode::Auto;
     xsk.xdp.mode = xdp::AttachMode::Auto;
-    xsk.xdp.impairments.drop_prob = a.loss;
-    xsk.xdp.impairments.corrupt_prob = a.corrupt;
+    xsk.xdp.impairments.faults.loss = a.loss;
+    xsk.xdp.impairments.faults.corrupt = a.corrupt;
     let mode = match a.datapath {
         SoakDatapath::Manual => DatapathMode::Manual,
         SoakDatapath::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
