@@ -22,12 +22,6 @@ fn soak_for_20_seconds_verifies_every_byte_and_completion() {
     let out = Command::new(env!("CARGO_BIN_EXE_urnic"))
         .args(["soak", "--duration", "20s", "--report-every", "5s", "--qps", "6", "--ud-qps", "2", "--loss", "0.01", "--corrupt", "0.005"])
         .args(["--hostile", "500"])
-        // The far-ahead spoofed requests (ahead_*) are left out: the NAK they
-        // draw from the victim's responder makes the peer's requester fail a
-        // WR with LOC_PROT_ERR every time (Requester::reap pops the WQE a
-        // rewind pointed at and leaves its offset for the next WQE). Loss
-        // alone hits the same bug now and then; drop this line once fixed.
-        .args(["--attacks", "stranger_,misaddressed_,stale_,ghost_"])
         .output()
         .expect("run urnic soak");
     let stdout = String::from_utf8_lossy(&out.stdout);
