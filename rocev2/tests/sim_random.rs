@@ -56,12 +56,12 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use rocev2::psn::Psn;
-use rocev2::sim::rc::{bring_up_rc, bring_up_rc_from_init, HostAddr, RcParams};
+use rocev2::sim::rc::{bring_up_rc, bring_up_rc_from_init, init_qp, HostAddr, RcParams};
 use rocev2::sim::adversary::{Adversary, AdversaryConfig, Strike, Target};
 use rocev2::sim::forge::Station;
 use rocev2::sim::{split_seed, LinkConfig, Network, NodeId, RunOutcome, TapPoint};
 use rocev2::time::Instant;
-use rocev2::transport::attr::{Mtu, QpAttr, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType};
+use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpState, QpType};
 use rocev2::transport::engine::{Engine, EngineConfig};
 use rocev2::transport::memory::{Access, MemoryTable, MwType, PdId};
 use rocev2::transport::wr::{
@@ -849,10 +849,7 @@ fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool,
         for side in 0..2 {
             let qpn = plan.pairs[q].qpn[side];
             let p = plan.pairs[q].params[side];
-            let init = QpAttr { qp_state: QpState::Init, qp_access_flags: p.access, ..QpAttr::default() };
-            engines[side]
-                .modify_qp(qpn, &init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
-                .map_err(|e| format!("modify INIT: {e:?}"))?;
+            init_qp(&mut engines[side], qpn, &p).map_err(|e| format!("modify INIT: {e:?}"))?;
         }
     }
     if plan.late_recvs.is_none() {
