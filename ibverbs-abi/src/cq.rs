@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use rocev2::transport::wr::{WcOpcode, WcStatus, WorkCompletion};
 
-use crate::device::uctx;
+use crate::ctx::uctx;
 use crate::ffi::*;
 use crate::{errno_of, guard, null_err, set_errno};
 

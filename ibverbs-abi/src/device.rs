@@ -15,6 +15,7 @@ use std::ptr;
 use std::sync::Mutex;
 
 use crate::ffi::*;
+use crate::ctx::{uctx, UContext, VERBS_ABI_IS_EXTENDED};
 use crate::{copy_cstr, errno_of, guard, null_err, set_errno};
 
 /// `struct ibv_device` and the interface behind it. Never freed: a device
@@ -134,30 +135,6 @@ pub unsafe extern "C" fn ibv_get_device_guid(dev: *mut ibv_device) -> u64 {
 #[no_mangle]
 pub unsafe extern "C" fn ibv_get_device_index(dev: *mut ibv_device) -> c_int {
     udevice(dev).map_or(-1, |d| d.ifindex as c_int)
-}
-
-/// An open device: `verbs_context` (whose last field is the `ibv_context`
-/// programs hold) followed by urnic's state.
-#[repr(C)]
-pub(crate) struct UContext {
-    pub(crate) vctx: verbs_context,
-    pub(crate) ctx: urnic::Context,
-    pub(crate) async_fd: c_int,
-    /// QPs and SRQs by number, for asynchronous events.
-    pub(crate) qps: Mutex<HashMap<u32, usize>>,
-    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
-}
-
-/// `__VERBS_ABI_IS_EXTENDED`: `ibv_context.abi_compat` of a `verbs_context`.
-const VERBS_ABI_IS_EXTENDED: *mut c_void = usize::MAX as *mut c_void;
-
-/// The urnic context behind an `ibv_context` (container_of).
-pub(crate) unsafe fn uctx<'a>(ctx: *mut ibv_context) -> Option<&'a UContext> {
-    if ctx.is_null() || (*ctx).abi_compat != VERBS_ABI_IS_EXTENDED {
-        return None;
-    }
-    let off = std::mem::offset_of!(verbs_context, context);
-    Some(&*((ctx as *mut u8).sub(off) as *const UContext))
 }
 
 fn cores_from_env() -> Result<urnic::DatapathMode, String> {
@@ -634,12 +611,3 @@ pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
     })
 }
 
-/// Look up a QP or SRQ registered with the context (`qps` / `srqs`).
-pub(crate) fn register(map: &Mutex<HashMap<u32, usize>>, n: u32, p: usize) {
-    lock(map).insert(n, p);
-}
-
-/// Forget a QP or SRQ.
-pub(crate) fn unregister(map: &Mutex<HashMap<u32, usize>>, n: u32) {
-    lock(map).remove(&n);
-}

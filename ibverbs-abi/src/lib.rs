@@ -32,6 +32,7 @@ pub mod ffi {
 }
 
 mod cq;
+mod ctx;
 mod device;
 mod kern;
 mod mr;

@@ -6,7 +6,7 @@ use std::os::raw::{c_int, c_uint, c_void};
 use std::ptr;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use crate::device::uctx;
+use crate::ctx::uctx;
 use crate::ffi::*;
 use crate::{errno_of, guard, null_err};
 

@@ -12,7 +12,7 @@ use rocev2::transport::attr::AddressVector;
 use urnic::{AhAttr, Payload, QpAttrMask, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest};
 
 use crate::cq::ucq;
-use crate::device::{register, uctx, unregister};
+use crate::ctx::{register, uctx, unregister};
 use crate::ffi::*;
 use crate::mr::{pd_users, upd, umr};
 use crate::{errno_of, guard, null_err, set_errno};

@@ -314,7 +314,7 @@ pub(crate) struct DeviceInner {
     /// Regions dropped with windows still bound, waiting to be deregistered.
     /// Declared after `nic` and `memory`: what is left here when the device
     /// closes is freed after the NIC (and with it the datapath) is gone.
-    pub(crate) deferred: crate::mr::DeferredDeregs,
+    pub(crate) deferred: crate::backing::DeferredDeregs,
     // Declared last: dropped last would be wrong — the runner must stop before
     // the NIC goes away, and `Drop for Context` stops it explicitly.
     pub(crate) runner: std::sync::Mutex<Vec<Runner>>,

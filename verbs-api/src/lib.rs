@@ -72,6 +72,7 @@
 
 #![deny(missing_docs)]
 
+mod backing;
 mod cq;
 mod device;
 mod discover;

@@ -3,8 +3,9 @@
 //! bounds — before any byte moves (rxe_mr.c `lookup_mr` + `mr_check_range`,
 //! rxe_mw.c `rxe_lookup_mw`). The verbs layer's post-time checks use it too.
 
-use super::keys::{Object, Table};
-use super::window::WindowState;
+use super::keys::Table;
+use super::object::Object;
+use super::object::WindowState;
 use super::{AccessError};
 use crate::transport::ids::{Access, PdId, Sge};
 

@@ -4,18 +4,13 @@
 
 use std::collections::VecDeque;
 
+use super::object::Object;
 use super::region::Region;
-use super::window::Window;
 use super::RegError;
 
 /// Largest usable index: keys carry 24 index bits.
 pub(super) const MAX_INDEX: u32 = (1 << 24) - 1;
 
-#[derive(Debug)]
-pub(super) enum Object {
-    Mr(Region),
-    Mw(Window),
-}
 
 #[derive(Debug)]
 pub(super) struct Slot {

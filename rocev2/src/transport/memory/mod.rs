@@ -49,11 +49,13 @@ use crate::transport::ids::Sge;
 mod check;
 mod dma;
 mod keys;
+mod object;
 mod region;
 mod window;
 
 pub use dma::sgl_len;
-use keys::{key_of, Object, Table, MAX_INDEX};
+use keys::{key_of, Table, MAX_INDEX};
+use object::Object;
 use region::{Region, RegionPtr};
 
 /// Memory-window type.

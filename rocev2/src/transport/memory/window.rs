@@ -2,7 +2,8 @@
 //! and type 2, IBTA 10.6.7), invalidation (LOCAL_INV and a peer's SEND with
 //! Invalidate).
 
-use super::keys::{key_of, Object};
+use super::keys::key_of;
+use super::object::{Object, Window, WindowState};
 use super::{AccessError, MemoryTable, MwType, RegError};
 use crate::transport::ids::{Access, PdId};
 
@@ -12,27 +13,6 @@ pub(super) const MW_RIGHTS: Access = Access::REMOTE_READ
     .union(Access::REMOTE_ATOMIC)
     .union(Access::ZERO_BASED);
 
-#[derive(Clone, Copy, Debug)]
-pub(super) enum WindowState {
-    /// Allocated, not bound (type 2 after invalidation, type 1 unbound).
-    Free,
-    /// Bound to `[addr, addr + len)` of the MR at index `mr`.
-    Bound {
-        mr: u32,
-        addr: u64,
-        len: u64,
-        access: Access,
-        /// Type 2: the QP the window is bound to.
-        qpn: Option<u32>,
-    },
-}
-
-#[derive(Debug)]
-pub(super) struct Window {
-    pub(super) pd: PdId,
-    pub(super) ty: MwType,
-    pub(super) state: WindowState,
-}
 
 impl MemoryTable {
     /// Allocate an unbound memory window of `pd` (`ibv_alloc_mw`); returns its rkey.
