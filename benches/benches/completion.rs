@@ -14,7 +14,7 @@ use std::time::Duration;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rocev2::transport::attr::Mtu;
 use rocev2::transport::wr::WorkCompletion;
-use urnic_benches::{drain_completions, now, EnginePair, Frames, Kind, SEND_CQ};
+use urnic_benches::{drain_completions, engine_pair, now, BenchPair, Frames, Kind, SEND_CQ};
 use urnic_datapath::queues::CqRing;
 
 const BATCH: usize = 128;
@@ -28,7 +28,7 @@ fn completion(c: &mut Criterion) {
     // batch does not complete from one round of answers (the READ response
     // responses' generation is in the `responder` suite).
     for kind in [Kind::Write, Kind::Send] {
-        let mut p = EnginePair::new(Mtu::Mtu1024, BATCH * size as usize, 256);
+        let mut p = engine_pair(Mtu::Mtu1024, BATCH * size as usize, 256);
         let mut requests = Frames::with_capacity(BATCH);
         let mut answers = Frames::with_capacity(BATCH);
         let mut scratch = Frames::with_capacity(256);
@@ -40,14 +40,14 @@ fn completion(c: &mut Criterion) {
                 for _ in 0..iters {
                     p.post(kind, BATCH, size);
                     requests.clear();
-                    requests.transmit_all(&mut p.a, now());
-                    requests.deliver(&mut p.b, now());
+                    requests.transmit_all(&mut p.a.engine, now());
+                    requests.deliver(&mut p.b.engine, now());
                     answers.clear();
-                    answers.transmit_all(&mut p.b, now());
+                    answers.transmit_all(&mut p.b.engine, now());
                     let t = std::time::Instant::now();
-                    answers.deliver(&mut p.a, now());
+                    answers.deliver(&mut p.a.engine, now());
                     let mut polled = 0;
-                    while let Some(c) = p.a.poll_completion() {
+                    while let Some(c) = p.a.engine.poll_completion() {
                         cq.push(c.wc, c.solicited);
                     }
                     loop {
@@ -60,7 +60,7 @@ fn completion(c: &mut Criterion) {
                     total += t.elapsed();
                     assert_eq!(polled, BATCH);
                     p.settle(&mut scratch);
-                    drain_completions(&mut p.b);
+                    drain_completions(&mut p.b.engine);
                 }
                 total
             })

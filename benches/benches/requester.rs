@@ -12,14 +12,14 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use urnic_benches::{batch, case_label, drain_completions, now, EnginePair, Frames, Kind, CASES};
+use urnic_benches::{batch, case_label, drain_completions, engine_pair, now, BenchPair, Frames, Kind, CASES};
 
 fn requester(c: &mut Criterion) {
     let mut g = c.benchmark_group("requester");
     g.measurement_time(Duration::from_secs(3));
     for &(kind, size, mtu) in CASES {
         let n = batch(size);
-        let mut p = EnginePair::new(mtu, n * size as usize, 256);
+        let mut p = engine_pair(mtu, n * size as usize, 256);
         let mut frames = Frames::with_capacity(n * (size as usize / mtu.bytes() as usize + 1));
         let mut scratch = Frames::with_capacity(256);
         g.throughput(Throughput::Bytes((n * size as usize) as u64));
@@ -34,14 +34,14 @@ fn requester(c: &mut Criterion) {
                     frames.clear();
                     let t = std::time::Instant::now();
                     for wr in wrs {
-                        p.a.post_send(p.qpn[0], wr).expect("post_send");
+                        p.a.engine.post_send(p.a.qpn, wr).expect("post_send");
                     }
-                    frames.transmit_all(&mut p.a, now());
+                    frames.transmit_all(&mut p.a.engine, now());
                     total += t.elapsed();
-                    frames.deliver(&mut p.b, now());
+                    frames.deliver(&mut p.b.engine, now());
                     p.settle(&mut scratch);
-                    assert_eq!(drain_completions(&mut p.a), n);
-                    drain_completions(&mut p.b);
+                    assert_eq!(drain_completions(&mut p.a.engine), n);
+                    drain_completions(&mut p.b.engine);
                 }
                 total
             })

@@ -11,7 +11,7 @@
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use urnic_benches::{batch, case_label, drain_completions, now, EnginePair, Frames, Kind, CASES};
+use urnic_benches::{batch, case_label, drain_completions, engine_pair, now, BenchPair, Frames, Kind, CASES};
 
 fn responder(c: &mut Criterion) {
     let mut g = c.benchmark_group("responder");
@@ -19,7 +19,7 @@ fn responder(c: &mut Criterion) {
     for &(kind, size, mtu) in CASES {
         let n = batch(size);
         let frames_per_msg = size as usize / mtu.bytes() as usize + 1;
-        let mut p = EnginePair::new(mtu, n * size as usize, 256);
+        let mut p = engine_pair(mtu, n * size as usize, 256);
         let mut requests = Frames::with_capacity(n * frames_per_msg);
         let mut answers = Frames::with_capacity(n * frames_per_msg);
         let mut scratch = Frames::with_capacity(256);
@@ -30,17 +30,17 @@ fn responder(c: &mut Criterion) {
                 for _ in 0..iters {
                     p.post(kind, n, size);
                     requests.clear();
-                    requests.transmit_all(&mut p.a, now());
+                    requests.transmit_all(&mut p.a.engine, now());
                     answers.clear();
                     let t = std::time::Instant::now();
-                    requests.deliver(&mut p.b, now());
-                    answers.transmit_all(&mut p.b, now());
-                    let received = drain_completions(&mut p.b);
+                    requests.deliver(&mut p.b.engine, now());
+                    answers.transmit_all(&mut p.b.engine, now());
+                    let received = drain_completions(&mut p.b.engine);
                     total += t.elapsed();
                     assert_eq!(received, if kind == Kind::Send { n } else { 0 });
-                    answers.deliver(&mut p.a, now());
+                    answers.deliver(&mut p.a.engine, now());
                     p.settle(&mut scratch);
-                    assert_eq!(drain_completions(&mut p.a), n);
+                    assert_eq!(drain_completions(&mut p.a.engine), n);
                 }
                 total
             })

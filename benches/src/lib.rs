@@ -1,22 +1,23 @@
 //! Benchmark helpers (criterion suites live in `benches/benches/`).
 //!
-//! [`EnginePair`] is two transport engines with one connected RC QP each,
-//! joined by nothing: a suite moves frames between them itself, so it can
-//! time one side of the exchange (the requester making frames, the
-//! responder placing them, the completer turning ACKs into completions)
-//! and do the rest untimed.
-
-use std::sync::Arc;
+//! [`engine_pair`] is two transport engines with one connected RC QP each
+//! (the simulator's two-engine harness, `rocev2::sim::pair`), joined by
+//! nothing: a suite moves frames between them itself, so it can time one
+//! side of the exchange (the requester making frames, the responder
+//! placing them, the completer turning ACKs into completions) and do the
+//! rest untimed. [`BenchPair`] posts the suites' WRs on such a pair and
+//! settles it.
 
 use rocev2::psn::Psn;
-use rocev2::sim::rc::{connect_rc, HostAddr, RcParams};
+use rocev2::sim::pair::{PairConfig, ALL_ACCESS};
+use rocev2::sim::rc::RcParams;
 use rocev2::time::Instant;
-use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpType};
-use rocev2::transport::engine::{Engine, EngineConfig};
-use rocev2::transport::memory::{Access, MemoryTable, PdId};
-use rocev2::transport::wr::{Completion, CqId, Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcStatus};
+use rocev2::transport::attr::{Mtu, QpCaps};
+use rocev2::transport::engine::Engine;
+use rocev2::transport::wr::{Completion, CqId, Payload, RecvWr, SendFlags, SendOp, SendWr, WcStatus};
 
-const PD: PdId = PdId(1);
+pub use rocev2::sim::pair::Pair;
+
 
 /// CQ of send completions on both engines.
 pub const SEND_CQ: CqId = CqId(0);
@@ -101,130 +102,97 @@ impl Frames {
     }
 }
 
-/// Two engines, `a` and `b`, each with one RC QP connected to the other's
-/// and one registered buffer of the same length.
-pub struct EnginePair {
-    /// Requester side in most suites.
-    pub a: Engine,
-    /// Responder side in most suites.
-    pub b: Engine,
-    /// QPN on `a` and on `b`.
-    pub qpn: [u32; 2],
-    /// lkey (= rkey) of each side's buffer.
-    pub keys: [u32; 2],
-    /// IOVA of each side's buffer.
-    pub iova: [u64; 2],
-    /// Length of each buffer.
-    pub buf_len: usize,
-    // Dropped after the engines (field order) that point into them.
-    _bufs: [Box<[u64]>; 2],
-}
-
 /// Virtual time for the suites: timers never run (no retransmissions), so
 /// one fixed instant is enough.
 pub fn now() -> Instant {
     Instant::ZERO
 }
 
-impl EnginePair {
-    /// A connected pair with `buf_len`-byte buffers (rounded up to 8) and
-    /// queues of `depth` WRs.
-    pub fn new(mtu: Mtu, buf_len: usize, depth: u32) -> EnginePair {
-        let hosts = [HostAddr::ipv4(1), HostAddr::ipv4(2)];
-        let access = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
-        let words = buf_len.div_ceil(8);
-        let mut bufs = [vec![0u64; words].into_boxed_slice(), vec![0u64; words].into_boxed_slice()];
-        let iova = [0x1000_0000, 0x2000_0000];
-        let mut keys = [0; 2];
-        let mut engines = Vec::new();
-        for i in 0..2 {
-            let table = Arc::new(MemoryTable::new());
-            // SAFETY: the buffers live in the returned pair and are dropped
-            // after the engines that use them (field order).
-            let k = unsafe { table.register(PD, bufs[i].as_mut_ptr() as *mut u8, words * 8, iova[i], access) }.expect("register");
-            keys[i] = k.lkey;
-            engines.push(Engine::new(EngineConfig::default(), table));
-        }
-        let init = QpInitAttr {
-            qp_type: QpType::Rc,
-            pd: PD,
-            send_cq: SEND_CQ,
-            recv_cq: RECV_CQ,
-            srq: None,
-            cap: QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() },
-            sq_sig_all: true,
-        };
-        let mut b = engines.pop().expect("two engines");
-        let mut a = engines.pop().expect("two engines");
-        let qa = a.create_qp(&init).expect("create_qp");
-        let qb = b.create_qp(&init).expect("create_qp");
-        let pa = RcParams { mtu, sq_psn: Psn::new(100), access, ..RcParams::default() };
-        let pb = RcParams { mtu, sq_psn: Psn::new(200), access, ..RcParams::default() };
-        connect_rc(&mut a, qa, &hosts[0], &pa, &mut b, qb, &hosts[1], &pb).expect("connect");
-        EnginePair { a, b, qpn: [qa, qb], keys, iova, buf_len: words * 8, _bufs: bufs }
-    }
+/// Two engines, `a` (the requester in most suites) and `b`, each with one
+/// RC QP connected to the other's (first PSNs 100 and 200, every access
+/// right), queues of `depth` WRs, and one registered `buf_len`-byte buffer
+/// (rounded up to 8). Send completions go to [`SEND_CQ`], receive
+/// completions to [`RECV_CQ`].
+pub fn engine_pair(mtu: Mtu, buf_len: usize, depth: u32) -> Pair {
+    let mut cfg = PairConfig { buf_len, mr_access: ALL_ACCESS, ..PairConfig::default() };
+    cfg.qp.send_cq = SEND_CQ;
+    cfg.qp.recv_cq = RECV_CQ;
+    cfg.qp.cap = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };
+    cfg.params = [100, 200].map(|psn| RcParams { mtu, sq_psn: Psn::new(psn), access: ALL_ACCESS, ..RcParams::default() });
+    Pair::new(&cfg).expect("connect the pair")
+}
 
-    /// Offset of message `i` of `size` bytes, wrapping inside the buffer.
-    fn offset(&self, i: usize, size: u32) -> u64 {
-        let slots = (self.buf_len / size.max(1) as usize).max(1);
-        (i % slots) as u64 * u64::from(size)
-    }
+/// The suites' work on an [`engine_pair`]: WRs from `a` into `b`'s buffer,
+/// and settling.
+pub trait BenchPair {
+    /// A signaled WR from `a` of `size` bytes: `kind` with the remote
+    /// address of message `i` in `b`'s buffer where it needs one.
+    fn wr(&self, kind: Kind, i: usize, size: u32) -> SendWr;
 
-    /// A signaled WR from `a` of `size` bytes: `op` with the remote address
-    /// of message `i` in `b`'s buffer where it needs one.
-    pub fn wr(&self, kind: Kind, i: usize, size: u32) -> SendWr {
-        let off = self.offset(i, size);
-        let remote = RemoteAddr { addr: self.iova[1] + off, rkey: self.keys[1] };
+    /// A receive WR on `b` for message `i` of `size` bytes.
+    fn recv_wr(&self, i: usize, size: u32) -> RecvWr;
+
+    /// Post `n` receives of `size` bytes on `b`.
+    fn post_recvs(&mut self, n: usize, size: u32);
+
+    /// Post `n` WRs of `kind` and `size` on `a` (and, for SEND, the
+    /// receives on `b` first).
+    fn post(&mut self, kind: Kind, n: usize, size: u32);
+
+    /// Move frames both ways until neither engine has anything to send.
+    /// `scratch` is reused.
+    fn settle(&mut self, scratch: &mut Frames);
+}
+
+/// Offset of message `i` of `size` bytes, wrapping inside a `buf_len`-byte
+/// buffer.
+fn offset(buf_len: usize, i: usize, size: u32) -> usize {
+    let slots = (buf_len / size.max(1) as usize).max(1);
+    (i % slots) * size as usize
+}
+
+impl BenchPair for Pair {
+    fn wr(&self, kind: Kind, i: usize, size: u32) -> SendWr {
+        let off = offset(self.a.mr.len(), i, size);
+        let remote = self.b.remote(off);
         let op = match kind {
             Kind::Write => SendOp::Write { remote },
             Kind::Read => SendOp::Read { remote },
             Kind::Send => SendOp::Send,
         };
-        SendWr {
-            wr_id: i as u64,
-            op,
-            payload: Payload::Sgl(vec![Sge { addr: self.iova[0] + off, length: size, lkey: self.keys[0] }]),
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        }
+        SendWr { wr_id: i as u64, op, payload: Payload::Sgl(vec![self.a.sge(off, size)]), flags: SendFlags::SIGNALED, ud: None }
     }
 
-    /// A receive WR on `b` for message `i` of `size` bytes.
-    pub fn recv_wr(&self, i: usize, size: u32) -> RecvWr {
-        let off = self.offset(i, size);
-        RecvWr { wr_id: i as u64, sgl: vec![Sge { addr: self.iova[1] + off, length: size, lkey: self.keys[1] }] }
+    fn recv_wr(&self, i: usize, size: u32) -> RecvWr {
+        let off = offset(self.b.mr.len(), i, size);
+        RecvWr { wr_id: i as u64, sgl: vec![self.b.sge(off, size)] }
     }
 
-    /// Post `n` receives of `size` bytes on `b`.
-    pub fn post_recvs(&mut self, n: usize, size: u32) {
+    fn post_recvs(&mut self, n: usize, size: u32) {
         for i in 0..n {
             let r = self.recv_wr(i, size);
-            self.b.post_recv(self.qpn[1], r).expect("post_recv");
+            self.b.engine.post_recv(self.b.qpn, r).expect("post_recv");
         }
     }
 
-    /// Post `n` WRs of `kind` and `size` on `a` (and, for SEND, the receives
-    /// on `b` first).
-    pub fn post(&mut self, kind: Kind, n: usize, size: u32) {
+    fn post(&mut self, kind: Kind, n: usize, size: u32) {
         if kind == Kind::Send {
             self.post_recvs(n, size);
         }
         for i in 0..n {
             let wr = self.wr(kind, i, size);
-            self.a.post_send(self.qpn[0], wr).expect("post_send");
+            self.a.engine.post_send(self.a.qpn, wr).expect("post_send");
         }
     }
 
-    /// Move frames both ways until neither engine has anything to send.
-    /// `scratch` is reused.
-    pub fn settle(&mut self, scratch: &mut Frames) {
+    fn settle(&mut self, scratch: &mut Frames) {
         loop {
             scratch.clear();
-            let from_a = scratch.transmit_all(&mut self.a, now());
-            scratch.deliver(&mut self.b, now());
+            let from_a = scratch.transmit_all(&mut self.a.engine, now());
+            scratch.deliver(&mut self.b.engine, now());
             scratch.clear();
-            let from_b = scratch.transmit_all(&mut self.b, now());
-            scratch.deliver(&mut self.a, now());
+            let from_b = scratch.transmit_all(&mut self.b.engine, now());
+            scratch.deliver(&mut self.a.engine, now());
             if from_a == 0 && from_b == 0 {
                 return;
             }
@@ -296,13 +264,13 @@ mod tests {
     #[test]
     fn pair_moves_every_kind_and_completes_each_wr_once() {
         for mtu in [Mtu::Mtu1024, Mtu::Mtu4096] {
-            let mut p = EnginePair::new(mtu, 1 << 20, 256);
+            let mut p = engine_pair(mtu, 1 << 20, 256);
             let mut f = Frames::with_capacity(64);
             for kind in [Kind::Write, Kind::Read, Kind::Send] {
                 p.post(kind, 32, 10_000);
                 p.settle(&mut f);
-                assert_eq!(drain_completions(&mut p.a), 32, "{kind:?} requester completions");
-                let recvs = drain_completions(&mut p.b);
+                assert_eq!(drain_completions(&mut p.a.engine), 32, "{kind:?} requester completions");
+                let recvs = drain_completions(&mut p.b.engine);
                 assert_eq!(recvs, if kind == Kind::Send { 32 } else { 0 }, "{kind:?} receive completions");
             }
         }
@@ -310,10 +278,10 @@ mod tests {
 
     #[test]
     fn frames_round_trip_their_lengths() {
-        let mut p = EnginePair::new(Mtu::Mtu1024, 1 << 16, 16);
+        let mut p = engine_pair(Mtu::Mtu1024, 1 << 16, 16);
         p.post(Kind::Write, 1, 3000);
         let mut f = Frames::default();
-        assert_eq!(f.transmit_all(&mut p.a, now()), 3);
+        assert_eq!(f.transmit_all(&mut p.a.engine, now()), 3);
         assert_eq!(f.len(), 3);
         let lens: Vec<usize> = f.iter().map(<[u8]>::len).collect();
         assert_eq!(lens.iter().sum::<usize>(), f.bytes());
