@@ -11,7 +11,10 @@ fn main() {
     }
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("verbs.rs");
     bindgen::Builder::default()
-        .header_contents("wrapper.h", "#include <infiniband/verbs.h>\n#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n")
+        .header_contents(
+            "wrapper.h",
+            "#include <infiniband/verbs.h>\n#include <infiniband/sa.h>\n#include <rdma/ib_user_verbs.h>\n#include <rdma/ib_user_sa.h>\n",
+        )
         .allowlist_type("ibv_.*|verbs_.*|_compat_ibv_port_attr|ib_uverbs_qp_attr|ib_uverbs_ah_attr|ib_user_path_rec")
         .allowlist_var("IBV_.*|IB_.*")
         .allowlist_function("ibv_wc_status_str")

@@ -17,9 +17,9 @@ pub mod runner;
 pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};
-pub use rocev2::impair::Faults;
 pub use nic::Nic;
 pub use port::{Port, PortError, PortInfo};
+pub use rocev2::impair::Faults;
 pub use runner::{IdlePolicy, Runner};
-pub use xsk::{BindMode, XskConfig, XskPort};
 pub use urnic_xdp as xdp;
+pub use xsk::{BindMode, XskConfig, XskPort};

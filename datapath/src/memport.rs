@@ -402,7 +402,17 @@ mod tests {
         use rocev2::wire::*;
         let repr = FrameRepr {
             eth: EthernetRepr { dst: B, src: A, vlan: None, ethertype: ETHERTYPE_IPV4 },
-            ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+            ip: IpRepr::V4(Ipv4Repr {
+                src: [10, 0, 0, 1],
+                dst: [10, 0, 0, 2],
+                dscp: 0,
+                ecn,
+                ident: 1,
+                dont_frag: true,
+                ttl: 64,
+                protocol: IPPROTO_UDP,
+                payload_len: 0,
+            }),
             udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
             transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, rocev2::Psn::new(1))),
         };

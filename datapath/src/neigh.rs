@@ -191,9 +191,7 @@ impl Neighbours {
         };
         let sock = sock.ok_or_else(|| io::Error::new(io::ErrorKind::Unsupported, "no UDP socket for this address family"))?;
         let dst = match ip {
-            IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => {
-                SocketAddr::V6(std::net::SocketAddrV6::new(v6, 9, 0, self.ifindex))
-            }
+            IpAddr::V6(v6) if v6.segments()[0] & 0xffc0 == 0xfe80 => SocketAddr::V6(std::net::SocketAddrV6::new(v6, 9, 0, self.ifindex)),
             _ => SocketAddr::new(ip, 9),
         };
         sock.send_to(&[], dst).map(|_| ())

@@ -135,9 +135,34 @@ impl VethPair {
         let q = queues.max(1).to_string();
         let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
         ip(&[
-            "-n", &pair.ns[0], "link", "add", "u0", "address", &mac(pair.mac[0]), "mtu", &mtu_s, "numrxqueues", &q, "numtxqueues", &q,
-            "type", "veth", "peer", "name", "u1", "address", &mac(pair.mac[1]), "mtu", &mtu_s, "numrxqueues", &q, "numtxqueues", &q,
-            "netns", &pair.ns[1],
+            "-n",
+            &pair.ns[0],
+            "link",
+            "add",
+            "u0",
+            "address",
+            &mac(pair.mac[0]),
+            "mtu",
+            &mtu_s,
+            "numrxqueues",
+            &q,
+            "numtxqueues",
+            &q,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "u1",
+            "address",
+            &mac(pair.mac[1]),
+            "mtu",
+            &mtu_s,
+            "numrxqueues",
+            &q,
+            "numtxqueues",
+            &q,
+            "netns",
+            &pair.ns[1],
         ])?;
         for i in 0..2 {
             let a = pair.ipv4[i];
@@ -251,10 +276,7 @@ impl Segment {
     /// made is deleted again.
     pub fn create(tag: &str, members: usize, mtu: u32) -> io::Result<Segment> {
         if !(2..=Segment::MAX_MEMBERS).contains(&members) {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("a segment has 2 to {} members, not {members}", Segment::MAX_MEMBERS),
-            ));
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("a segment has 2 to {} members, not {members}", Segment::MAX_MEMBERS)));
         }
         if tag.is_empty() || tag.contains(['/', ' ']) {
             return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("bad segment tag {tag:?}")));
@@ -288,8 +310,24 @@ impl Segment {
         for i in 0..self.ns.len() {
             let port = format!("p{i}");
             ip(&[
-                "-n", br, "link", "add", &port, "mtu", &mtu_s, "type", "veth", "peer", "name", &self.ifname[i], "address",
-                &mac(self.mac[i]), "mtu", &mtu_s, "netns", &self.ns[i],
+                "-n",
+                br,
+                "link",
+                "add",
+                &port,
+                "mtu",
+                &mtu_s,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &self.ifname[i],
+                "address",
+                &mac(self.mac[i]),
+                "mtu",
+                &mtu_s,
+                "netns",
+                &self.ns[i],
             ])?;
             ip(&["-n", br, "link", "set", &port, "master", "br0"])?;
             ip(&["-n", br, "link", "set", &port, "up"])?;

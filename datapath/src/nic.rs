@@ -629,25 +629,12 @@ impl Nic {
         let mut work = 0;
         let me = self.shard_of_ptr(shard);
         if shard.sweep.swap(false, Ordering::AcqRel) {
-            let qps: Vec<_> = self
-                .qps
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .filter(|q| self.shard_of(q.qpn) == me)
-                .cloned()
-                .collect();
+            let qps: Vec<_> = self.qps.read().unwrap_or_else(|e| e.into_inner()).values().filter(|q| self.shard_of(q.qpn) == me).cloned().collect();
             for q in qps {
                 work += self.drain_qp(engine, &q);
             }
-            let srqs: Vec<_> = self
-                .srqs
-                .read()
-                .unwrap_or_else(|e| e.into_inner())
-                .values()
-                .filter(|r| self.shard_of(r.id.0) == me)
-                .cloned()
-                .collect();
+            let srqs: Vec<_> =
+                self.srqs.read().unwrap_or_else(|e| e.into_inner()).values().filter(|r| self.shard_of(r.id.0) == me).cloned().collect();
             for r in srqs {
                 work += self.drain_srq(engine, &r);
             }

@@ -338,8 +338,7 @@ mod tests {
 
     impl Held for Only {
         fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
-            let ok = range.start <= range.end
-                && (range.start / CHUNK..range.end.div_ceil(CHUNK)).all(|c| self.held.contains(&c));
+            let ok = range.start <= range.end && (range.start / CHUNK..range.end.div_ceil(CHUNK)).all(|c| self.held.contains(&c));
             if !ok {
                 self.refused += 1;
                 return None;

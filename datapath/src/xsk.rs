@@ -393,11 +393,8 @@ impl XskPort {
     /// privileges fail with [`XskError::Permission`].
     pub fn open_queues(cfg: &XskConfig, queues: &[u32]) -> Result<Vec<XskPort>, XskError> {
         route_libbpf_messages();
-        let iface = Interface::query(&cfg.ifname).map_err(|e| XskError::Interface {
-            ifname: cfg.ifname.clone(),
-            reason: e.to_string(),
-            source: Some(e),
-        })?;
+        let iface =
+            Interface::query(&cfg.ifname).map_err(|e| XskError::Interface { ifname: cfg.ifname.clone(), reason: e.to_string(), source: Some(e) })?;
         if !cfg.frame_size.is_power_of_two() || !(2048..=4096).contains(&cfg.frame_size) {
             return Err(XskError::Config(format!("frame_size {} must be 2048 or 4096", cfg.frame_size)));
         }
@@ -420,14 +417,9 @@ impl XskPort {
         claim::check_privileges(&iface.name)?;
         let lock = std::sync::Arc::new(claim::InterfaceLock::acquire(&iface.name)?);
         claim::check_no_xdp_program(&iface.name, iface.index)?;
-        let prog = std::sync::Arc::new(
-            XdpProgram::attach(iface.index, &xdp).map_err(|source| XskError::Xdp { ifname: iface.name.clone(), source })?,
-        );
+        let prog = std::sync::Arc::new(XdpProgram::attach(iface.index, &xdp).map_err(|source| XskError::Xdp { ifname: iface.name.clone(), source })?);
         tracing::debug!(ifname = %iface.name, mode = ?prog.mode(), udp_port = xdp.udp_port, "XDP program attached");
-        let mut ports = queues
-            .iter()
-            .map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone(), lock.clone()))
-            .collect::<Result<Vec<_>, _>>()?;
+        let mut ports = queues.iter().map(|&q| XskPort::open_socket(cfg, q, &iface, prog.clone(), lock.clone())).collect::<Result<Vec<_>, _>>()?;
         // The program's counters are per interface: one port reports them.
         for p in ports.iter_mut().skip(1) {
             p.reports_program = false;
@@ -463,10 +455,7 @@ impl XskPort {
         };
         // Multi-buffer only where a frame can outgrow one UMEM frame.
         let want_sg = cfg.multi_buffer && iface.mtu as usize + 18 > frame_len;
-        let tries: Vec<(bool, bool)> = modes
-            .iter()
-            .flat_map(|&zc| if want_sg { vec![(zc, true), (zc, false)] } else { vec![(zc, false)] })
-            .collect();
+        let tries: Vec<(bool, bool)> = modes.iter().flat_map(|&zc| if want_sg { vec![(zc, true), (zc, false)] } else { vec![(zc, false)] }).collect();
         let mut tried = Vec::new();
         let mut last_os = None;
         let mut opened = None;
@@ -512,12 +501,8 @@ impl XskPort {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let ((tx, rx, fq_cq), (zero_copy, sg)) = opened.ok_or_else(|| XskError::Bind {
-            ifname: cfg.ifname.clone(),
-            queue,
-            tried: tried.join("; "),
-            source: last_os,
-        })?;
+        let ((tx, rx, fq_cq), (zero_copy, sg)) =
+            opened.ok_or_else(|| XskError::Bind { ifname: cfg.ifname.clone(), queue, tried: tried.join("; "), source: last_os })?;
         let (mut fill, comp) = fq_cq.ok_or_else(|| XskError::Bind {
             ifname: cfg.ifname.clone(),
             queue,

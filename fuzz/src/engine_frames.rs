@@ -121,14 +121,9 @@ use rocev2::transport::engine::{AsyncEvent, Engine, EngineConfig};
 use rocev2::transport::memory::{Access, MemoryTable, PdId};
 use rocev2::transport::path::PathHeaders;
 use rocev2::transport::stats::QpStats;
-use rocev2::transport::wr::{
-    CqId, Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus,
-};
-use rocev2::wire::{
-    icrc, parse_frame, AckSyndrome, AethRepr, AtomicEthRepr, DethRepr, IpRepr, Opcode, RethRepr, Service,
-    TransportRepr, VlanTag,
-};
+use rocev2::transport::wr::{CqId, Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus};
 use rocev2::wire::BthRepr;
+use rocev2::wire::{icrc, parse_frame, AckSyndrome, AethRepr, AtomicEthRepr, DethRepr, IpRepr, Opcode, RethRepr, Service, TransportRepr, VlanTag};
 
 /// Most steps taken from one input.
 pub const MAX_STEPS: usize = 128;
@@ -189,10 +184,8 @@ impl<'a> Reader<'a> {
     }
 }
 
-const RC_OPS: [u8; 23] = [
-    0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12,
-    0x13, 0x14, 0x16, 0x17,
-];
+const RC_OPS: [u8; 23] =
+    [0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f, 0x10, 0x11, 0x12, 0x13, 0x14, 0x16, 0x17];
 const UC_OPS: [u8; 12] = [0x20, 0x21, 0x22, 0x23, 0x24, 0x25, 0x26, 0x27, 0x28, 0x29, 0x2a, 0x2b];
 const UD_OPS: [u8; 2] = [0x64, 0x65];
 
@@ -237,9 +230,7 @@ fn template(host: usize, k: usize) -> &'static [u8] {
                 let (h, k) = (n / 4, n % 4);
                 let len = REGION_LEN[k];
                 let seed = (h as u8).wrapping_mul(16).wrapping_add(k as u8);
-                (0..len + 2 * GUARD)
-                    .map(|i| if (GUARD..GUARD + len).contains(&i) { fill_byte(seed, i - GUARD) } else { guard_byte(i) })
-                    .collect()
+                (0..len + 2 * GUARD).map(|i| if (GUARD..GUARD + len).contains(&i) { fill_byte(seed, i - GUARD) } else { guard_byte(i) }).collect()
             })
             .collect()
     });
@@ -457,8 +448,7 @@ impl World {
                 let mut reg = Region::new(usize::from(i), k, iova, pd, acc);
                 // SAFETY: the region's buffer lives in `Host::regions` beside
                 // the engine, which is dropped first; the box never moves.
-                let keys = unsafe { memory.register(pd, reg.buf[GUARD..].as_mut_ptr(), reg.len, iova, acc) }
-                    .expect("register a region");
+                let keys = unsafe { memory.register(pd, reg.buf[GUARD..].as_mut_ptr(), reg.len, iova, acc) }.expect("register a region");
                 reg.key = keys.lkey;
                 regions.push(reg);
             }
@@ -637,10 +627,7 @@ impl World {
             2 => vec![Sge { addr: local.iova + loff, length: len, lkey: local.key ^ 0x8000 }],
             _ => {
                 let a = len / 2;
-                vec![
-                    Sge { addr: local.iova + loff, length: a, lkey: local.key },
-                    Sge { addr: local.iova + 8192, length: len - a, lkey: local.key },
-                ]
+                vec![Sge { addr: local.iova + loff, length: a, lkey: local.key }, Sge { addr: local.iova + 8192, length: len - a, lkey: local.key }]
             }
         };
         let inline_ok = matches!(op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. });
@@ -704,7 +691,15 @@ impl World {
         let to = 1 - link;
         if let Ok(p) = parse_frame(&frame) {
             self.last_psn[to] = Some(p.repr.transport.bth.psn);
-            trace!("  deliver {}→{} {:?} psn {:#x} qp {:#x} len {}", self.hosts[link].name, self.hosts[to].name, p.repr.transport.bth.opcode, p.repr.transport.bth.psn.value(), p.repr.transport.bth.dest_qp, p.payload.len());
+            trace!(
+                "  deliver {}→{} {:?} psn {:#x} qp {:#x} len {}",
+                self.hosts[link].name,
+                self.hosts[to].name,
+                p.repr.transport.bth.opcode,
+                p.repr.transport.bth.psn.value(),
+                p.repr.transport.bth.dest_qp,
+                p.payload.len()
+            );
         }
         self.hosts[to].engine.handle_frame(self.now, &frame);
         self.now += Duration::from_micros(1);
@@ -762,8 +757,20 @@ impl World {
         let other_n = t as u8 + 1;
         let src = match (f7 >> 2) & 7 {
             0..=4 => them.gid,
-            5 => if self.v6 { v6_gid(99) } else { v4_gid(99) },
-            6 => if self.v6 { v4_gid(2 - other_n + 1) } else { v6_gid(2 - other_n + 1) },
+            5 => {
+                if self.v6 {
+                    v6_gid(99)
+                } else {
+                    v4_gid(99)
+                }
+            }
+            6 => {
+                if self.v6 {
+                    v4_gid(2 - other_n + 1)
+                } else {
+                    v6_gid(2 - other_n + 1)
+                }
+            }
             _ => me.gid,
         };
         let dst = if (f7 >> 5) & 3 == 3 { them.gid } else { me.gid };
@@ -881,7 +888,13 @@ impl World {
             0..=9 => h.qpn,
             10 => h.idle_qpn,
             11 => self.hosts[1 - t].qpn,
-            12 => if f3 & 0x10 != 0 { h.qpn + 1 } else { h.qpn - 1 },
+            12 => {
+                if f3 & 0x10 != 0 {
+                    h.qpn + 1
+                } else {
+                    h.qpn - 1
+                }
+            }
             13 => u32::from((f3 >> 4) & 1),
             14 => 0x00ff_ffff,
             _ => r.u24(),
@@ -1070,11 +1083,7 @@ impl World {
                 assert_eq!(wc.qp_num, rec.qpn, "{ctx}: host {} completed wr_id {} on another QP: {c:?}", h.name, wc.wr_id);
                 let recv_op = matches!(wc.opcode, WcOpcode::Recv | WcOpcode::RecvRdmaWithImm);
                 assert_eq!(recv_op, rec.recv, "{ctx}: host {} completion kind does not match the WR: {c:?} for {rec:?}", h.name);
-                assert!(
-                    rec.signaled || wc.status != WcStatus::Success,
-                    "{ctx}: host {} an unsignaled WR completed successfully: {c:?}",
-                    h.name
-                );
+                assert!(rec.signaled || wc.status != WcStatus::Success, "{ctx}: host {} an unsignaled WR completed successfully: {c:?}", h.name);
                 trace!("  completion {} {:?}", h.name, wc);
             }
             // (c) states.
@@ -1092,9 +1101,7 @@ impl World {
                     assert_eq!(now, QpState::Err, "{ctx}: host {} QP {q:#x} raised QP_FATAL but is in {now:?}", h.name);
                 }
                 if now != *prev {
-                    let ok = now == QpState::Err
-                        && matches!(*prev, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
-                        && fatal.contains(&q);
+                    let ok = now == QpState::Err && matches!(*prev, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe) && fatal.contains(&q);
                     assert!(ok, "{ctx}: host {} QP {q:#x} went {prev:?} -> {now:?} (QP_FATAL raised: {})", h.name, fatal.contains(&q));
                     trace!("  {} QP {q:#x}: {prev:?} -> {now:?}", h.name);
                     *prev = now;
@@ -1108,7 +1115,11 @@ impl World {
             }
             for k in [RO, FOREIGN] {
                 if let Some(off) = h.regions[k].changed_at() {
-                    panic!("{ctx}: host {} wrote into region {k} ({}), which nothing may write, at offset {off}", h.name, ["rw", "read-only", "other PD", "local"][k]);
+                    panic!(
+                        "{ctx}: host {} wrote into region {k} ({}), which nothing may write, at offset {off}",
+                        h.name,
+                        ["rw", "read-only", "other PD", "local"][k]
+                    );
                 }
             }
             let remote_may_write = match ty {

@@ -14,8 +14,8 @@ use std::os::raw::{c_char, c_int, c_void};
 use std::ptr;
 use std::sync::Mutex;
 
-use crate::ffi::*;
 use crate::ctx::{uctx, UContext, VERBS_ABI_IS_EXTENDED};
+use crate::ffi::*;
 use crate::{copy_cstr, errno_of, guard, null_err, set_errno};
 
 /// `struct ibv_device` and the interface behind it. Never freed: a device
@@ -68,10 +68,7 @@ fn device_for(info: &urnic::DeviceInfo) -> *mut UDevice {
 /// Whether `URNIC_DEVICES` (if set) names this interface or its device.
 fn wanted(ifname: &str) -> bool {
     match std::env::var("URNIC_DEVICES") {
-        Ok(list) if !list.trim().is_empty() => list
-            .split(',')
-            .map(str::trim)
-            .any(|n| n == ifname || n.strip_prefix("urnic-") == Some(ifname)),
+        Ok(list) if !list.trim().is_empty() => list.split(',').map(str::trim).any(|n| n == ifname || n.strip_prefix("urnic-") == Some(ifname)),
         _ => true,
     }
 }
@@ -83,11 +80,8 @@ pub unsafe extern "C" fn ibv_get_device_list(num_devices: *mut c_int) -> *mut *m
             Ok(l) => l,
             Err(e) => return null_err(errno_of(&e)),
         };
-        let devs: Vec<*mut UDevice> = list
-            .iter()
-            .filter(|d| d.link_up && (!d.ipv4.is_empty() || !d.ipv6.is_empty()) && wanted(&d.ifname))
-            .map(device_for)
-            .collect();
+        let devs: Vec<*mut UDevice> =
+            list.iter().filter(|d| d.link_up && (!d.ipv4.is_empty() || !d.ipv6.is_empty()) && wanted(&d.ifname)).map(device_for).collect();
         // SAFETY: calloc of n+1 pointers; checked for NULL.
         let arr = libc::calloc(devs.len() + 1, std::mem::size_of::<*mut ibv_device>()) as *mut *mut ibv_device;
         if arr.is_null() {
@@ -246,13 +240,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         crate::cq::install_ops(&mut c.ops);
         crate::qp::install_ops(&mut c.ops);
         crate::mr::install_ops(&mut c.ops);
-        let u = Box::into_raw(Box::new(UContext {
-            vctx,
-            ctx,
-            async_fd,
-            qps: Mutex::new(HashMap::new()),
-            srqs: Mutex::new(HashMap::new()),
-        }));
+        let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
         &mut (*u).vctx.context
     })
 }
@@ -330,8 +318,8 @@ unsafe fn port_attr(u: &UContext, port: u8) -> Result<ibv_port_attr, c_int> {
         max_msg_sz: u.ctx.query_device().limits.max_msg_size,
         pkey_tbl_len: 1,
         max_vl_num: 1,
-        active_width: 1,  // 1X
-        active_speed: 32, // as rxe on Ethernet (EDR in IB terms)
+        active_width: 1,                                                     // 1X
+        active_speed: 32,                                                    // as rxe on Ethernet (EDR in IB terms)
         phys_state: if p.state == urnic::PortState::Active { 5 } else { 3 }, // LinkUp / Disabled
         link_layer: IBV_LINK_LAYER_ETHERNET as u8,
         ..Default::default()
@@ -584,12 +572,7 @@ pub extern "C" fn ibv_get_sysfs_path() -> *const c_char {
 /// `ibv_resolve_eth_l2_from_gid`: the peer's MAC for `attr`'s GID from the
 /// kernel's neighbour table (no VLAN).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
-    ctx: *mut ibv_context,
-    attr: *mut ibv_ah_attr,
-    eth_mac: *mut u8,
-    vid: *mut u16,
-) -> c_int {
+pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(ctx: *mut ibv_context, attr: *mut ibv_ah_attr, eth_mac: *mut u8, vid: *mut u16) -> c_int {
     guard("ibv_resolve_eth_l2_from_gid", -1, || {
         let (Some(u), false, false) = (uctx(ctx), attr.is_null(), eth_mac.is_null()) else {
             set_errno(libc::EINVAL);
@@ -610,4 +593,3 @@ pub unsafe extern "C" fn ibv_resolve_eth_l2_from_gid(
         }
     })
 }
-

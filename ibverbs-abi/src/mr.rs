@@ -239,4 +239,3 @@ pub(crate) unsafe fn pd_users(pd: *mut ibv_pd, delta: i32) {
         }
     }
 }
-

@@ -14,7 +14,7 @@ use urnic::{AhAttr, Payload, QpAttrMask, QpCaps, QpState, QpType, RecvWr, Remote
 use crate::cq::ucq;
 use crate::ctx::{register, uctx, unregister};
 use crate::ffi::*;
-use crate::mr::{pd_users, upd, umr};
+use crate::mr::{pd_users, umr, upd};
 use crate::{errno_of, guard, null_err, set_errno};
 
 #[repr(C)]
@@ -366,10 +366,9 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
             compare: w.wr.atomic.compare_add,
             swap: w.wr.atomic.swap,
         },
-        IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
-            remote: RemoteAddr { addr: w.wr.atomic.remote_addr, rkey: w.wr.atomic.rkey },
-            add: w.wr.atomic.compare_add,
-        },
+        IBV_WR_ATOMIC_FETCH_AND_ADD => {
+            SendOp::FetchAdd { remote: RemoteAddr { addr: w.wr.atomic.remote_addr, rkey: w.wr.atomic.rkey }, add: w.wr.atomic.compare_add }
+        }
         IBV_WR_LOCAL_INV => SendOp::LocalInv { rkey: w.__bindgen_anon_1.invalidate_rkey },
         IBV_WR_BIND_MW => {
             let b = &w.__bindgen_anon_2.bind_mw;
@@ -702,4 +701,3 @@ pub unsafe extern "C" fn ibv_query_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> 
 pub unsafe extern "C" fn ibv_set_ece(_qp: *mut ibv_qp, _ece: *mut ibv_ece) -> c_int {
     libc::EOPNOTSUPP
 }
-

@@ -53,10 +53,8 @@ impl Lab {
         for side in 0..2 {
             let start = Instant::now();
             loop {
-                let out = Command::new("ip")
-                    .args(["-n", &lab.pair.ns[side], "-o", "link", "show", &lab.pair.ifname[side]])
-                    .output()
-                    .expect("ip link");
+                let out =
+                    Command::new("ip").args(["-n", &lab.pair.ns[side], "-o", "link", "show", &lab.pair.ifname[side]]).output().expect("ip link");
                 if String::from_utf8_lossy(&out.stdout).contains("state UP") {
                     break;
                 }
@@ -88,10 +86,7 @@ impl Lab {
     fn wait_listening(&self, port: u16, server: &mut Child) {
         let start = Instant::now();
         loop {
-            let out = Command::new("ip")
-                .args(["netns", "exec", &self.pair.ns[1], "ss", "-Hltn", &format!("sport = :{port}")])
-                .output()
-                .expect("ss");
+            let out = Command::new("ip").args(["netns", "exec", &self.pair.ns[1], "ss", "-Hltn", &format!("sport = :{port}")]).output().expect("ss");
             if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
                 return;
             }

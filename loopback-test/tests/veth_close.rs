@@ -25,8 +25,8 @@ fn ack_of_the_last_message_leaves_when_the_receiver_closes() {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("close", 1500).expect("create namespaces and veth");
     let mut xsk = XskConfig::new(&pair.ifname[0]);
-    let a = open_af_xdp(Some(&pair.ns[0]), "close0", &xsk, DatapathMode::Thread { core: None, idle: IdlePolicy::default() })
-        .expect("AF_XDP device a");
+    let a =
+        open_af_xdp(Some(&pair.ns[0]), "close0", &xsk, DatapathMode::Thread { core: None, idle: IdlePolicy::default() }).expect("AF_XDP device a");
     xsk.ifname = pair.ifname[1].clone();
     // The receiver drives its datapath itself, so nothing polls it once it
     // has seen the completion and closed.

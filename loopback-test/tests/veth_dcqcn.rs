@@ -60,7 +60,24 @@ fn topo(tag: &str) -> (Topo, [String; 4]) {
     // The bottleneck: p2 (towards r) sends at RATE_MBIT with a 200 KB queue
     // (less than the two senders can keep in flight: 2 × 128 frames).
     let o = Command::new("ip")
-        .args(["netns", "exec", &br, "tc", "qdisc", "add", "dev", "p2", "root", "tbf", "rate", &format!("{RATE_MBIT}mbit"), "burst", "64kb", "limit", "200kb"])
+        .args([
+            "netns",
+            "exec",
+            &br,
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            "p2",
+            "root",
+            "tbf",
+            "rate",
+            &format!("{RATE_MBIT}mbit"),
+            "burst",
+            "64kb",
+            "limit",
+            "200kb",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "tc tbf: {}", String::from_utf8_lossy(&o.stderr));

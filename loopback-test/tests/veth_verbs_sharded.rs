@@ -6,10 +6,10 @@
 //! makes its own namespaces; they are removed at exit (also after a failed
 //! test) and by `VethPair::sweep_stale` if a run was killed.
 
-#[path = "../../verbs-api/tests/common.rs"]
-mod common;
 #[path = "../../verbs-api/tests/cases/mod.rs"]
 mod cases;
+#[path = "../../verbs-api/tests/common.rs"]
+mod common;
 mod veth;
 #[macro_use]
 #[path = "veth/verbs_cases.rs"]

@@ -109,10 +109,7 @@ fn passes_everything_but_ours_and_counts_why() {
     let tx = sender(&pair);
 
     // ARP + ICMP echo both ways reach the kernel: ping works.
-    let ping = std::process::Command::new("ip")
-        .args(["netns", "exec", &pair.ns[1], "ping", "-c", "2", "-W", "2", "10.99.0.1"])
-        .output()
-        .unwrap();
+    let ping = std::process::Command::new("ip").args(["netns", "exec", &pair.ns[1], "ping", "-c", "2", "-W", "2", "10.99.0.1"]).output().unwrap();
     assert!(ping.status.success(), "ping through the XDP program: {}", String::from_utf8_lossy(&ping.stdout));
     let c0 = prog.counters().unwrap();
     assert!(c0.pass_not_ip >= 1, "ARP passed: {c0:?}");
@@ -203,7 +200,17 @@ fn roce_ect0(dst: [u8; 6], src: [u8; 6]) -> Vec<u8> {
     use rocev2::wire::*;
     let repr = FrameRepr {
         eth: EthernetRepr { dst, src, vlan: None, ethertype: ETHERTYPE_IPV4 },
-        ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+        ip: IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            dscp: 0,
+            ecn: 2,
+            ident: 1,
+            dont_frag: true,
+            ttl: 64,
+            protocol: IPPROTO_UDP,
+            payload_len: 0,
+        }),
         udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, rocev2::Psn::new(1))),
     };

@@ -66,14 +66,8 @@ impl Faults {
 
     /// Each fault by its field name, in declaration order.
     pub fn iter(&self) -> impl Iterator<Item = (&'static str, f64)> {
-        [
-            ("loss", self.loss),
-            ("duplicate", self.duplicate),
-            ("reorder", self.reorder),
-            ("corrupt", self.corrupt),
-            ("ecn_mark", self.ecn_mark),
-        ]
-        .into_iter()
+        [("loss", self.loss), ("duplicate", self.duplicate), ("reorder", self.reorder), ("corrupt", self.corrupt), ("ecn_mark", self.ecn_mark)]
+            .into_iter()
     }
 
     /// Whether every probability is in `0.0..=1.0`; the first that is not

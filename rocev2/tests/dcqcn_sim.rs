@@ -54,10 +54,8 @@ fn incast_of_2_4_8_16_flows_is_absorbed_fairly() {
 fn a_flow_joining_and_leaving_is_accommodated() {
     let mut sc = Scenario::incast(2);
     sc.duration = Duration::from_millis(120);
-    sc.flows = vec![
-        FlowSpec { start: Duration::ZERO, stop: None },
-        FlowSpec { start: Duration::from_millis(30), stop: Some(Duration::from_millis(80)) },
-    ];
+    sc.flows =
+        vec![FlowSpec { start: Duration::ZERO, stop: None }, FlowSpec { start: Duration::from_millis(30), stop: Some(Duration::from_millis(80)) }];
     let out = run(&sc);
     // Alone: the first flow takes the link.
     let alone = out.mean_goodput(10_000.0, 30_000.0);

@@ -78,11 +78,8 @@ fn requests_from_a_stranger_change_nothing() {
         for ipv6 in [false, true] {
             let mut p = pair(ty, ipv6);
             let (a_addr, b_addr, x) = (p.a.addr, p.b.addr, stranger(ipv6));
-            let (send_op, write_op) = if ty == QpType::Rc {
-                (Opcode::RC_SEND_ONLY, Opcode::RC_WRITE_ONLY)
-            } else {
-                (Opcode::UC_SEND_ONLY, Opcode::UC_WRITE_ONLY)
-            };
+            let (send_op, write_op) =
+                if ty == QpType::Rc { (Opcode::RC_SEND_ONLY, Opcode::RC_WRITE_ONLY) } else { (Opcode::UC_SEND_ONLY, Opcode::UC_WRITE_ONLY) };
             p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 4096)] }).unwrap();
             let psn = p.b.rq_psn();
             let bad = [0xeeu8; 512];
@@ -264,7 +261,10 @@ fn keys_are_not_predictable() {
     let (k1, k2) = (keys(&t1, &mut buf), keys(&t2, &mut buf));
     // Equal by chance with probability 2^-64.
     assert_ne!(k1, k2, "two devices must not hand out the same key sequence");
-    assert_ne!(k1.iter().map(|k| k & 0xff).collect::<Vec<_>>(), (1..=8u32).map(|i| (i as u8).wrapping_mul(0x9d).wrapping_add(1) as u32).collect::<Vec<_>>());
+    assert_ne!(
+        k1.iter().map(|k| k & 0xff).collect::<Vec<_>>(),
+        (1..=8u32).map(|i| (i as u8).wrapping_mul(0x9d).wrapping_add(1) as u32).collect::<Vec<_>>()
+    );
     // A freed slot reused (the only free one: first in, first out) and a
     // re-registration never give the slot's previous key.
     let mut prev = k1[0];

@@ -33,10 +33,7 @@ use rocev2::wire::{parse_frame, IpRepr, Opcode, ParsedFrame, Segment};
 const SERVER_IP: [u8; 4] = [10, 99, 0, 1];
 const CLIENT_IP: [u8; 4] = [10, 99, 0, 2];
 const PD: PdId = PdId(1);
-const ACCESS: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC);
+const ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 
 /// One captured RoCE frame.
 #[derive(Clone)]
@@ -186,17 +183,11 @@ fn replay_session(name: &str, s: &Session, mtu: Mtu) -> Report {
     let (server, client) = {
         let i = (0..parsed.len()).find(|&i| from_client(i)).expect("a client frame");
         let e = &parsed[i].repr.eth;
-        (
-            HostAddr { mac: e.dst, gid: AddressVector::ipv4_gid(SERVER_IP) },
-            HostAddr { mac: e.src, gid: AddressVector::ipv4_gid(CLIENT_IP) },
-        )
+        (HostAddr { mac: e.dst, gid: AddressVector::ipv4_gid(SERVER_IP) }, HostAddr { mac: e.src, gid: AddressVector::ipv4_gid(CLIENT_IP) })
     };
     let first_client_req = (0..parsed.len()).find(|&i| from_client(i) && is_req(i)).expect("a client request");
     let rq_psn = parsed[first_client_req].repr.transport.bth.psn;
-    let sq_psn = (0..parsed.len())
-        .find(|&i| !from_client(i) && is_req(i))
-        .map(|i| parsed[i].repr.transport.bth.psn)
-        .unwrap_or(Psn::new(0));
+    let sq_psn = (0..parsed.len()).find(|&i| !from_client(i) && is_req(i)).map(|i| parsed[i].repr.transport.bth.psn).unwrap_or(Psn::new(0));
 
     // Remote memory the client targets, by rkey: [lowest VA, highest end).
     let mut ranges: BTreeMap<u32, (u64, u64)> = BTreeMap::new();
@@ -364,7 +355,16 @@ fn replay_session(name: &str, s: &Session, mtu: Mtu) -> Report {
                 let m = &server_msgs[next_send];
                 let sge = Sge { addr: send_buf.iova + send_off as u64, length: m.len() as u32, lkey: send_keys.lkey };
                 engine
-                    .post_send(qpn, SendWr { wr_id: 200 + next_send as u64, op: SendOp::Send, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None })
+                    .post_send(
+                        qpn,
+                        SendWr {
+                            wr_id: 200 + next_send as u64,
+                            op: SendOp::Send,
+                            payload: Payload::Sgl(vec![sge]),
+                            flags: SendFlags::SIGNALED,
+                            ud: None,
+                        },
+                    )
                     .expect("post_send");
                 send_off += m.len();
                 next_send += 1;
@@ -419,7 +419,10 @@ fn replay_session(name: &str, s: &Session, mtu: Mtu) -> Report {
         assert_eq!(c.wc.qp_num, qpn);
         assert_eq!(recv_buf.at(recv_buf.iova + (k * recv_size) as u64, m.len()), &m[..], "{tag}: received data");
     }
-    assert_eq!(send_done.iter().map(|c| (c.wc.wr_id, c.wc.opcode)).collect::<Vec<_>>(), (0..server_msgs.len()).map(|k| (200 + k as u64, WcOpcode::Send)).collect::<Vec<_>>());
+    assert_eq!(
+        send_done.iter().map(|c| (c.wc.wr_id, c.wc.opcode)).collect::<Vec<_>>(),
+        (0..server_msgs.len()).map(|k| (200 + k as u64, WcOpcode::Send)).collect::<Vec<_>>()
+    );
     assert!(engine.poll_event().is_none());
 
     // Memory after the requests: WRITE payloads landed, atomics applied.
@@ -454,7 +457,13 @@ fn replay_session(name: &str, s: &Session, mtu: Mtu) -> Report {
             .find(|rt| rt.bth.opcode == Opcode::RC_ATOMIC_ACK && rt.bth.psn == t.bth.psn)
             .and_then(|rt| rt.atomic_ack)
             .expect("atomic ACK in the capture");
-        let new = if t.bth.opcode == Opcode::RC_FETCH_ADD { orig.wrapping_add(a.swap_add) } else if orig == a.compare { a.swap_add } else { orig };
+        let new = if t.bth.opcode == Opcode::RC_FETCH_ADD {
+            orig.wrapping_add(a.swap_add)
+        } else if orig == a.compare {
+            a.swap_add
+        } else {
+            orig
+        };
         last.insert((a.rkey, a.va), new);
     }
     for ((rkey, va), v) in last {

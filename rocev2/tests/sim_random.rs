@@ -56,28 +56,23 @@ use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
 
 use rocev2::psn::Psn;
-use rocev2::sim::rc::{bring_up_rc, bring_up_rc_from_init, init_qp, HostAddr, RcParams};
 use rocev2::sim::adversary::{Adversary, AdversaryConfig, Strike, Target};
 use rocev2::sim::forge::Station;
+use rocev2::sim::rc::{bring_up_rc, bring_up_rc_from_init, init_qp, HostAddr, RcParams};
 use rocev2::sim::{split_seed, LinkConfig, Network, NodeId, RunOutcome, TapPoint};
 use rocev2::time::Instant;
 use rocev2::transport::attr::{Mtu, QpCaps, QpInitAttr, QpState, QpType};
 use rocev2::transport::engine::{Engine, EngineConfig};
 use rocev2::transport::memory::{Access, MemoryTable, MwType, PdId};
-use rocev2::transport::wr::{
-    Completion, CqId, Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus,
-};
+use rocev2::transport::wr::{Completion, CqId, Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, WcOpcode, WcStatus};
 use rocev2::wire::{parse_frame, peek_opcode, Opcode};
 
 const PD: PdId = PdId(1);
 const MAX_SIZE: usize = 256 * 1024;
 /// Links losing this much or more may exhaust the retries.
 const SEVERE_LOSS: f64 = 0.10;
-const ALL_ACCESS: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::MW_BIND);
+const ALL_ACCESS: Access =
+    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
 // ---------------------------------------------------------------- memory
 
@@ -421,11 +416,7 @@ fn plan(seed: u64, generations: bool) -> (Plan, [HostMem; 2]) {
         let mut params = [RcParams::default(); 2];
         for p in &mut params {
             p.mtu = mtu;
-            p.sq_psn = if rng.gen_bool(0.3) {
-                Psn::new(0xff_ffff - rng.gen_range(0..64))
-            } else {
-                Psn::new(rng.gen_range(0..=0xff_ffff))
-            };
+            p.sq_psn = if rng.gen_bool(0.3) { Psn::new(0xff_ffff - rng.gen_range(0..64)) } else { Psn::new(rng.gen_range(0..=0xff_ffff)) };
             p.timeout = if rate_limited { rng.gen_range(15..=17) } else { rng.gen_range(10..=14) };
             p.retry_cnt = 7;
             p.rnr_retry = 7;
@@ -666,15 +657,7 @@ fn plan(seed: u64, generations: bool) -> (Plan, [HostMem; 2]) {
                 (op, payload, Effect::Atomic { slot, dest, orig: cur, new }, None)
             }
         };
-        wrs.push(PlannedWr {
-            side: s,
-            qp: d.qp,
-            wr: SendWr { wr_id, op, payload, flags, ud: None },
-            kind: d.kind,
-            signaled,
-            effect,
-            recv,
-        });
+        wrs.push(PlannedWr { side: s, qp: d.qp, wr: SendWr { wr_id, op, payload, flags, ud: None }, kind: d.kind, signaled, effect, recv });
     }
     let late_recvs = if rng.gen_bool(0.15) { Some(Duration::from_micros(rng.gen_range(10..3000))) } else { None };
     let ipv6 = rng.gen_bool(0.3);
@@ -798,22 +781,13 @@ fn run_seed_with(seed: u64, mut opts: RunOpts, after_idle: AfterIdle<'_>) -> Res
 
 fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool, after_idle: AfterIdle<'_>) -> Result<Outcome, String> {
     let hosts = if plan.ipv6 { [HostAddr::ipv6(1), HostAddr::ipv6(2)] } else { [HostAddr::ipv4(1), HostAddr::ipv4(2)] };
-    let mut engines = [0, 1].map(|i| {
-        Engine::new(EngineConfig { first_qpn: 0x11 + 0x100 * i as u32, ..EngineConfig::default() }, mem[i].table.clone())
-    });
+    let mut engines =
+        [0, 1].map(|i| Engine::new(EngineConfig { first_qpn: 0x11 + 0x100 * i as u32, ..EngineConfig::default() }, mem[i].table.clone()));
     let npairs = plan.pairs.len();
     let caps = QpCaps { max_send_wr: 1024, max_recv_wr: 1024, max_send_sge: 16, max_recv_sge: 16, max_inline_data: 400 };
     for q in 0..npairs {
         for side in 0..2 {
-            let init = QpInitAttr {
-                qp_type: QpType::Rc,
-                pd: PD,
-                send_cq: send_cq(q),
-                recv_cq: recv_cq(q),
-                srq: None,
-                cap: caps,
-                sq_sig_all: false,
-            };
+            let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: send_cq(q), recv_cq: recv_cq(q), srq: None, cap: caps, sq_sig_all: false };
             plan.pairs[q].qpn[side] = engines[side].create_qp(&init).map_err(|e| format!("create_qp: {e:?}"))?;
         }
     }
@@ -824,10 +798,8 @@ fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool,
             let m = &mem[*side];
             let qpn = plan.pairs[*qp].qpn[*side];
             let new_key = (mw as u8).wrapping_add(1);
-            let bound = m
-                .table
-                .bind_mw(PD, qpn, mw, new_key, m.mrs[0].key, m.mrs[0].iova, 64, Access::REMOTE_READ)
-                .map_err(|e| format!("bind_mw: {e:?}"))?;
+            let bound =
+                m.table.bind_mw(PD, qpn, mw, new_key, m.mrs[0].key, m.mrs[0].iova, 64, Access::REMOTE_READ).map_err(|e| format!("bind_mw: {e:?}"))?;
             // The WR was planned with the unbound key: patch it.
             for w in plan.wrs.iter_mut() {
                 if let SendOp::SendWithInv { rkey } = &mut w.wr.op {
@@ -873,9 +845,7 @@ fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool,
         }
     }
     for w in &plan.wrs {
-        engines[w.side]
-            .post_send(plan.pairs[w.qp].qpn[w.side], w.wr.clone())
-            .map_err(|e| format!("post_send wr {}: {e:?}", w.wr.wr_id))?;
+        engines[w.side].post_send(plan.pairs[w.qp].qpn[w.side], w.wr.clone()).map_err(|e| format!("post_send wr {}: {e:?}", w.wr.wr_id))?;
     }
     let [ea, eb] = engines;
     let mut net: Network<Engine> = Network::new(Instant::ZERO);
@@ -940,9 +910,7 @@ fn run_plan(plan: &mut Plan, mem: &mut [HostMem; 2], opts: RunOpts, trace: bool,
             return Err("stalled before the late receives".into());
         }
         for r in &plan.recvs {
-            net.node_mut(nodes[r.side])
-                .post_recv(plan.pairs[r.qp].qpn[r.side], r.wr.clone())
-                .map_err(|e| format!("late post_recv: {e:?}"))?;
+            net.node_mut(nodes[r.side]).post_recv(plan.pairs[r.qp].qpn[r.side], r.wr.clone()).map_err(|e| format!("late post_recv: {e:?}"))?;
         }
     }
     let outcome = match adversary.as_mut() {
@@ -979,9 +947,10 @@ fn check_strikes(strikes: &[Strike], net: &Network<Engine>, nodes: [NodeId; 2]) 
     let bad: Vec<String> = strikes
         .iter()
         .filter_map(|s| {
-            s.verdict.as_ref().err().map(|e| {
-                format!("  {} at {:?} to node {} qp {:#x} psn {} ({:?}): {e}", s.attack, s.at, s.victim.0 .0, s.victim.1, s.psn, s.state.0)
-            })
+            s.verdict
+                .as_ref()
+                .err()
+                .map(|e| format!("  {} at {:?} to node {} qp {:#x} psn {} ({:?}): {e}", s.attack, s.at, s.victim.0 .0, s.victim.1, s.psn, s.state.0))
         })
         .collect();
     ensure!(bad.is_empty(), "{} of {} forged frames not counted as expected:\n{}", bad.len(), strikes.len(), bad.join("\n"));
@@ -1048,12 +1017,7 @@ fn check(plan: &Plan, mem: &mut [HostMem; 2], net: &mut Network<Engine>, nodes: 
     r
 }
 
-fn check_completions(
-    plan: &Plan,
-    mem: &mut [HostMem; 2],
-    mut cqs: BTreeMap<(usize, CqId), Vec<Completion>>,
-    opts: RunOpts,
-) -> Result<usize, String> {
+fn check_completions(plan: &Plan, mem: &mut [HostMem; 2], mut cqs: BTreeMap<(usize, CqId), Vec<Completion>>, opts: RunOpts) -> Result<usize, String> {
     let npairs = plan.pairs.len();
     let mut failed_sides = 0;
     // fate[(side, qp)] per WR index in plan.wrs
@@ -1106,12 +1070,25 @@ fn check_completions(
                 let i = mine[k + pos];
                 let w = &plan.wrs[i];
                 k += pos + 1;
-                ensure!(c.wc.opcode == expected_wc_opcode(w.kind), "side {side} qp {q}: wr {} opcode {:?}, expected {:?}", w.wr.wr_id, c.wc.opcode, expected_wc_opcode(w.kind));
+                ensure!(
+                    c.wc.opcode == expected_wc_opcode(w.kind),
+                    "side {side} qp {q}: wr {} opcode {:?}, expected {:?}",
+                    w.wr.wr_id,
+                    c.wc.opcode,
+                    expected_wc_opcode(w.kind)
+                );
                 if c.wc.status == WcStatus::Success {
                     ensure!(w.signaled, "side {side} qp {q}: unsignaled wr {} completed with success", w.wr.wr_id);
                     fate[i] = Fate::Done;
                 } else {
-                    ensure!(opts.allow_failure, "side {side} qp {q}: wr {} ({:?}, {} bytes) failed: {:?}", w.wr.wr_id, w.kind, w.wr.payload.len(), c.wc.status);
+                    ensure!(
+                        opts.allow_failure,
+                        "side {side} qp {q}: wr {} ({:?}, {} bytes) failed: {:?}",
+                        w.wr.wr_id,
+                        w.kind,
+                        w.wr.payload.len(),
+                        c.wc.status
+                    );
                     ensure!(
                         matches!(c.wc.status, WcStatus::RetryExcErr | WcStatus::RnrRetryExcErr),
                         "side {side} qp {q}: wr {} failed with {:?}, not a retry exhaustion",
@@ -1129,7 +1106,12 @@ fn check_completions(
                 // Every signaled WR must have completed; trailing unsignaled ones are done
                 // iff the QP is quiescent, which the idle network implies.
                 for &i in &mine[k..] {
-                    ensure!(!plan.wrs[i].signaled, "side {side} qp {q}: signaled wr {} ({:?}) never completed", plan.wrs[i].wr.wr_id, plan.wrs[i].kind);
+                    ensure!(
+                        !plan.wrs[i].signaled,
+                        "side {side} qp {q}: signaled wr {} ({:?}) never completed",
+                        plan.wrs[i].wr.wr_id,
+                        plan.wrs[i].kind
+                    );
                     fate[i] = Fate::Done;
                 }
             }
@@ -1156,7 +1138,13 @@ fn check_completions(
                 ensure!(c.wc.opcode == r.opcode, "side {side} qp {q}: receive {} opcode {:?} expected {:?}", r.wr.wr_id, c.wc.opcode, r.opcode);
                 ensure!(c.wc.byte_len == r.byte_len, "side {side} qp {q}: receive {} byte_len {} expected {}", r.wr.wr_id, c.wc.byte_len, r.byte_len);
                 ensure!(c.wc.imm_data == r.imm, "side {side} qp {q}: receive {} imm {:?} expected {:?}", r.wr.wr_id, c.wc.imm_data, r.imm);
-                ensure!(c.wc.invalidated_rkey == r.inv, "side {side} qp {q}: receive {} invalidated {:?} expected {:?}", r.wr.wr_id, c.wc.invalidated_rkey, r.inv);
+                ensure!(
+                    c.wc.invalidated_rkey == r.inv,
+                    "side {side} qp {q}: receive {} invalidated {:?} expected {:?}",
+                    r.wr.wr_id,
+                    c.wc.invalidated_rkey,
+                    r.inv
+                );
                 ensure!(c.solicited == r.solicited, "side {side} qp {q}: receive {} solicited {} expected {}", r.wr.wr_id, c.solicited, r.solicited);
             }
             let peer_failed = qp_failed[q][1 - side];
@@ -1288,9 +1276,7 @@ fn describe_owner(plan: &Plan, mem: &[HostMem; 2], side: usize, mr: usize, pos: 
         let (s, r) = (w.side, 1 - w.side);
         let data_at = match &w.effect {
             Effect::Write { target, data } if r == side && inside(target) => Some(data.get(pos - target.off).copied()),
-            Effect::Send { data } => {
-                w.recv.filter(|_| r == side).and_then(|ri| offset_in(&plan.recvs[ri].sgl)).map(|o| data.get(o).copied())
-            }
+            Effect::Send { data } => w.recv.filter(|_| r == side).and_then(|ri| offset_in(&plan.recvs[ri].sgl)).map(|o| data.get(o).copied()),
             Effect::Read { dest, data } if s == side => offset_in(dest).map(|o| data.get(o).copied()),
             Effect::Atomic { slot, dest, .. } if (r == side && inside(slot)) || (s == side && inside(dest)) => Some(None),
             _ => None,
@@ -1337,13 +1323,8 @@ struct Mix {
     test: &'static str,
 }
 
-const RANDOM_MIX: Mix = Mix {
-    opts: RunOpts::mix(),
-    default_seeds: 2000,
-    seeds_var: "URNIC_SIM_SEEDS",
-    seed_var: "URNIC_SIM_SEED",
-    test: "random_mix_0",
-};
+const RANDOM_MIX: Mix =
+    Mix { opts: RunOpts::mix(), default_seeds: 2000, seeds_var: "URNIC_SIM_SEEDS", seed_var: "URNIC_SIM_SEED", test: "random_mix_0" };
 
 const ADVERSARIAL_MIX: Mix = Mix {
     opts: RunOpts { adversary: true, ..RunOpts::mix() },
@@ -1530,7 +1511,19 @@ fn rnr_receiver_posts_receives_late() {
         let data = f.mem[0].model(&src).to_vec();
         f.mem[1].set_model(&dst, &data);
         let sge = f.mem[0].sge(&src);
-        f.net.node_mut(a).post_send(qa, SendWr { wr_id: i as u64, op: SendOp::Send, payload: Payload::Sgl(if len == 0 { vec![] } else { vec![sge] }), flags: SendFlags::SIGNALED, ud: None }).unwrap();
+        f.net
+            .node_mut(a)
+            .post_send(
+                qa,
+                SendWr {
+                    wr_id: i as u64,
+                    op: SendOp::Send,
+                    payload: Payload::Sgl(if len == 0 { vec![] } else { vec![sge] }),
+                    flags: SendFlags::SIGNALED,
+                    ud: None,
+                },
+            )
+            .unwrap();
         recvs.push(RecvWr { wr_id: 100 + i as u64, sgl: if len == 0 { vec![] } else { vec![f.mem[1].sge(&dst)] } });
         expected.push(len);
     }
@@ -1568,14 +1561,17 @@ fn rnr_retry_exhaustion_then_flush() {
     let qa = f.qpn[0][0];
     for i in 0..4u64 {
         let data = vec![i as u8; 100];
-        f.net.node_mut(a).post_send(qa, SendWr { wr_id: i, op: SendOp::Send, payload: Payload::Inline(data), flags: SendFlags::SIGNALED | SendFlags::INLINE, ud: None }).unwrap();
+        f.net
+            .node_mut(a)
+            .post_send(
+                qa,
+                SendWr { wr_id: i, op: SendOp::Send, payload: Payload::Inline(data), flags: SendFlags::SIGNALED | SendFlags::INLINE, ud: None },
+            )
+            .unwrap();
     }
     assert_eq!(f.net.run_until(Instant::ZERO + Duration::from_secs(10)), RunOutcome::Idle);
     let got: Vec<_> = drain(&mut f.net, a).iter().map(|c| (c.wc.wr_id, c.wc.status)).collect();
-    assert_eq!(
-        got,
-        vec![(0, WcStatus::RnrRetryExcErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]
-    );
+    assert_eq!(got, vec![(0, WcStatus::RnrRetryExcErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]);
 }
 
 #[test]
@@ -1585,8 +1581,8 @@ fn blackout_exhausts_retries_then_flushes() {
     // RETRY_EXC_ERR and flushes the rest (and its receive queue) with
     // WR_FLUSH_ERR, every WR exactly once.
     let params = RcParams { timeout: 10, retry_cnt: 7, ..RcParams::default() }; // 4.2 ms
-    // 1 Gb/s ports: the 20 WRITEs of 3000 bytes take about 0.5 ms to send, so
-    // some are done and some in flight when the lights go out.
+                                                                                // 1 Gb/s ports: the 20 WRITEs of 3000 bytes take about 0.5 ms to send, so
+                                                                                // some are done and some in flight when the lights go out.
     let link = LinkConfig { rate_bps: Some(1_000_000_000), ..LinkConfig::ideal(Duration::from_micros(10)) };
     let mut f = fixture(9, 1, params, link, |e, _, qpn| {
         for i in 0..3 {
@@ -1603,7 +1599,10 @@ fn blackout_exhausts_retries_then_flushes() {
         let dst = f.mem[1].alloc(&mut rng, len);
         let remote = RemoteAddr { addr: f.mem[1].va(&dst), rkey: f.mem[1].mrs[0].key };
         let sge = f.mem[0].sge(&src);
-        f.net.node_mut(a).post_send(qa, SendWr { wr_id: i, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None }).unwrap();
+        f.net
+            .node_mut(a)
+            .post_send(qa, SendWr { wr_id: i, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None })
+            .unwrap();
         done_regions.push((src, dst));
     }
     // Let the first few complete (each WRITE is 3 packets at MTU 1024; RTT 20 µs).
@@ -1698,8 +1697,7 @@ fn replay_write(idle: &mut Idle<'_>, i: usize) -> Result<u64, String> {
         .writes
         .iter()
         .find(|(from, f)| {
-            *from == idle.nodes[s].0
-                && parse_frame(f).is_ok_and(|p| p.repr.transport.reth.is_some_and(|x| x.va == va) && p.payload == &data[..])
+            *from == idle.nodes[s].0 && parse_frame(f).is_ok_and(|p| p.repr.transport.reth.is_some_and(|x| x.va == va) && p.payload == &data[..])
         })
         .map(|(_, f)| f.clone())
         .ok_or("the WRITE's frame was not captured")?;
@@ -1719,7 +1717,10 @@ fn generations_catch_a_write_executed_twice() {
     // Two WRITEs of one requester to the same place, the older a WRITE ONLY.
     let (seed, i, j) = seed_with_shared_pair(|plan, a, b| {
         let mtu = plan.pairs[a.qp].params[0].mtu.bytes() as usize;
-        a.kind == Kind::Write && (1..=mtu).contains(&(a.wr.payload.len() as usize)) && matches!(b.kind, Kind::Write | Kind::WriteImm) && same_start(a, b)
+        a.kind == Kind::Write
+            && (1..=mtu).contains(&(a.wr.payload.len() as usize))
+            && matches!(b.kind, Kind::Write | Kind::WriteImm)
+            && same_start(a, b)
     });
     let opts = RunOpts { capture_writes: true, ..RunOpts::mix() };
     let mut executed = 0;
@@ -1751,8 +1752,7 @@ fn seed_wr_id(seed: u64, i: usize) -> u64 {
 #[test]
 fn generations_catch_a_read_placed_twice() {
     // Two READs of one requester into the same place.
-    let (seed, i, j) =
-        seed_with_shared_pair(|_, a, b| a.kind == Kind::Read && b.kind == Kind::Read && same_start(a, b));
+    let (seed, i, j) = seed_with_shared_pair(|_, a, b| a.kind == Kind::Read && b.kind == Kind::Read && same_start(a, b));
     // After the run, READ i's data is placed a second time, as a requester
     // that accepted a stale copy of its READ response would (rule 2 of issue
     // 14 keeps urnic from it; the doctored memory stands for such a bug).

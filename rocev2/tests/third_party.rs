@@ -27,7 +27,17 @@ fn frames() -> Vec<(FrameRepr, Vec<u8>)> {
                 d[15] = 2;
                 IpRepr::V6(Ipv6Repr { src: s, dst: d, traffic_class: 2, flow_label: k, next_header: 17, hop_limit: 64, payload_len: 0 })
             } else {
-                IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 26, ecn: 2, ident: k as u16, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 })
+                IpRepr::V4(Ipv4Repr {
+                    src: [10, 0, 0, 1],
+                    dst: [10, 0, 0, 2],
+                    dscp: 26,
+                    ecn: 2,
+                    ident: k as u16,
+                    dont_frag: true,
+                    ttl: 64,
+                    protocol: 17,
+                    payload_len: 0,
+                })
             };
             let repr = FrameRepr {
                 eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: if v6 { 0x86dd } else { 0x0800 } },

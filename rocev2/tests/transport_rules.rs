@@ -137,7 +137,14 @@ fn dropped_packet_gets_one_nak_and_go_back_n() {
     let c = p.a.completions();
     assert_eq!((c.len(), c[0].status), (1, WcStatus::Success));
     assert_eq!(&p.b.mem()[..10 * 1024], &p.a.mem()[..10 * 1024]);
-    let naks = p.log().iter().filter(|s| s.dir == Dir::BtoA && s.transport.aeth.is_some_and(|a| a.syndrome == rocev2::wire::AckSyndrome::Nak(rocev2::wire::NakCode::PsnSequenceError))).count();
+    let naks = p
+        .log()
+        .iter()
+        .filter(|s| {
+            s.dir == Dir::BtoA
+                && s.transport.aeth.is_some_and(|a| a.syndrome == rocev2::wire::AckSyndrome::Nak(rocev2::wire::NakCode::PsnSequenceError))
+        })
+        .count();
     assert_eq!(naks, 1, "one PSN sequence NAK, then silence until in order");
     let s = p.a.engine.qp_stats(p.a.qpn).unwrap();
     assert_eq!(s.req_naks_seq_received, 1);
@@ -154,12 +161,10 @@ fn timeouts_exhaust_retries_then_flush() {
     // A link that loses everything from A to B.
     p.run_filtered(RUN_LIMIT, |f| f.dir != Dir::AtoB);
     let c = p.a.completions();
-    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![
-        (0, WcStatus::RetryExcErr),
-        (1, WcStatus::WrFlushErr),
-        (2, WcStatus::WrFlushErr),
-        (3, WcStatus::WrFlushErr)
-    ]);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(0, WcStatus::RetryExcErr), (1, WcStatus::WrFlushErr), (2, WcStatus::WrFlushErr), (3, WcStatus::WrFlushErr)]
+    );
     assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 4, "retry_cnt 3: the 4th timeout fails");
     assert_eq!(p.a.engine.qp_state(p.a.qpn).unwrap(), QpState::Err);
     assert!(matches!(p.a.engine.poll_event(), Some(rocev2::transport::engine::AsyncEvent::QpFatal(_))));
@@ -324,7 +329,10 @@ fn modify_qp_checks_masks_and_changes_nothing_on_error() {
     assert!(matches!(e.modify_qp(q, &rts, QpAttrMask::STATE), Err(EngineError::BadTransition { .. })));
     assert_eq!(e.qp_state(q).unwrap(), QpState::Reset);
     let bad_port = QpAttr { port_num: 2, ..a };
-    assert!(matches!(e.modify_qp(q, &bad_port, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS), Err(EngineError::BadValue(_))));
+    assert!(matches!(
+        e.modify_qp(q, &bad_port, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS),
+        Err(EngineError::BadValue(_))
+    ));
     e.modify_qp(q, &a, QpAttrMask::STATE | QpAttrMask::PORT | QpAttrMask::PKEY_INDEX | QpAttrMask::ACCESS_FLAGS).unwrap();
     assert_eq!(e.qp_state(q).unwrap(), QpState::Init);
     assert!(matches!(e.post_send(q, wr(1, SendOp::Send, vec![])), Err(EngineError::WrongState(QpState::Init))));
@@ -364,7 +372,8 @@ fn sharded_engines_hand_out_only_their_qpns_and_srq_ids() {
     let mem = Arc::new(MemoryTable::new());
     for (i, n) in [(0u32, 3u32), (1, 3), (2, 3)] {
         let mut e = Engine::new(EngineConfig { shard: (i, n), ..EngineConfig::default() }, mem.clone());
-        let init = QpInitAttr { qp_type: QpType::Rc, pd: PdId(1), send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: false };
+        let init =
+            QpInitAttr { qp_type: QpType::Rc, pd: PdId(1), send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: false };
         for _ in 0..10 {
             let q = e.create_qp(&init).unwrap();
             assert_eq!(q % n, i, "QPN {q:#x} outside shard {i}/{n}");

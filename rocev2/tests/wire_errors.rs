@@ -13,7 +13,17 @@ fn repr(op: Opcode) -> FrameRepr {
     let l = op.layout().expect("known opcode");
     FrameRepr {
         eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: 0x0800 },
-        ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+        ip: IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            dscp: 0,
+            ecn: 2,
+            ident: 1,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
         udp: UdpRepr { src_port: 49441, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr {
             bth: BthRepr { ack_req: true, ..BthRepr::new(op, 0x11, Psn::new(7)) },

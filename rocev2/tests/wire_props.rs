@@ -45,9 +45,19 @@ fn transport(op: Opcode) -> impl Strategy<Value = TransportRepr> {
 }
 
 fn frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>)> {
-    (opcode(), any::<bool>(), proptest::option::of((0u8..8, any::<bool>(), 0u16..4096)), any::<[u8; 12]>(), any::<[u8; 32]>(), (0u8..64, 0u8..4, any::<u16>(), any::<bool>(), any::<u8>(), 0u32..1 << 20), any::<u16>(), any::<u16>())
+    (
+        opcode(),
+        any::<bool>(),
+        proptest::option::of((0u8..8, any::<bool>(), 0u16..4096)),
+        any::<[u8; 12]>(),
+        any::<[u8; 32]>(),
+        (0u8..64, 0u8..4, any::<u16>(), any::<bool>(), any::<u8>(), 0u32..1 << 20),
+        any::<u16>(),
+        any::<u16>(),
+    )
         .prop_flat_map(|(op, v6, vlan, macs, ips, misc, sport, csum)| {
-            let payload = if op.layout().unwrap().payload { proptest::collection::vec(any::<u8>(), 0..=4096).boxed() } else { Just(Vec::new()).boxed() };
+            let payload =
+                if op.layout().unwrap().payload { proptest::collection::vec(any::<u8>(), 0..=4096).boxed() } else { Just(Vec::new()).boxed() };
             (transport(op), payload).prop_map(move |(t, p)| {
                 let mut t = t;
                 t.bth.pad_count = ((4 - p.len() % 4) % 4) as u8;
@@ -57,9 +67,33 @@ fn frame() -> impl Strategy<Value = (FrameRepr, Vec<u8>)> {
                     let mut d = [0u8; 16];
                     s.copy_from_slice(&ips[..16]);
                     d.copy_from_slice(&ips[16..]);
-                    (0x86dd, IpRepr::V6(Ipv6Repr { src: s, dst: d, traffic_class: misc.0 << 2 | misc.1, flow_label: misc.5, next_header: 17, hop_limit: misc.4, payload_len: ulen }))
+                    (
+                        0x86dd,
+                        IpRepr::V6(Ipv6Repr {
+                            src: s,
+                            dst: d,
+                            traffic_class: misc.0 << 2 | misc.1,
+                            flow_label: misc.5,
+                            next_header: 17,
+                            hop_limit: misc.4,
+                            payload_len: ulen,
+                        }),
+                    )
                 } else {
-                    (0x0800, IpRepr::V4(Ipv4Repr { src: [ips[0], ips[1], ips[2], ips[3]], dst: [ips[4], ips[5], ips[6], ips[7]], dscp: misc.0, ecn: misc.1, ident: misc.2, dont_frag: misc.3, ttl: misc.4, protocol: 17, payload_len: ulen }))
+                    (
+                        0x0800,
+                        IpRepr::V4(Ipv4Repr {
+                            src: [ips[0], ips[1], ips[2], ips[3]],
+                            dst: [ips[4], ips[5], ips[6], ips[7]],
+                            dscp: misc.0,
+                            ecn: misc.1,
+                            ident: misc.2,
+                            dont_frag: misc.3,
+                            ttl: misc.4,
+                            protocol: 17,
+                            payload_len: ulen,
+                        }),
+                    )
                 };
                 let mut dst = [0u8; 6];
                 let mut src = [0u8; 6];

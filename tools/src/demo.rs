@@ -97,9 +97,9 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
             let how = a
                 .nic()
                 .with_port(|p| {
-                    p.as_any_mut().and_then(|p| p.downcast_mut::<urnic_datapath::XskPort>()).map(|x| {
-                        format!("{:?} XDP, {} AF_XDP", x.xdp_mode(), if x.zero_copy() { "zero-copy" } else { "copy-mode" })
-                    })
+                    p.as_any_mut()
+                        .and_then(|p| p.downcast_mut::<urnic_datapath::XskPort>())
+                        .map(|x| format!("{:?} XDP, {} AF_XDP", x.xdp_mode(), if x.zero_copy() { "zero-copy" } else { "copy-mode" }))
                 })
                 .unwrap_or_default();
             let desc = format!("veth {}/{} <-> {}/{}, {how}", pair.ns[0], pair.ifname[0], pair.ns[1], pair.ifname[1]);
@@ -168,4 +168,3 @@ pub fn run(o: &DemoOpts) -> Result<()> {
     }
     Ok(())
 }
-

@@ -26,10 +26,8 @@ pub struct Peer {
 impl Peer {
     /// Resolve `host` now.
     pub fn resolve(host: &str, port: u16) -> Result<Peer> {
-        let addrs: Vec<SocketAddr> = (host, port)
-            .to_socket_addrs()
-            .with_context(|| format!("Couldn't resolve {host}: not an address, and name resolution failed"))?
-            .collect();
+        let addrs: Vec<SocketAddr> =
+            (host, port).to_socket_addrs().with_context(|| format!("Couldn't resolve {host}: not an address, and name resolution failed"))?.collect();
         if addrs.is_empty() {
             bail!("Couldn't resolve {host}: no address");
         }

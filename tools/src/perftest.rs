@@ -280,16 +280,9 @@ impl Channel {
             self.read_exact(&mut theirs).and_then(|()| self.write_all(mine))
         };
         r.map_err(|e| {
-            let gone = matches!(
-                e.kind(),
-                std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
-            );
+            let gone = matches!(e.kind(), std::io::ErrorKind::UnexpectedEof | std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe);
             let err = anyhow::Error::new(e);
-            let err = if gone {
-                err.context(format!("the {} left (it failed, or ran a different test, -s or -n)", self.peer_name()))
-            } else {
-                err
-            };
+            let err = if gone { err.context(format!("the {} left (it failed, or ran a different test, -s or -n)", self.peer_name())) } else { err };
             err.context("Failed to exchange data between server and clients")
         })?;
         Ok(theirs)

@@ -9,9 +9,9 @@ use std::net::{Ipv6Addr, TcpListener};
 use std::time::Instant;
 
 use anyhow::{bail, Context as _, Result};
-use urnic::{CompChannel, 
-    AhAttr, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr, SendFlags, SendOp, SendWr,
-    Sge, UdDest, WcStatus, WorkCompletion,
+use urnic::{
+    AhAttr, CompChannel, Connect, Context, Cq, Gid, Mr, Mtu, Payload, Qp, QpAttr, QpAttrMask, QpCaps, QpInit, QpState, QpType, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, UdDest, WcStatus, WorkCompletion,
 };
 
 const RECV_WRID: u64 = 1;

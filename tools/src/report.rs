@@ -50,15 +50,7 @@ impl LatStats {
         let pct = |p: f64| samples[(((n as f64) * p).ceil() as usize).clamp(1, n) - 1];
         let avg = samples.iter().sum::<f64>() / n as f64;
         let var = samples.iter().map(|s| (s - avg) * (s - avg)).sum::<f64>() / n as f64;
-        Some(LatStats {
-            min: samples[0],
-            max: samples[n - 1],
-            typical: pct(0.5),
-            avg,
-            stdev: var.sqrt(),
-            p99: pct(0.99),
-            p999: pct(0.999),
-        })
+        Some(LatStats { min: samples[0], max: samples[n - 1], typical: pct(0.5), avg, stdev: var.sqrt(), p99: pct(0.99), p999: pct(0.999) })
     }
 }
 

@@ -198,18 +198,14 @@ fn an_unresolvable_server_fails_at_once_and_a_refused_one_is_waited_for() {
     let stats = stat_dir("res");
     // Inside the namespace nothing routes to a name server: resolution
     // fails, and must end the run without retrying (or opening the device).
-    let out = finish(
-        urnic_in(&pair.ns[1], &stats, &["perf", "write-bw", "-d", "eth0", "999.1.1.1"]).spawn_piped(),
-        "perf to an unresolvable host",
-    );
+    let out = finish(urnic_in(&pair.ns[1], &stats, &["perf", "write-bw", "-d", "eth0", "999.1.1.1"]).spawn_piped(), "perf to an unresolvable host");
     assert_eq!(out.status.code(), Some(1), "{}", both(&out));
     let err = text(&out.stderr);
     assert!(err.contains("Couldn't resolve 999.1.1.1"), "{}", both(&out));
     assert!(!err.contains("waiting for server") && !err.contains("panicked"), "{}", both(&out));
     // The client first: it says it waits, then runs once the server is up.
     let server = pair.ipv4[0].map(|b| b.to_string()).join(".");
-    let mut client = urnic_in(&pair.ns[1], &stats, &["perf", "send-lat", "-n", "20", "-d", &pair.ifname[1], &server])
-        .spawn_piped();
+    let mut client = urnic_in(&pair.ns[1], &stats, &["perf", "send-lat", "-n", "20", "-d", &pair.ifname[1], &server]).spawn_piped();
     let errs = lines(client.stderr.take().unwrap());
     wait_line(&errs, "client waiting", |l| l.contains(&format!("waiting for server {server}:18515")));
     let srv = urnic_in(&pair.ns[0], &stats, &["perf", "send-lat", "-n", "20", "-d", &pair.ifname[0]]).spawn_piped();
@@ -232,8 +228,7 @@ fn perf_client_and_server_with_different_iterations_both_end() {
             sargs.extend(["-n", n]);
         }
         let srv = urnic_in(&pair.ns[0], &stats, &sargs).spawn_piped();
-        let cli = urnic_in(&pair.ns[1], &stats, &["perf", test, "-n", client_n, "-d", &pair.ifname[1], &server])
-            .spawn_piped();
+        let cli = urnic_in(&pair.ns[1], &stats, &["perf", test, "-n", client_n, "-d", &pair.ifname[1], &server]).spawn_piped();
         let c = finish(cli, "perf client");
         let s = finish(srv, "perf server with more iterations");
         // The client measured its iterations; the server saw it finish early.

@@ -57,10 +57,20 @@ fn args(s: &str) -> Vec<String> {
 fn rc_pingpong_both_ways_multi_packet() {
     let lab = Lab::new("rcpp", 1500);
     // 4 KiB messages at MTU 1024: SEND FIRST/MIDDLE/LAST each way.
-    let (ours, theirs) = rxe_server(&lab, "rc-rxe-server", "ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 4096 -c", &args(&format!("rc-pingpong -d eth0 -g 1 -n 20 -s 4096 -c {GUEST_IP}")));
+    let (ours, theirs) = rxe_server(
+        &lab,
+        "rc-rxe-server",
+        "ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 4096 -c",
+        &args(&format!("rc-pingpong -d eth0 -g 1 -n 20 -s 4096 -c {GUEST_IP}")),
+    );
     assert!(ours.contains("20 iters in"), "{ours}");
     assert!(theirs.contains("20 iters in") && !theirs.contains("invalid data"), "{theirs}");
-    let (ours, theirs) = urnic_server(&lab, "rc-urnic-server", &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 10000 -c {OUR_IP}"), &args("rc-pingpong -d eth0 -g 1 -n 20 -s 10000 -c"));
+    let (ours, theirs) = urnic_server(
+        &lab,
+        "rc-urnic-server",
+        &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 20 -s 10000 -c {OUR_IP}"),
+        &args("rc-pingpong -d eth0 -g 1 -n 20 -s 10000 -c"),
+    );
     assert!(ours.contains("20 iters in") && !ours.contains("invalid data"), "{ours}");
     assert!(theirs.contains("20 iters in"), "{theirs}");
 }
@@ -70,9 +80,19 @@ fn rc_pingpong_at_mtu_4096_over_a_9000_byte_link() {
     // IB MTU 4096 frames (4154 bytes) span two 4 KiB UMEM frames: AF_XDP
     // multi-buffer on our side. SEND FIRST/MIDDLE/LAST of 4096 B each.
     let lab = Lab::new("rcmtu", 9000);
-    let (ours, _) = rxe_server(&lab, "rc-mtu4096", "ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c", &args(&format!("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c {GUEST_IP}")));
+    let (ours, _) = rxe_server(
+        &lab,
+        "rc-mtu4096",
+        "ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c",
+        &args(&format!("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c {GUEST_IP}")),
+    );
     assert!(ours.contains("10 iters in"), "{ours}");
-    let (ours, _) = urnic_server(&lab, "rc-mtu4096-rev", &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c {OUR_IP}"), &args("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c"));
+    let (ours, _) = urnic_server(
+        &lab,
+        "rc-mtu4096-rev",
+        &format!("ibv_rc_pingpong -d rxe0 -g 1 -n 10 -s 12288 -m 4096 -c {OUR_IP}"),
+        &args("rc-pingpong -d eth0 -g 1 -n 10 -s 12288 -m 4096 -c"),
+    );
     assert!(ours.contains("10 iters in") && !ours.contains("invalid data"), "{ours}");
     // The capture holds full 4096-byte payloads (frames of 4154 bytes).
     let pcap = lab.dir.join("rc-mtu4096.pcap");
@@ -83,9 +103,19 @@ fn rc_pingpong_at_mtu_4096_over_a_9000_byte_link() {
 #[test]
 fn ud_pingpong_both_ways() {
     let lab = Lab::new("udpp", 1500);
-    let (ours, _) = rxe_server(&lab, "ud-rxe-server", "ibv_ud_pingpong -d rxe0 -g 1 -n 20 -s 1000 -c", &args(&format!("ud-pingpong -d eth0 -g 1 -n 20 -s 1000 -c {GUEST_IP}")));
+    let (ours, _) = rxe_server(
+        &lab,
+        "ud-rxe-server",
+        "ibv_ud_pingpong -d rxe0 -g 1 -n 20 -s 1000 -c",
+        &args(&format!("ud-pingpong -d eth0 -g 1 -n 20 -s 1000 -c {GUEST_IP}")),
+    );
     assert!(ours.contains("20 iters in"), "{ours}");
-    let (ours, theirs) = urnic_server(&lab, "ud-urnic-server", &format!("ibv_ud_pingpong -d rxe0 -g 1 -n 20 -s 1000 -c {OUR_IP}"), &args("ud-pingpong -d eth0 -g 1 -n 20 -s 1000 -c"));
+    let (ours, theirs) = urnic_server(
+        &lab,
+        "ud-urnic-server",
+        &format!("ibv_ud_pingpong -d rxe0 -g 1 -n 20 -s 1000 -c {OUR_IP}"),
+        &args("ud-pingpong -d eth0 -g 1 -n 20 -s 1000 -c"),
+    );
     assert!(ours.contains("20 iters in") && !ours.contains("invalid data"), "{ours}");
     assert!(theirs.contains("20 iters in"), "{theirs}");
 }
@@ -133,7 +163,12 @@ fn perftest_rxe_servers_urnic_clients() {
     for (what, a) in &ours {
         // The next server may still be starting: the client retries connecting.
         let out = lab.urnic(a).output().unwrap();
-        assert!(out.status.success(), "{what}: urnic client failed:\n{}\n--- rxe ---\n{}", text(&out), std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(
+            out.status.success(),
+            "{what}: urnic client failed:\n{}\n--- rxe ---\n{}",
+            text(&out),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         // A short pause lets the guest's server exit and the next one listen.
         std::thread::sleep(std::time::Duration::from_millis(300));
     }
@@ -163,7 +198,12 @@ fn perftest_urnic_servers_rxe_clients() {
     let (mut child, log, pcap) = lab.guest_shared("perf-urnic-servers", &share);
     for (what, a) in &ours {
         let out = lab.urnic(a).output().unwrap();
-        assert!(out.status.success(), "{what}: urnic server failed:\n{}\n--- rxe ---\n{}", text(&out), std::fs::read_to_string(&log).unwrap_or_default());
+        assert!(
+            out.status.success(),
+            "{what}: urnic server failed:\n{}\n--- rxe ---\n{}",
+            text(&out),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
         let o = text(&out);
         // ib_read_lat's server measures nothing, as perftest's does not.
         assert!(o.contains("#bytes") || what.starts_with("read-lat"), "{what}: no result table:\n{o}");
@@ -181,12 +221,26 @@ fn perftest_urnic_servers_rxe_clients() {
 fn retransmission_interoperates_under_loss() {
     let lab = Lab::new("loss", 1500);
     // rxe writes to us (we are the responder: we NAK the gaps, rxe goes back).
-    let (ours, _) = urnic_server(&lab, "loss-rxe-writes", &format!("ib_write_bw -d rxe0 -x 1 -F -n 20 -s 65536 {OUR_IP}"), &args("perf write-bw -d eth0 -x 1 -n 20 -s 65536 --drop 0.05 --stats"));
-    let naks: u64 = ours.lines().filter(|l| l.contains("resp_naks_psn_seq_sent") || l.contains("resp_duplicates")).filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok()).sum();
+    let (ours, _) = urnic_server(
+        &lab,
+        "loss-rxe-writes",
+        &format!("ib_write_bw -d rxe0 -x 1 -F -n 20 -s 65536 {OUR_IP}"),
+        &args("perf write-bw -d eth0 -x 1 -n 20 -s 65536 --drop 0.05 --stats"),
+    );
+    let naks: u64 = ours
+        .lines()
+        .filter(|l| l.contains("resp_naks_psn_seq_sent") || l.contains("resp_duplicates"))
+        .filter_map(|l| l.split_whitespace().last()?.parse::<u64>().ok())
+        .sum();
     assert!(ours.contains("xdp_impair_dropped"), "{ours}");
     assert!(naks > 0, "no sequence NAK or duplicate seen at 5% loss:\n{ours}");
     // We write to rxe and lose some of its ACKs: our requester times out or
     // is NAKed and retransmits.
-    let (ours, _) = rxe_server(&lab, "loss-urnic-writes", "ib_write_bw -d rxe0 -x 1 -F -n 20 -s 65536", &args(&format!("perf write-bw -d eth0 -x 1 -n 20 -s 65536 --drop 0.3 --stats {GUEST_IP}")));
+    let (ours, _) = rxe_server(
+        &lab,
+        "loss-urnic-writes",
+        "ib_write_bw -d rxe0 -x 1 -F -n 20 -s 65536",
+        &args(&format!("perf write-bw -d eth0 -x 1 -n 20 -s 65536 --drop 0.3 --stats {GUEST_IP}")),
+    );
     assert!(ours.contains("#bytes"), "{ours}");
 }

@@ -79,13 +79,8 @@ fn main() -> Result<()> {
 
     // Ping-pong: post a receive, send, wait for the send and the receive.
     let recv_wr = |mr: &Mr| RecvWr { wr_id: 1, sgl: vec![mr.sge(size, size as u32)] };
-    let send_wr = |mr: &Mr| SendWr {
-        wr_id: 2,
-        op: SendOp::Send,
-        payload: Payload::Sgl(vec![mr.sge(0, size as u32)]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
+    let send_wr =
+        |mr: &Mr| SendWr { wr_id: 2, op: SendOp::Send, payload: Payload::Sgl(vec![mr.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None };
     for (_, mr, _, qp) in &ends {
         qp.post_recv(&recv_wr(mr))?;
     }

@@ -8,11 +8,7 @@ use std::time::Instant;
 use urnic::*;
 
 fn qp_to_rts(qp: &Qp, remote_qpn: u32, remote_gid: Gid, sq_psn: u32, rq_psn: u32, mtu: Mtu) -> Result<()> {
-    let mut a = QpAttr {
-        qp_state: QpState::Init,
-        qp_access_flags: Access::REMOTE_WRITE,
-        ..QpAttr::default()
-    };
+    let mut a = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };
     qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
     a.qp_state = QpState::Rtr;
     a.path_mtu = mtu;
@@ -66,7 +62,8 @@ fn main() -> Result<()> {
 
     // The server's address and rkey travel out of band in real programs.
     let remote = RemoteAddr { addr: dst.addr(), rkey: dst.rkey() };
-    let wr = SendWr { wr_id: 0, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![src.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None };
+    let wr =
+        SendWr { wr_id: 0, op: SendOp::Write { remote }, payload: Payload::Sgl(vec![src.sge(0, size as u32)]), flags: SendFlags::SIGNALED, ud: None };
     let mut wc = vec![WorkCompletion::default(); 64];
     let start = Instant::now();
     let (mut posted, mut done) = (0, 0);

@@ -178,4 +178,3 @@ impl DeferredDeregs {
         (self.deferred.load(Ordering::Relaxed), self.pending() as u64, self.freed.load(Ordering::Relaxed))
     }
 }
-

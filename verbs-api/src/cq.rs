@@ -112,10 +112,8 @@ impl Cq {
         // The engine lock keeps the datapath from delivering while entries move.
         nic.with_all_engines_locked(|| {
             let old = self.ring.load_full();
-            let new = Arc::new(
-                old.resized(cqe as usize)
-                    .ok_or_else(|| Error::invalid(format!("{} completions are waiting: more than {cqe}", old.len())))?,
-            );
+            let new =
+                Arc::new(old.resized(cqe as usize).ok_or_else(|| Error::invalid(format!("{} completions are waiting: more than {cqe}", old.len())))?);
             nic.attach_cq(new.clone());
             self.ring.store(new);
             Ok(())

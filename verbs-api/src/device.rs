@@ -403,8 +403,8 @@ fn eui64(mac: [u8; 6]) -> u64 {
 /// Open a device (`ibv_open_device`).
 pub fn open_device(config: DeviceConfig) -> Result<Context> {
     let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits, dcqcn } = config;
-    let active_mtu = Mtu::for_netdev_mtu(link_mtu)
-        .ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
+    let active_mtu =
+        Mtu::for_netdev_mtu(link_mtu).ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
     if !(2..=0x00ff_ffff).contains(&first_qpn) {
         return Err(Error::invalid(format!("first_qpn {first_qpn:#x} must be in 2..=0xffffff (0 and 1 are special QPs)")));
     }
@@ -457,11 +457,9 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
     let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize).with_local_addresses(&gids));
     let runners = match datapath {
         DatapathMode::Thread { core, idle } => vec![Runner::spawn(nic.clone(), core, idle)?],
-        DatapathMode::Threads { cores, idle } => cores
-            .iter()
-            .enumerate()
-            .map(|(i, &c)| Runner::spawn_shard(nic.clone(), i, Some(c), idle))
-            .collect::<std::io::Result<Vec<_>>>()?,
+        DatapathMode::Threads { cores, idle } => {
+            cores.iter().enumerate().map(|(i, &c)| Runner::spawn_shard(nic.clone(), i, Some(c), idle)).collect::<std::io::Result<Vec<_>>>()?
+        }
         DatapathMode::Manual => Vec::new(),
     };
     Ok(Context {

@@ -83,21 +83,19 @@ mod stats;
 
 pub use cq::{CompChannel, Cq};
 pub use device::{
-    gid_to_string, link_local_gid, open_af_xdp, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid,
-    PortAttr, PortConfig, PortState, Resolver,
+    gid_to_string, link_local_gid, open_af_xdp, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid, PortAttr,
+    PortConfig, PortState, Resolver,
 };
 pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{DeregError, Mr, Mw, Pd};
-pub use stats::DeviceCounters;
 pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
+pub use stats::DeviceCounters;
 
 pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
-pub use rocev2::transport::memory::{Access, MwType};
-pub use rocev2::transport::wr::{
-    Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion,
-};
-pub use rocev2::Psn;
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
+pub use rocev2::transport::memory::{Access, MwType};
 pub use rocev2::transport::stats::QpStats;
+pub use rocev2::transport::wr::{Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
+pub use rocev2::Psn;
 pub use urnic_datapath::{xdp, BindMode, Faults, IdlePolicy, Impairments, MemHub, XskConfig};

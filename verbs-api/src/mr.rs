@@ -217,8 +217,8 @@ impl Pd {
         // SAFETY: the backing lives in the Mr, whose memory is released only
         // after deregistration succeeded (`Mr::dereg`, `Drop for Mr`,
         // `DeferredDeregs`); Raw memory is the caller's promise.
-        let keys = unsafe { inner.memory.register(self.id, ptr, backing.len, ptr as u64, access) }
-            .map_err(|e| reg_error(e, "registration failed"))?;
+        let keys =
+            unsafe { inner.memory.register(self.id, ptr, backing.len, ptr as u64, access) }.map_err(|e| reg_error(e, "registration failed"))?;
         inner.reclaim_deferred();
         Ok(Mr { pd: self.clone(), backing, lkey: keys.lkey, rkey: keys.rkey, access })
     }
@@ -409,7 +409,7 @@ impl Mr {
         let ptr = self.backing.ptr.as_ptr();
         // SAFETY: same memory, same guarantee as at registration.
         let keys = unsafe { inner.memory.reregister(self.lkey, self.pd.id, ptr, self.backing.len, ptr as u64, access) }
-        .map_err(|e| reg_error(e, &format!("rereg of lkey {:#x}", self.lkey)))?;
+            .map_err(|e| reg_error(e, &format!("rereg of lkey {:#x}", self.lkey)))?;
         self.lkey = keys.lkey;
         self.rkey = keys.rkey;
         self.access = access;
@@ -539,11 +539,8 @@ mod tests {
     use crate::{open_device, DatapathMode, DeviceConfig, MemHub};
     use rocev2::transport::memory::AccessError;
 
-    const ALL: Access = Access::LOCAL_WRITE
-        .union(Access::REMOTE_WRITE)
-        .union(Access::REMOTE_READ)
-        .union(Access::REMOTE_ATOMIC)
-        .union(Access::MW_BIND);
+    const ALL: Access =
+        Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
     fn device() -> Context {
         let hub = MemHub::new(1);

@@ -101,8 +101,7 @@ impl Ah {
     }
 }
 
-const STATES: [QpState; 7] =
-    [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err];
+const STATES: [QpState; 7] = [QpState::Reset, QpState::Init, QpState::Rtr, QpState::Rts, QpState::Sqd, QpState::Sqe, QpState::Err];
 
 fn state_code(s: QpState) -> u8 {
     STATES.iter().position(|&x| x == s).unwrap_or(0) as u8
@@ -180,23 +179,9 @@ impl Pd {
                 return Err(Error::engine("create_qp", e));
             }
         };
-        let rings = Arc::new(QpRings::new(
-            qpn,
-            attr.send_cq,
-            attr.recv_cq,
-            c.max_send_wr as usize,
-            c.max_recv_wr.max(1) as usize,
-        ));
+        let rings = Arc::new(QpRings::new(qpn, attr.send_cq, attr.recv_cq, c.max_send_wr as usize, c.max_recv_wr.max(1) as usize));
         inner.nic.attach_qp(rings.clone());
-        Ok(Qp {
-            pd: self.clone(),
-            qpn,
-            qp_type: init.qp_type,
-            caps: c,
-            rings,
-            srq: attr.srq,
-            state: AtomicU8::new(state_code(QpState::Reset)),
-        })
+        Ok(Qp { pd: self.clone(), qpn, qp_type: init.qp_type, caps: c, rings, srq: attr.srq, state: AtomicU8::new(state_code(QpState::Reset)) })
     }
 
     /// `ibv_create_ah`: resolve a path (neighbour lookup) for UD sends.
@@ -264,16 +249,9 @@ impl Qp {
             unpathed.map_path(|ah| inner.resolve_path(&ah))?
         };
         if mask.contains(QpAttrMask::PATH_MTU) && resolved.path_mtu > inner.active_mtu {
-            return Err(Error::invalid(format!(
-                "path_mtu {} exceeds the port's active MTU {}",
-                resolved.path_mtu.bytes(),
-                inner.active_mtu.bytes()
-            )));
+            return Err(Error::invalid(format!("path_mtu {} exceeds the port's active MTU {}", resolved.path_mtu.bytes(), inner.active_mtu.bytes())));
         }
-        inner
-            .nic
-            .with_engine_of(self.qpn, |e| e.modify_qp(self.qpn, &resolved, mask))
-            .map_err(|e| Error::engine("modify_qp", e))?;
+        inner.nic.with_engine_of(self.qpn, |e| e.modify_qp(self.qpn, &resolved, mask)).map_err(|e| Error::engine("modify_qp", e))?;
         if mask.contains(QpAttrMask::STATE) {
             self.state.store(state_code(attr.qp_state), Ordering::Release);
         }
@@ -363,10 +341,7 @@ impl Qp {
     /// itself is lock-free.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
         self.check_send(wr)?;
-        self.rings
-            .send
-            .push(wr.clone())
-            .map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
+        self.rings.send.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }
@@ -402,7 +377,10 @@ impl Qp {
                 if data.len() > self.caps.max_inline_data as usize {
                     return Err(Error::invalid(format!("{} inline bytes > max_inline_data {}", data.len(), self.caps.max_inline_data)));
                 }
-                if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }) {
+                if !matches!(
+                    wr.op,
+                    SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. }
+                ) {
                     return Err(Error::invalid("inline data is only for SEND and RDMA WRITE"));
                 }
             }
@@ -460,10 +438,7 @@ impl Qp {
             return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
         }
         crate::mr::check_sgl(&self.ctx().inner.memory, self.pd.id, &wr.sgl, true)?;
-        self.rings
-            .recv
-            .push(wr.clone())
-            .map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
+        self.rings.recv.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }

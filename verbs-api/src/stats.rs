@@ -76,11 +76,8 @@ fn counters_of(inner: &DeviceInner) -> DeviceCounters {
     nic.for_each_engine(|e| qps.extend(e.qpns().filter_map(|n| e.qp_stats(n).map(|s| (n, *s)))));
     qps.sort_by_key(|(n, _)| *n);
     let (deferred, pending, freed) = inner.deferred.counts();
-    let verbs = vec![
-        ("mr_dereg_deferred".to_string(), deferred),
-        ("mr_dereg_pending".to_string(), pending),
-        ("mr_deferred_freed".to_string(), freed),
-    ];
+    let verbs =
+        vec![("mr_dereg_deferred".to_string(), deferred), ("mr_dereg_pending".to_string(), pending), ("mr_deferred_freed".to_string(), freed)];
     DeviceCounters {
         name: inner.name.clone(),
         datapath: nic.stats.iter().map(|(k, v)| (k.to_string(), v)).collect(),

@@ -50,11 +50,8 @@ pub fn devices_on(hub: &std::sync::Arc<MemHub>, impair: Impairments) -> (Context
     (open_device(a).unwrap(), open_device(b).unwrap())
 }
 
-pub const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::MW_BIND);
+pub const ALL: Access =
+    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
 pub fn side(ctx: &Context, buf: usize) -> Side {
     let pd = ctx.alloc_pd().unwrap();
@@ -68,8 +65,7 @@ pub fn caps() -> QpCaps {
 }
 
 pub fn rc_qp(s: &Side, srq: Option<&Srq>) -> Qp {
-    s.pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &s.cq, recv_cq: &s.cq, srq, cap: caps(), sq_sig_all: false })
-        .unwrap()
+    s.pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &s.cq, recv_cq: &s.cq, srq, cap: caps(), sq_sig_all: false }).unwrap()
 }
 
 /// Connect with ACK timeout 14 (67 ms, perftest's default): with 7 retries a

@@ -40,8 +40,7 @@ fn rkey_from_another_pd() {
     let mr2 = pd2.alloc_mr(65536, ALL).unwrap();
     let before = bytes(&mr2, 0..mr2.len());
     fill(&mut a.mr, 0, 64, 1);
-    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: mr2.addr(), rkey: mr2.rkey() } }, vec![a.mr.sge(0, 64)]))
-        .unwrap();
+    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: mr2.addr(), rkey: mr2.rkey() } }, vec![a.mr.sge(0, 64)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
     assert_eq!(bytes(&mr2, 0..mr2.len()), before);
 }
@@ -51,8 +50,7 @@ fn missing_access_flag() {
     let (mut a, qa, b, _qb) = rc_pair(Impairments::default(), 65536);
     let ro = b.pd.alloc_mr(65536, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
     fill(&mut a.mr, 0, 64, 1);
-    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: ro.addr(), rkey: ro.rkey() } }, vec![a.mr.sge(0, 64)]))
-        .unwrap();
+    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: ro.addr(), rkey: ro.rkey() } }, vec![a.mr.sge(0, 64)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
     assert!(bytes(&ro, 0..ro.len()).iter().all(|&x| x == 0));
 }
@@ -83,7 +81,6 @@ fn stale_key_after_rereg() {
     b.mr.rereg_access(ALL).unwrap();
     assert_ne!(old, b.mr.rkey());
     fill(&mut a.mr, 0, 64, 1);
-    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: b.mr.addr(), rkey: old } }, vec![a.mr.sge(0, 64)]))
-        .unwrap();
+    qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: b.mr.addr(), rkey: old } }, vec![a.mr.sge(0, 64)])).unwrap();
     assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
 }

@@ -141,12 +141,10 @@ fn everything_completes_over_an_impaired_link() {
     qa.post_send(&send_wr(3, SendOp::Send, vec![a.mr.sge(0, 300_000)])).unwrap();
     qa.post_send(&send_wr(4, SendOp::FetchAdd { remote: rb(8), add: 3 }, vec![a.mr.sge(2 * MIB, 8)])).unwrap();
     let c = wait(&a.cq, 4);
-    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![
-        (1, WcStatus::Success),
-        (2, WcStatus::Success),
-        (3, WcStatus::Success),
-        (4, WcStatus::Success)
-    ]);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success), (4, WcStatus::Success)]
+    );
     let r = wait(&b.cq, 1);
     assert_eq!((r[0].wr_id, r[0].byte_len), (50, 300_000));
     // WRITE landed, then the atomic added 3 to bytes 8..16 of it

@@ -250,11 +250,7 @@ fn thresholds(f: &Faults) -> Result<[u32; 3], XdpError> {
 
 fn build_config(udp_port: u16, ipv4: &[[u8; 4]], ipv6: &[[u8; 16]], imp: &Impairments) -> Result<Config, XdpError> {
     if ipv4.len() > MAX_ADDRS || ipv6.len() > MAX_ADDRS {
-        return Err(XdpError::Config(format!(
-            "{} IPv4 and {} IPv6 addresses: at most {MAX_ADDRS} of each",
-            ipv4.len(),
-            ipv6.len()
-        )));
+        return Err(XdpError::Config(format!("{} IPv4 and {} IPv6 addresses: at most {MAX_ADDRS} of each", ipv4.len(), ipv6.len())));
     }
     if udp_port == 0 {
         return Err(XdpError::Config("UDP port 0".into()));
@@ -335,20 +331,16 @@ impl XdpProgram {
 
     /// Attach through a BPF link (`BPF_LINK_CREATE`, `BPF_XDP`) in mode `m`.
     fn link_create(&self, m: AttachMode) -> Result<OwnedFd, XdpError> {
-        let prog = self
-            .obj
-            .progs()
-            .find(|p| p.name() == "urnic_xdp")
-            .ok_or_else(|| XdpError::Load("program urnic_xdp missing from the object".into()))?;
+        let prog =
+            self.obj.progs().find(|p| p.name() == "urnic_xdp").ok_or_else(|| XdpError::Load("program urnic_xdp missing from the object".into()))?;
         // SAFETY: the options struct is plain data; zeroed is its default.
         let mut opts: libbpf_rs::libbpf_sys::bpf_link_create_opts = unsafe { std::mem::zeroed() };
         opts.sz = std::mem::size_of::<libbpf_rs::libbpf_sys::bpf_link_create_opts>() as _;
         opts.flags = flags(m).bits();
         // SAFETY: a valid program fd, the interface index as target, and
         // options of the size we declare.
-        let fd = unsafe {
-            libbpf_rs::libbpf_sys::bpf_link_create(prog.as_fd().as_raw_fd(), self.ifindex as i32, libbpf_rs::libbpf_sys::BPF_XDP, &opts)
-        };
+        let fd =
+            unsafe { libbpf_rs::libbpf_sys::bpf_link_create(prog.as_fd().as_raw_fd(), self.ifindex as i32, libbpf_rs::libbpf_sys::BPF_XDP, &opts) };
         if fd < 0 {
             return Err(XdpError::Attach(std::io::Error::from_raw_os_error(-fd).to_string()));
         }
@@ -362,15 +354,11 @@ impl XdpProgram {
 
     /// Restart the ecn_mark_above_pps rate meter (after its limit changed).
     fn reset_rate_meter(&self) -> Result<(), XdpError> {
-        self.map("rate")?
-            .update(&0u32.to_ne_bytes(), &0u64.to_ne_bytes(), MapFlags::ANY)
-            .map_err(|e| XdpError::Map(format!("rate: {e}")))
+        self.map("rate")?.update(&0u32.to_ne_bytes(), &0u64.to_ne_bytes(), MapFlags::ANY).map_err(|e| XdpError::Map(format!("rate: {e}")))
     }
 
     fn write_config(&self, c: &Config) -> Result<(), XdpError> {
-        self.map("config")?
-            .update(&0u32.to_ne_bytes(), &c.to_bytes(), MapFlags::ANY)
-            .map_err(|e| XdpError::Map(format!("config: {e}")))
+        self.map("config")?.update(&0u32.to_ne_bytes(), &c.to_bytes(), MapFlags::ANY).map_err(|e| XdpError::Map(format!("config: {e}")))
     }
 
     /// The mode the program is attached in (native or generic).
@@ -427,11 +415,7 @@ impl XdpProgram {
                 .lookup_percpu(&(i as u32).to_ne_bytes(), MapFlags::ANY)
                 .map_err(|e| XdpError::Map(format!("counters[{i}]: {e}")))?
                 .unwrap_or_default();
-            *slot = per_cpu
-                .iter()
-                .filter_map(|v| v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok()))
-                .map(u64::from_ne_bytes)
-                .sum();
+            *slot = per_cpu.iter().filter_map(|v| v.get(..8).and_then(|b| <[u8; 8]>::try_from(b).ok())).map(u64::from_ne_bytes).sum();
         }
         Ok(XdpCounters::from_slots(&slots))
     }
@@ -496,7 +480,8 @@ mod tests {
         assert!(e.contains("port 0"), "{e}");
         let imp = Impairments::from(Faults { ecn_mark: f64::NAN, ..Faults::NONE });
         assert!(build_config(4791, &[], &[], &imp).is_err());
-        let c = build_config(4791, &[], &[], &Impairments { faults: Faults { corrupt: 1.0, ecn_mark: 0.5, ..Faults::NONE }, ecn_mark_above_pps: 7 }).unwrap();
+        let c = build_config(4791, &[], &[], &Impairments { faults: Faults { corrupt: 1.0, ecn_mark: 0.5, ..Faults::NONE }, ecn_mark_above_pps: 7 })
+            .unwrap();
         assert_eq!((c.drop_thresh, c.corrupt_thresh, c.ce_thresh, c.ce_above_pps), (0, u32::MAX, threshold(0.5), 7));
     }
 

@@ -36,24 +36,13 @@ const OTHER_PORT: u16 = 5000;
 
 /// Counters that end a frame's journey through the program: exactly one of
 /// them counts each frame, so their sum is `seen`.
-const TERMINAL: [&str; 8] = [
-    "redirected",
-    "pass_not_ip",
-    "pass_not_udp",
-    "pass_other_port",
-    "pass_not_ours",
-    "pass_malformed",
-    "pass_no_socket",
-    "impair_dropped",
-];
+const TERMINAL: [&str; 8] =
+    ["redirected", "pass_not_ip", "pass_not_udp", "pass_other_port", "pass_not_ours", "pass_malformed", "pass_no_socket", "impair_dropped"];
 
 fn require_root() {
     // SAFETY: geteuid has no preconditions.
     let euid = unsafe { libc::geteuid() };
-    assert_eq!(
-        euid, 0,
-        "urnic-xdp's veth tests need root (network namespaces, veth, BPF, AF_XDP): run them as root. They fail rather than skip."
-    );
+    assert_eq!(euid, 0, "urnic-xdp's veth tests need root (network namespaces, veth, BPF, AF_XDP): run them as root. They fail rather than skip.");
 }
 
 /// Run a command, panic with its output if it fails; its stdout.
@@ -128,10 +117,7 @@ impl Topo {
         }
         let mac = |m: [u8; 6]| m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":");
         let (mac_a, mac_b) = (mac(MAC_A), mac(MAC_B));
-        run(
-            "ip",
-            &["-n", &t.a, "link", "add", IF_A, "address", &mac_a, "type", "veth", "peer", "name", IF_B, "address", &mac_b, "netns", &t.b],
-        );
+        run("ip", &["-n", &t.a, "link", "add", IF_A, "address", &mac_a, "type", "veth", "peer", "name", IF_B, "address", &mac_b, "netns", &t.b]);
         for (ns, ifname, v4, v6) in [(&t.a, IF_A, "10.77.0.1/24", "fd77::1/64"), (&t.b, IF_B, "10.77.0.2/24", "fd77::2/64")] {
             run("ip", &["-n", ns, "addr", "add", v4, "dev", ifname]);
             if opts.ipv6 {
@@ -216,13 +202,7 @@ fn expect_moves(prog: &XdpProgram, before: &XdpCounters, expected: &[(&str, u64)
 }
 
 /// [`expect_moves`], naming the case `what` when it fails.
-fn expect_moves_in(
-    what: &str,
-    prog: &XdpProgram,
-    before: &XdpCounters,
-    expected: &[(&str, u64)],
-    noise: &[&str],
-) -> XdpCounters {
+fn expect_moves_in(what: &str, prog: &XdpProgram, before: &XdpCounters, expected: &[(&str, u64)], noise: &[&str]) -> XdpCounters {
     let want_seen: u64 = expected.iter().filter(|(k, _)| TERMINAL.contains(k)).map(|(_, v)| v).sum();
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
@@ -263,8 +243,7 @@ fn setopt(fd: RawFd, level: libc::c_int, name: libc::c_int, val: libc::c_int) {
 /// traffic class of what it receives.
 fn receiver(t: &Topo, port: u16, v6: bool) -> UdpSocket {
     t.a(|| {
-        let s = if v6 { UdpSocket::bind(("::", port)) } else { UdpSocket::bind(("0.0.0.0", port)) }
-            .unwrap_or_else(|e| panic!("bind {port}: {e}"));
+        let s = if v6 { UdpSocket::bind(("::", port)) } else { UdpSocket::bind(("0.0.0.0", port)) }.unwrap_or_else(|e| panic!("bind {port}: {e}"));
         s.set_read_timeout(Some(Duration::from_millis(250))).expect("read timeout");
         setopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20);
         if v6 {
@@ -332,9 +311,7 @@ fn recv_tos(s: &UdpSocket) -> Option<(Vec<u8>, u8)> {
         while !c.is_null() {
             match ((*c).cmsg_level, (*c).cmsg_type) {
                 (libc::IPPROTO_IP, libc::IP_TOS) => tos = Some(*libc::CMSG_DATA(c)),
-                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => {
-                    tos = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int) as u8)
-                }
+                (libc::IPPROTO_IPV6, libc::IPV6_TCLASS) => tos = Some(std::ptr::read_unaligned(libc::CMSG_DATA(c) as *const libc::c_int) as u8),
                 _ => {}
             }
             c = libc::CMSG_NXTHDR(&msg, c);
@@ -355,10 +332,7 @@ fn bits_differing(a: &[u8], b: &[u8]) -> u32 {
 }
 
 fn ping_from_b(t: &Topo) -> std::process::Output {
-    Command::new("ip")
-        .args(["netns", "exec", &t.b, "ping", "-c", "2", "-W", "1", "10.77.0.1"])
-        .output()
-        .expect("running ping")
+    Command::new("ip").args(["netns", "exec", &t.b, "ping", "-c", "2", "-W", "1", "10.77.0.1"]).output().expect("running ping")
 }
 
 // ------------------------------------------------------------------ frames --
@@ -502,14 +476,7 @@ impl Ring {
     /// entries of `desc_size` bytes, laid out as `off` says.
     unsafe fn map(fd: RawFd, off: &libc::xdp_ring_offset, pgoff: libc::off_t, desc_size: usize) -> Ring {
         let len = off.desc as usize + XSK_FRAMES as usize * desc_size;
-        let map = libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_SHARED | libc::MAP_POPULATE,
-            fd,
-            pgoff,
-        );
+        let map = libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_SHARED | libc::MAP_POPULATE, fd, pgoff);
         assert_ne!(map, libc::MAP_FAILED, "mmap AF_XDP ring: {}", std::io::Error::last_os_error());
         let at = |o: u64| (map as *mut u8).add(o as usize);
         Ring { map, len, producer: at(off.producer) as *const AtomicU32, consumer: at(off.consumer) as *const AtomicU32, desc: at(off.desc) }
@@ -565,14 +532,8 @@ impl Xsk {
                 0,
             );
             assert_ne!(umem, libc::MAP_FAILED, "mmap UMEM: {}", std::io::Error::last_os_error());
-            let reg = libc::xdp_umem_reg {
-                addr: umem as u64,
-                len: umem_len as u64,
-                chunk_size: XSK_FRAME,
-                headroom: 0,
-                flags: 0,
-                tx_metadata_len: 0,
-            };
+            let reg =
+                libc::xdp_umem_reg { addr: umem as u64, len: umem_len as u64, chunk_size: XSK_FRAME, headroom: 0, flags: 0, tx_metadata_len: 0 };
             let r = libc::setsockopt(
                 raw,
                 libc::SOL_XDP,
@@ -607,11 +568,7 @@ impl Xsk {
                 sxdp_queue_id: queue,
                 sxdp_shared_umem_fd: 0,
             };
-            let r = libc::bind(
-                raw,
-                &sxdp as *const libc::sockaddr_xdp as *const libc::sockaddr,
-                std::mem::size_of::<libc::sockaddr_xdp>() as u32,
-            );
+            let r = libc::bind(raw, &sxdp as *const libc::sockaddr_xdp as *const libc::sockaddr, std::mem::size_of::<libc::sockaddr_xdp>() as u32);
             assert_eq!(r, 0, "bind AF_XDP socket to ifindex {ifindex} queue {queue}: {}", std::io::Error::last_os_error());
             Xsk { fd, umem: umem as *mut u8, fill, rx }
         }
@@ -632,17 +589,12 @@ impl Xsk {
                 // SAFETY: descriptors between consumer and producer are
                 // ours to read; their frames lie inside the UMEM.
                 unsafe {
-                    let d = std::ptr::read_unaligned(
-                        (self.rx.desc as *const libc::xdp_desc).add((cons % XSK_FRAMES) as usize),
-                    );
+                    let d = std::ptr::read_unaligned((self.rx.desc as *const libc::xdp_desc).add((cons % XSK_FRAMES) as usize));
                     assert!(d.addr + u64::from(d.len) <= u64::from(XSK_FRAMES * XSK_FRAME), "descriptor outside the UMEM");
                     out.push(std::slice::from_raw_parts(self.umem.add(d.addr as usize), d.len as usize).to_vec());
                     // Give the frame back to the kernel.
                     let fp = self.fill.producer().load(Ordering::Relaxed);
-                    std::ptr::write_unaligned(
-                        (self.fill.desc as *mut u64).add((fp % XSK_FRAMES) as usize),
-                        d.addr & !u64::from(XSK_FRAME - 1),
-                    );
+                    std::ptr::write_unaligned((self.fill.desc as *mut u64).add((fp % XSK_FRAMES) as usize), d.addr & !u64::from(XSK_FRAME - 1));
                     self.fill.producer().store(fp.wrapping_add(1), Ordering::Release);
                 }
                 cons = cons.wrapping_add(1);
@@ -869,7 +821,8 @@ fn impairments(mode: AttachMode, tag: &str) {
     assert_eq!(drain(&rx).len(), 2);
 
     // All at once: drop wins, nothing else is counted for dropped frames.
-    prog.set_impairments(&Impairments { faults: Faults { loss: 1.0, ecn_mark: 1.0, corrupt: 1.0, ..Faults::NONE }, ecn_mark_above_pps: 1 }).expect("impairments");
+    prog.set_impairments(&Impairments { faults: Faults { loss: 1.0, ecn_mark: 1.0, corrupt: 1.0, ..Faults::NONE }, ecn_mark_above_pps: 1 })
+        .expect("impairments");
     send_n(&tx, v4(IP_A, PORT), b"gone", 3);
     c = expect_moves(&prog, &c, &[("impair_dropped", 3)], &[]);
 
@@ -1077,9 +1030,7 @@ fn parsing_native() {
 #[test]
 fn ipv6_our_port_addresses_and_ce() {
     let t = Topo::new("v6", TopoOpts { ipv6: true, static_neigh: true });
-    let prog = t
-        .attach(&XdpConfig { ipv4: vec![IP_A], ipv6: vec![IP6_A], mode: AttachMode::Generic, ..XdpConfig::default() })
-        .expect("attach");
+    let prog = t.attach(&XdpConfig { ipv4: vec![IP_A], ipv6: vec![IP6_A], mode: AttachMode::Generic, ..XdpConfig::default() }).expect("attach");
     let rx = receiver(&t, PORT, true);
     let rx_other = receiver(&t, OTHER_PORT, true);
     let tx = sender(&t, 2, false, true);

@@ -404,7 +404,7 @@ mod tests {
         insns[0].code = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K: r0 = imm
         insns[0].imm = 2; // XDP_PASS
         insns[1].code = 0x95; // BPF_JMP | BPF_EXIT
-        // SAFETY: valid NUL-terminated strings and two instructions; NULL options are allowed.
+                              // SAFETY: valid NUL-terminated strings and two instructions; NULL options are allowed.
         let prog = unsafe { sys::bpf_prog_load(sys::BPF_PROG_TYPE_XDP, name.as_ptr(), c"GPL".as_ptr(), insns.as_ptr(), 2, std::ptr::null_mut()) };
         if prog < 0 {
             return Err(io::Error::from_raw_os_error(-prog));

@@ -14,10 +14,10 @@
 //! every [`Strike`] records exactly what the frame changed and whether that
 //! is what [`Attack::expect`] says a receiver following the rules does.
 
+use core::time::Duration;
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use core::time::Duration;
 
 use rand::{Rng, SeedableRng};
 use rand_chacha::ChaCha8Rng;
@@ -236,8 +236,7 @@ fn show(deltas: &[(String, i64)]) -> String {
 }
 
 const WRONG_STATE: &[Counter] = &[Counter::Engine("rx_wrong_state")];
-const NAK_COPY: &[Counter] =
-    &[Counter::Qp("req_duplicate_naks"), Counter::Qp("req_stale_responses"), Counter::Qp("req_ghost_responses")];
+const NAK_COPY: &[Counter] = &[Counter::Qp("req_duplicate_naks"), Counter::Qp("req_stale_responses"), Counter::Qp("req_ghost_responses")];
 
 impl Adversary {
     /// An adversary at `me` with its own `seed`, attacking `targets`.
@@ -467,17 +466,7 @@ impl Adversary {
         if attack == Attack::SeqNakCopy && verdict.is_ok() && deltas.iter().any(|(k, _)| k == "qp.req_retransmits") {
             verdict = Err(format!("a NAK copy restarted the retry: {}", show(&deltas)));
         }
-        self.strikes.push(Strike {
-            at: net.now(),
-            attack,
-            victim: (target.node, target.qpn),
-            opcode,
-            psn,
-            state: (s0, s1),
-            deltas,
-            verdict,
-            busy,
-        });
+        self.strikes.push(Strike { at: net.now(), attack, victim: (target.node, target.qpn), opcode, psn, state: (s0, s1), deltas, verdict, busy });
     }
 }
 
@@ -562,10 +551,7 @@ mod tests {
         for s in &strikes {
             assert!(!s.deltas.is_empty(), "{s:?}");
         }
-        let bad: Vec<String> = strikes
-            .iter()
-            .filter_map(|s| s.verdict.as_ref().err().map(|e| format!("{} at {:?}: {e}", s.attack, s.at)))
-            .collect();
+        let bad: Vec<String> = strikes.iter().filter_map(|s| s.verdict.as_ref().err().map(|e| format!("{} at {:?}: {e}", s.attack, s.at))).collect();
         assert!(bad.is_empty(), "strikes not counted as expected:\n{}", bad.join("\n"));
     }
 }

@@ -34,12 +34,12 @@ use std::net::IpAddr;
 use crate::psn::Psn;
 use crate::sim::rc::HostAddr;
 use crate::transport::attr::AddressVector;
-use crate::wire::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP};
-use crate::wire::{
-    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr,
-    NakCode, RethRepr, TransportRepr, UdpRepr,
-};
 use crate::wire::{sport, Opcode, WireError, ROCEV2_UDP_PORT};
+use crate::wire::{
+    AckSyndrome, AethRepr, AtomicEthRepr, BthRepr, EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, MacAddr, NakCode, RethRepr, TransportRepr,
+    UdpRepr,
+};
+use crate::wire::{ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP};
 
 /// A station on the segment: its MAC and IP address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -67,11 +67,7 @@ impl Station {
 
 impl From<&HostAddr> for Station {
     fn from(h: &HostAddr) -> Station {
-        let ip = if AddressVector::is_ipv4_mapped(&h.gid) {
-            IpAddr::from([h.gid[12], h.gid[13], h.gid[14], h.gid[15]])
-        } else {
-            IpAddr::from(h.gid)
-        };
+        let ip = if AddressVector::is_ipv4_mapped(&h.gid) { IpAddr::from([h.gid[12], h.gid[13], h.gid[14], h.gid[15]]) } else { IpAddr::from(h.gid) };
         Station { mac: h.mac, ip }
     }
 }
@@ -358,11 +354,7 @@ impl Attack {
     pub const fn is_request(self) -> bool {
         matches!(
             self,
-            Attack::StrangerRequest(_)
-                | Attack::MisaddressedWrite
-                | Attack::StaleRequest(_)
-                | Attack::AheadRequest(_)
-                | Attack::PeerWriteInWindow
+            Attack::StrangerRequest(_) | Attack::MisaddressedWrite | Attack::StaleRequest(_) | Attack::AheadRequest(_) | Attack::PeerWriteInWindow
         )
     }
 }
@@ -421,8 +413,7 @@ pub fn forge(attack: Attack, v: &VictimView, attacker: &Station, rng_bits: u64, 
     };
     let dst = Station { mac: v.victim.mac, ip: dst_ip };
     // The peer's own UDP source port when spoofing it; a random one otherwise.
-    let sport =
-        if attack.spoofs_peer() { sport::rc_sport(v.peer_qpn, v.qpn) } else { 0xc000 | (r1 as u16 & 0x3fff) };
+    let sport = if attack.spoofs_peer() { sport::rc_sport(v.peer_qpn, v.qpn) } else { 0xc000 | (r1 as u16 & 0x3fff) };
     let msn = (r1 >> 16) as u32 & 0xff_ffff;
     let payload_len = 1 + (r1 >> 40) as usize % 256;
     let (transport, payload_len) = match attack {
@@ -435,9 +426,7 @@ pub fn forge(attack: Attack, v: &VictimView, attacker: &Station, rng_bits: u64, 
         StrangerResponse(op) => response(op, v.qpn, v.sq_psn.sub(1), msn, r1, payload_len),
         SeqNakCopy => response(RespOp::NakSeq, v.qpn, v.una, msn, r1, 0),
         PeerErrorNakOutstanding => response(RespOp::NakAccess, v.qpn, v.una, msn, r1, 0),
-        StrangerCnp | PeerCnp => {
-            (TransportRepr::bth_only(BthRepr { becn: true, ..BthRepr::new(Opcode::CNP, v.qpn, Psn::new(0)) }), 0)
-        }
+        StrangerCnp | PeerCnp => (TransportRepr::bth_only(BthRepr { becn: true, ..BthRepr::new(Opcode::CNP, v.qpn, Psn::new(0)) }), 0),
     };
     let repr = frame_repr(&src, &dst, sport, transport, attack, r1);
     let len = repr.frame_len(payload_len);
@@ -572,11 +561,8 @@ mod tests {
     use std::collections::HashSet;
 
     fn view(v6: bool) -> (VictimView, Station) {
-        let (a, b, c) = if v6 {
-            (HostAddr::ipv6(1), HostAddr::ipv6(2), HostAddr::ipv6(66))
-        } else {
-            (HostAddr::ipv4(1), HostAddr::ipv4(2), HostAddr::ipv4(66))
-        };
+        let (a, b, c) =
+            if v6 { (HostAddr::ipv6(1), HostAddr::ipv6(2), HostAddr::ipv6(66)) } else { (HostAddr::ipv4(1), HostAddr::ipv4(2), HostAddr::ipv4(66)) };
         let v = VictimView {
             victim: Station::from(&a),
             peer: Station::from(&b),
@@ -655,8 +641,7 @@ mod tests {
     #[test]
     fn expectations_name_real_counters() {
         // The names must exist in the engine's counter lists.
-        let engine: HashSet<String> =
-            crate::transport::engine::EngineStats::default().iter().map(|(k, _)| k).collect();
+        let engine: HashSet<String> = crate::transport::engine::EngineStats::default().iter().map(|(k, _)| k).collect();
         let qp: HashSet<&str> = crate::transport::stats::QpStats::default().iter().map(|(k, _)| k).collect();
         for a in Attack::ALL {
             let list = match a.expect() {

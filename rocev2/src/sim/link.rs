@@ -277,11 +277,7 @@ impl Link {
         buf.clear();
         buf.extend_from_slice(frame);
         if corrupt {
-            let (start, span) = if buf.len() > ETHERNET_LEN {
-                (ETHERNET_LEN, buf.len() - ETHERNET_LEN)
-            } else {
-                (0, buf.len())
-            };
+            let (start, span) = if buf.len() > ETHERNET_LEN { (ETHERNET_LEN, buf.len() - ETHERNET_LEN) } else { (0, buf.len()) };
             if span > 0 {
                 let bit = (bit_pick % (span as u64 * 8)) as usize;
                 buf[start + bit / 8] ^= 1 << (bit % 8);
@@ -442,11 +438,7 @@ mod tests {
 
     #[test]
     fn reorder_lets_later_frames_overtake() {
-        let cfg = LinkConfig {
-            faults: Faults { reorder: 0.2, ..Faults::NONE },
-            reorder_max: Duration::from_micros(20),
-            ..LinkConfig::default()
-        };
+        let cfg = LinkConfig { faults: Faults { reorder: 0.2, ..Faults::NONE }, reorder_max: Duration::from_micros(20), ..LinkConfig::default() };
         let mut link = Link::new(cfg, 11);
         for i in 0..1000u32 {
             link.send(Instant::from_nanos(u64::from(i) * 1_000), &frame(i, 32));
@@ -488,12 +480,7 @@ mod tests {
     #[test]
     fn rate_limit_spaces_frames_by_serialization_time() {
         // 1 Gb/s: 1000 bytes take 8 µs.
-        let cfg = LinkConfig {
-            delay: Duration::from_micros(2),
-            rate_bps: Some(1_000_000_000),
-            queue_bytes: 1_000_000,
-            ..LinkConfig::default()
-        };
+        let cfg = LinkConfig { delay: Duration::from_micros(2), rate_bps: Some(1_000_000_000), queue_bytes: 1_000_000, ..LinkConfig::default() };
         let mut link = Link::new(cfg, 0);
         for i in 0..10u32 {
             link.send(Instant::ZERO, &frame(i, 1000));
@@ -510,12 +497,7 @@ mod tests {
     #[test]
     fn rate_limit_queue_tail_drops() {
         // 8 Mb/s: 1 byte per µs. Queue of 3000 bytes holds three 1000-byte frames.
-        let cfg = LinkConfig {
-            delay: Duration::ZERO,
-            rate_bps: Some(8_000_000),
-            queue_bytes: 3000,
-            ..LinkConfig::default()
-        };
+        let cfg = LinkConfig { delay: Duration::ZERO, rate_bps: Some(8_000_000), queue_bytes: 3000, ..LinkConfig::default() };
         let mut link = Link::new(cfg, 0);
         for i in 0..10u32 {
             link.send(Instant::ZERO, &frame(i, 1000));
@@ -555,7 +537,17 @@ mod tests {
             use crate::wire::*;
             let repr = FrameRepr {
                 eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: ETHERTYPE_IPV4 },
-                ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn, ident: 1, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 }),
+                ip: IpRepr::V4(Ipv4Repr {
+                    src: [10, 0, 0, 1],
+                    dst: [10, 0, 0, 2],
+                    dscp: 0,
+                    ecn,
+                    ident: 1,
+                    dont_frag: true,
+                    ttl: 64,
+                    protocol: IPPROTO_UDP,
+                    payload_len: 0,
+                }),
                 udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
                 transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_ONLY, 0x11, Psn::new(1))),
             };

@@ -329,11 +329,7 @@ impl<E: Endpoint> Network<E> {
     pub fn next_event(&self) -> Option<Instant> {
         let arrivals = self.links.iter().filter_map(|l| l.link.next_arrival());
         let timers = self.nodes.iter().filter_map(|n| n.endpoint.next_timeout());
-        let ports = self
-            .links
-            .iter()
-            .filter(|l| l.backpressure && l.link.busy_until() > self.now)
-            .map(|l| l.link.busy_until());
+        let ports = self.links.iter().filter(|l| l.backpressure && l.link.busy_until() > self.now).map(|l| l.link.busy_until());
         arrivals.chain(timers).chain(ports).min()
     }
 
@@ -567,12 +563,7 @@ mod tests {
     fn backpressured_port_paces_the_sender_without_drops() {
         // 1000-byte frames at 1 Gb/s: one every 8 µs, none dropped although the
         // queue holds only one frame.
-        let cfg = LinkConfig {
-            delay: Duration::from_micros(1),
-            rate_bps: Some(1_000_000_000),
-            queue_bytes: 1000,
-            ..LinkConfig::default()
-        };
+        let cfg = LinkConfig { delay: Duration::from_micros(1), rate_bps: Some(1_000_000_000), queue_bytes: 1000, ..LinkConfig::default() };
         let mut net = Network::new(Instant::ZERO);
         let a = net.add_node(Pinger::new(1, 2, 20), [2, 0, 0, 0, 0, 1]);
         let b = net.add_node(Pinger::new(2, 1, 0), [2, 0, 0, 0, 0, 2]);
@@ -587,12 +578,7 @@ mod tests {
 
     #[test]
     fn unpaced_sender_overflows_a_bottleneck_queue() {
-        let cfg = LinkConfig {
-            delay: Duration::from_micros(1),
-            rate_bps: Some(1_000_000_000),
-            queue_bytes: 4000,
-            ..LinkConfig::default()
-        };
+        let cfg = LinkConfig { delay: Duration::from_micros(1), rate_bps: Some(1_000_000_000), queue_bytes: 4000, ..LinkConfig::default() };
         let mut net = Network::new(Instant::ZERO);
         let a = net.add_node(Pinger::new(1, 2, 20), [2, 0, 0, 0, 0, 1]);
         let b = net.add_node(Pinger::new(2, 1, 0), [2, 0, 0, 0, 0, 2]);

@@ -42,8 +42,7 @@ pub const IOVA: [u64; 2] = [0x1000_0000, 0x2000_0000];
 
 /// Every access right of a memory region or QP (local write, remote write,
 /// read and atomic).
-pub const ALL_ACCESS: Access =
-    Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
+pub const ALL_ACCESS: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC);
 
 /// How to build a [`Pair`]. Index 0 is host `a`, index 1 host `b`.
 #[derive(Clone, Copy, Debug)]
@@ -75,19 +74,8 @@ impl Default for PairConfig {
         PairConfig {
             hosts: [HostAddr::ipv4(1), HostAddr::ipv4(2)],
             engines: [EngineConfig::default(); 2],
-            qp: QpInitAttr {
-                qp_type: QpType::Rc,
-                pd: PdId(1),
-                send_cq: CqId(1),
-                recv_cq: CqId(2),
-                srq: None,
-                cap,
-                sq_sig_all: true,
-            },
-            params: [
-                RcParams { sq_psn: Psn::new(100), ..RcParams::default() },
-                RcParams { sq_psn: Psn::new(200), ..RcParams::default() },
-            ],
+            qp: QpInitAttr { qp_type: QpType::Rc, pd: PdId(1), send_cq: CqId(1), recv_cq: CqId(2), srq: None, cap, sq_sig_all: true },
+            params: [RcParams { sq_psn: Psn::new(100), ..RcParams::default() }, RcParams { sq_psn: Psn::new(200), ..RcParams::default() }],
             buf_len: 1 << 20,
             mr_access: ALL_ACCESS,
         }
@@ -562,13 +550,7 @@ mod tests {
         let qpn = n.qpn;
         n.engine(1).post_recv(qpn[1], recv).unwrap();
         n.mr[0].bytes_mut()[..5000].fill(0xab);
-        let send = SendWr {
-            wr_id: 4,
-            op: SendOp::Send,
-            payload: Payload::Sgl(vec![n.mr[0].sge(0, 5000)]),
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        };
+        let send = SendWr { wr_id: 4, op: SendOp::Send, payload: Payload::Sgl(vec![n.mr[0].sge(0, 5000)]), flags: SendFlags::SIGNALED, ud: None };
         n.engine(0).post_send(qpn[0], send).unwrap();
         let deadline = n.net.now() + Duration::from_secs(1);
         assert_eq!(n.net.run_until(deadline), crate::sim::RunOutcome::Idle);

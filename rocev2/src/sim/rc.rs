@@ -111,11 +111,7 @@ impl Default for RcParams {
 /// be posted from here on.
 pub fn init_qp(engine: &mut Engine, qpn: u32, p: &RcParams) -> Result<(), EngineError> {
     let init = QpAttr { qp_state: QpState::Init, pkey_index: 0, port_num: 1, qp_access_flags: p.access, ..QpAttr::default() };
-    engine.modify_qp(
-        qpn,
-        &init,
-        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
-    )
+    engine.modify_qp(qpn, &init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
 }
 
 /// Move QP `qpn` of `engine` from RESET to RTS, connected to `remote_qpn` at
@@ -157,11 +153,7 @@ pub fn bring_up_uc(
         rq_psn: remote_sq_psn,
         ..QpAttr::default()
     };
-    engine.modify_qp(
-        qpn,
-        &rtr,
-        QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN,
-    )?;
+    engine.modify_qp(qpn, &rtr, QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN)?;
     let rts = QpAttr { qp_state: QpState::Rts, sq_psn: p.sq_psn, ..QpAttr::default() };
     engine.modify_qp(qpn, &rts, QpAttrMask::STATE | QpAttrMask::SQ_PSN)
 }
@@ -209,12 +201,7 @@ pub fn bring_up_rc_from_init(
     engine.modify_qp(
         qpn,
         &rts,
-        QpAttrMask::STATE
-            | QpAttrMask::TIMEOUT
-            | QpAttrMask::RETRY_CNT
-            | QpAttrMask::RNR_RETRY
-            | QpAttrMask::SQ_PSN
-            | QpAttrMask::MAX_QP_RD_ATOMIC,
+        QpAttrMask::STATE | QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::SQ_PSN | QpAttrMask::MAX_QP_RD_ATOMIC,
     )
 }
 

@@ -319,7 +319,6 @@ impl Default for QpCaps {
     }
 }
 
-
 /// Arguments of QP creation (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct QpInitAttr {

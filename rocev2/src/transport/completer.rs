@@ -19,9 +19,11 @@ impl Requester {
     /// Go back to `psn`: the WQE containing it (or the first unfinished one
     /// after it) is sent again from there, with the same PSNs.
     fn rewind(&mut self, psn: Psn, pmtu: u64) {
-        let Some(i) = self.wqes.iter().position(|w| {
-            w.done.is_none() && w.is_remote() && w.first_psn.is_some() && w.last_psn().is_some_and(|l| !l.is_before(psn))
-        }) else {
+        let Some(i) = self
+            .wqes
+            .iter()
+            .position(|w| w.done.is_none() && w.is_remote() && w.first_psn.is_some() && w.last_psn().is_some_and(|l| !l.is_before(psn)))
+        else {
             return;
         };
         let w = &self.wqes[i];
@@ -277,7 +279,8 @@ impl Requester {
         let op = frame.repr.transport.bth.opcode;
         let is_last = op == Opcode::RC_READ_RESPONSE_LAST || op == Opcode::RC_READ_RESPONSE_ONLY;
         // IBTA 9.7.5.1.3: FIRST/MIDDLE carry exactly a path MTU; the whole response matches the request.
-        let bad_len = payload.len() as u64 > remaining || (!is_last && payload.len() as u64 != pmtu) || (is_last && payload.len() as u64 != remaining);
+        let bad_len =
+            payload.len() as u64 > remaining || (!is_last && payload.len() as u64 != pmtu) || (is_last && payload.len() as u64 != remaining);
         if bad_len {
             ctx.stats.req_bad_responses += 1;
             return self.fail_at(Some(i), WcStatus::BadRespErr, ctx);

@@ -43,8 +43,8 @@ use std::cmp::Reverse;
 
 use crate::hash::IntMap;
 use crate::transport::dcqcn::{DcqcnParams, ReactionPoint};
-use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, resp_ctx, Qp, UNUSED_PATH};
 pub use crate::transport::events::{AsyncEvent, EngineError, EngineStats, WireErrorKind};
+use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, resp_ctx, Qp, UNUSED_PATH};
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
@@ -658,4 +658,3 @@ impl Engine {
         }
     }
 }
-

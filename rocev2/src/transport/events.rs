@@ -144,17 +144,8 @@ impl WireErrorKind {
 impl EngineStats {
     /// Add `other`'s counters to these (summing a device's shards).
     pub fn add(&mut self, other: &EngineStats) {
-        let EngineStats {
-            rx_frames,
-            rx_bad_frame,
-            rx_unknown_qpn,
-            rx_wrong_service,
-            rx_bad_pkey,
-            rx_wrong_peer,
-            rx_wrong_state,
-            rx_cnps,
-            tx_frames,
-        } = other;
+        let EngineStats { rx_frames, rx_bad_frame, rx_unknown_qpn, rx_wrong_service, rx_bad_pkey, rx_wrong_peer, rx_wrong_state, rx_cnps, tx_frames } =
+            other;
         self.rx_frames += rx_frames;
         self.rx_unknown_qpn += rx_unknown_qpn;
         self.rx_wrong_service += rx_wrong_service;
@@ -180,11 +171,10 @@ impl EngineStats {
             ("rx_cnps", self.rx_cnps),
             ("tx_frames", self.tx_frames),
         ];
-        fixed.into_iter().map(|(k, v)| (k.to_string(), v)).chain(
-            WireErrorKind::ALL
-                .into_iter()
-                .map(|k| (format!("rx_drop_{}", k.name()), self.rx_bad_frame.get(&k).copied().unwrap_or(0))),
-        )
+        fixed
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .chain(WireErrorKind::ALL.into_iter().map(|k| (format!("rx_drop_{}", k.name()), self.rx_bad_frame.get(&k).copied().unwrap_or(0))))
     }
 }
 
@@ -208,7 +198,6 @@ impl From<WireError> for WireErrorKind {
     }
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,10 +206,7 @@ mod tests {
     fn engine_errors_say_what_is_wrong() {
         assert_eq!(EngineError::NoSuchQp(0x11).to_string(), "no QP 0x11");
         assert_eq!(EngineError::NoSuchSrq(SrqId(7)).to_string(), "no SRQ 7");
-        assert_eq!(
-            EngineError::BadTransition { from: QpState::Reset, to: QpState::Rts }.to_string(),
-            "no transition Reset -> Rts"
-        );
+        assert_eq!(EngineError::BadTransition { from: QpState::Reset, to: QpState::Rts }.to_string(), "no transition Reset -> Rts");
         assert_eq!(EngineError::BadWr("too many SGEs").to_string(), "bad work request: too many SGEs");
         let e: &dyn std::error::Error = &EngineError::Busy;
         assert!(e.source().is_none());

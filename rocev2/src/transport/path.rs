@@ -2,8 +2,8 @@
 
 use crate::transport::attr::AddressVector;
 use crate::wire::{
-    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4,
-    ETHERTYPE_IPV6, IPPROTO_UDP, ROCEV2_UDP_PORT,
+    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP,
+    ROCEV2_UDP_PORT,
 };
 
 /// Everything below the BTH for frames sent on one path: built once per QP
@@ -20,12 +20,7 @@ impl PathHeaders {
     /// (see [`crate::wire::sport`] for the Linux-compatible choice).
     pub fn new(av: &AddressVector, sport: u16) -> PathHeaders {
         let v4 = AddressVector::is_ipv4_mapped(&av.sgid) && AddressVector::is_ipv4_mapped(&av.dgid);
-        let eth = EthernetRepr {
-            dst: av.dmac,
-            src: av.smac,
-            vlan: av.vlan,
-            ethertype: if v4 { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 },
-        };
+        let eth = EthernetRepr { dst: av.dmac, src: av.smac, vlan: av.vlan, ethertype: if v4 { ETHERTYPE_IPV4 } else { ETHERTYPE_IPV6 } };
         let ip = if v4 {
             let mut src = [0u8; 4];
             let mut dst = [0u8; 4];
@@ -79,13 +74,7 @@ impl PathHeaders {
 
     /// Emit a whole frame into `buf`, letting `fill` write the payload in place.
     /// Returns the frame length.
-    pub fn emit_with(
-        &self,
-        transport: TransportRepr,
-        payload_len: usize,
-        buf: &mut [u8],
-        fill: impl FnOnce(&mut [u8]),
-    ) -> Result<usize, WireError> {
+    pub fn emit_with(&self, transport: TransportRepr, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
         self.frame(transport).emit_with(payload_len, buf, fill)
     }
 

@@ -5,7 +5,9 @@
 
 use std::collections::VecDeque;
 
+use crate::hash::IntMap;
 use crate::psn::Psn;
+use crate::time::Instant;
 use crate::transport::attr::{AddressVector, QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
 use crate::transport::dcqcn::{DcqcnParams, NotificationPoint, ReactionPoint};
 use crate::transport::events::{AsyncEvent, EngineError};
@@ -17,8 +19,6 @@ use crate::transport::requester::{Requester, RequesterCtx};
 use crate::transport::responder::{Responder, ResponderCtx};
 use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, WcOpcode, WcStatus};
-use crate::hash::IntMap;
-use crate::time::Instant;
 use crate::wire::{sport, Opcode};
 
 pub(crate) struct Qp {
@@ -94,8 +94,7 @@ impl Qp {
             return Err(EngineError::BadValue("cur_qp_state does not match the QP's state"));
         }
         let to = if mask.contains(QpAttrMask::STATE) { attr.qp_state } else { from };
-        let (required, optional) =
-            transition_masks(qp.init.qp_type, from, to).ok_or(EngineError::BadTransition { from, to })?;
+        let (required, optional) = transition_masks(qp.init.qp_type, from, to).ok_or(EngineError::BadTransition { from, to })?;
         let given = mask - QpAttrMask::STATE;
         if !given.contains(required) {
             return Err(EngineError::MissingAttr(required - given));
@@ -130,7 +129,8 @@ impl Qp {
             return Err(EngineError::BadValue("IBV_QP_AV without ah_attr"));
         }
         if mask.contains(QpAttrMask::ACCESS_FLAGS)
-            && !(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE | Access::MW_BIND).contains(attr.qp_access_flags)
+            && !(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC | Access::LOCAL_WRITE | Access::MW_BIND)
+                .contains(attr.qp_access_flags)
         {
             return Err(EngineError::BadValue("qp_access_flags has unknown bits"));
         }
@@ -204,7 +204,6 @@ impl Qp {
         }
         Ok((from, to))
     }
-
 }
 
 /// (required, optional) attribute masks of a transition, IBTA 11.2.4.2 /
@@ -252,7 +251,18 @@ fn transition_masks(ty: QpType, from: QpState, to: QpState) -> Option<(QpAttrMas
         (Sqd, Rts) => (none, M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER | M::QKEY),
         (Sqd, Sqd) => (
             none,
-            M::AV | M::MAX_QP_RD_ATOMIC | M::MAX_DEST_RD_ATOMIC | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::ACCESS_FLAGS | M::QKEY | M::PKEY_INDEX | M::MIN_RNR_TIMER | M::PATH_MIG_STATE | M::ALT_PATH,
+            M::AV
+                | M::MAX_QP_RD_ATOMIC
+                | M::MAX_DEST_RD_ATOMIC
+                | M::TIMEOUT
+                | M::RETRY_CNT
+                | M::RNR_RETRY
+                | M::ACCESS_FLAGS
+                | M::QKEY
+                | M::PKEY_INDEX
+                | M::MIN_RNR_TIMER
+                | M::PATH_MIG_STATE
+                | M::ALT_PATH,
         ),
         _ => return None,
     })
@@ -282,9 +292,7 @@ pub(crate) fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8
 pub(crate) fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
     let Some(av) = av else { return false };
     match ip {
-        crate::wire::IpRepr::V4(v4) => {
-            av.sgid == ipv4_mapped(v4.dst) && av.dgid == ipv4_mapped(v4.src)
-        }
+        crate::wire::IpRepr::V4(v4) => av.sgid == ipv4_mapped(v4.dst) && av.dgid == ipv4_mapped(v4.src),
         crate::wire::IpRepr::V6(v6) => av.sgid == v6.dst && av.dgid == v6.src,
     }
 }
@@ -317,24 +325,31 @@ pub(crate) const UNUSED_PATH: AddressVector = AddressVector {
 };
 
 /// The requester and its context, borrowed out of a QP.
-pub(crate) fn req_ctx<'a>(qp: &'a mut Qp, memory: &'a MemoryTable, completions: &'a mut VecDeque<Completion>) -> (&'a mut Requester, RequesterCtx<'a>) {
-    (&mut qp.requester, RequesterCtx {
-        memory,
-        pd: qp.init.pd,
-        qpn: qp.qpn,
-        qp_type: qp.init.qp_type,
-        dest_qpn: qp.attr.dest_qp_num,
-        pmtu: qp.attr.path_mtu,
-        qkey: qp.attr.qkey,
-        send_cq: qp.init.send_cq,
-        completions,
-        stats: &mut qp.stats,
-        timeout: qp.attr.timeout,
-        retry_cnt: qp.attr.retry_cnt,
-        rnr_retry: qp.attr.rnr_retry,
-        max_rd_atomic: qp.attr.max_rd_atomic,
-        draining: qp.state == QpState::Sqd,
-    })
+pub(crate) fn req_ctx<'a>(
+    qp: &'a mut Qp,
+    memory: &'a MemoryTable,
+    completions: &'a mut VecDeque<Completion>,
+) -> (&'a mut Requester, RequesterCtx<'a>) {
+    (
+        &mut qp.requester,
+        RequesterCtx {
+            memory,
+            pd: qp.init.pd,
+            qpn: qp.qpn,
+            qp_type: qp.init.qp_type,
+            dest_qpn: qp.attr.dest_qp_num,
+            pmtu: qp.attr.path_mtu,
+            qkey: qp.attr.qkey,
+            send_cq: qp.init.send_cq,
+            completions,
+            stats: &mut qp.stats,
+            timeout: qp.attr.timeout,
+            retry_cnt: qp.attr.retry_cnt,
+            rnr_retry: qp.attr.rnr_retry,
+            max_rd_atomic: qp.attr.max_rd_atomic,
+            draining: qp.state == QpState::Sqd,
+        },
+    )
 }
 
 /// The responder and its context, borrowed out of a QP (its own RQ or its SRQ).

@@ -64,13 +64,7 @@ impl RecvQueue {
 
     /// A shared receive queue (`ibv_create_srq`), initially disarmed.
     pub fn new_srq(id: SrqId, pd: PdId, max_wr: u32, max_sge: u32) -> RecvQueue {
-        RecvQueue {
-            pd,
-            max_wr,
-            max_sge,
-            wrs: VecDeque::with_capacity(max_wr as usize),
-            srq: Some(SrqLimit { id, limit: 0, event: false }),
-        }
+        RecvQueue { pd, max_wr, max_sge, wrs: VecDeque::with_capacity(max_wr as usize), srq: Some(SrqLimit { id, limit: 0, event: false }) }
     }
 
     /// The protection domain receive SGEs are checked against.

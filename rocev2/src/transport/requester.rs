@@ -23,8 +23,8 @@ use crate::transport::memory::MemoryTable;
 use crate::transport::path::PathHeaders;
 use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, Payload, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
-use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
 use crate::wire::{crc, sport, Opcode};
+use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
 
 /// AckReq at least every this many packets of a long message (rxe: 64 unacked packets).
 pub const ACK_REQ_EVERY: u32 = 64;
@@ -138,7 +138,6 @@ pub(super) fn local_timeout(code: u8) -> Option<Duration> {
     // IBTA 9.7.6.1.3: 4.096 µs × 2^timeout; 0 disables the timer.
     (code != 0).then(|| Duration::from_nanos(4096u64 << u32::from(code.min(31))))
 }
-
 
 impl Requester {
     pub(crate) fn new(max_wr: u32, sq_psn: Psn) -> Requester {
@@ -391,7 +390,8 @@ impl Requester {
         let w = &self.wqes[i];
         let first_psn = w.first_psn.expect("assigned above");
         let mut bth = BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, first_psn) };
-        let mut t = TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None };
+        let mut t =
+            TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None };
         let (payload_off, payload_len, last) = match w.kind {
             Kind::Send | Kind::Write => {
                 let off = self.cur_off;
@@ -429,7 +429,11 @@ impl Requester {
                 let done = w.read_done;
                 bth.opcode = Opcode::RC_READ_REQUEST;
                 bth.psn = first_psn.add((done / pmtu) as u32);
-                t.reth = Some(RethRepr { va: remote.addr.wrapping_add(done), rkey: remote.rkey, dma_len: u32::try_from(w.len - done).unwrap_or(u32::MAX) });
+                t.reth = Some(RethRepr {
+                    va: remote.addr.wrapping_add(done),
+                    rkey: remote.rkey,
+                    dma_len: u32::try_from(w.len - done).unwrap_or(u32::MAX),
+                });
                 (0, 0, true)
             }
             Kind::Atomic => {

@@ -4,7 +4,6 @@ use bitflags::bitflags;
 
 pub use crate::transport::ids::{CqId, Sge};
 
-
 bitflags! {
     /// `IBV_SEND_*` flags.
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -272,24 +271,13 @@ impl Default for WorkCompletion {
     }
 }
 
-
 impl Completion {
     /// A completion carrying only an error `status` (no data moved), for `cq`.
     /// Error completions always wake a CQ armed for solicited events.
     pub const fn error(cq: CqId, qp_num: u32, wr_id: u64, opcode: WcOpcode, status: WcStatus) -> Completion {
         Completion {
             cq,
-            wc: WorkCompletion {
-                wr_id,
-                status,
-                opcode,
-                qp_num,
-                byte_len: 0,
-                imm_data: None,
-                invalidated_rkey: None,
-                src_qp: 0,
-                grh: false,
-            },
+            wc: WorkCompletion { wr_id, status, opcode, qp_num, byte_len: 0, imm_data: None, invalidated_rkey: None, src_qp: 0, grh: false },
             solicited: true,
         }
     }

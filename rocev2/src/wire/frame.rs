@@ -82,11 +82,7 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
     };
     let rest = frame.get(off..).ok_or(WireError::Truncated(Header::Ethernet))?;
     let l3 = parse_ip(rest, Some(version))?;
-    Ok(ParsedFrame {
-        repr: FrameRepr { eth, ip: l3.ip, udp: l3.udp, transport: l3.transport },
-        payload: l3.payload,
-        icrc: l3.icrc,
-    })
+    Ok(ParsedFrame { repr: FrameRepr { eth, ip: l3.ip, udp: l3.udp, transport: l3.transport }, payload: l3.payload, icrc: l3.icrc })
 }
 
 /// Parse and fully check a RoCEv2 packet starting at its IPv4 or IPv6 header
@@ -176,12 +172,7 @@ fn parse_ip(packet: &[u8], want_version: Option<u8>) -> Result<ParsedL3<'_>, Wir
 
 impl FrameRepr {
     fn layout_len(&self) -> Result<usize, WireError> {
-        let layout = self
-            .transport
-            .bth
-            .opcode
-            .layout()
-            .ok_or(WireError::UnknownOpcode(self.transport.bth.opcode.0))?;
+        let layout = self.transport.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.transport.bth.opcode.0))?;
         Ok(TransportRepr::header_len(&layout))
     }
 
@@ -323,7 +314,8 @@ mod tests {
     }
 
     const CX4_CNP: &str = "e41d2dab2bc27cfe90643b32080045c2003c718c4000401191610a0011010a001201000012b7002800008100ffff40000118000000000000000000000000000000000000000082fd002a";
-    const VENDOR_CNP: &str = "4589003C98C64000201169271616160816161607DBAE12B7002800008100FFFF400000D20000000000000000000000000000000000000000DAFC1BEF";
+    const VENDOR_CNP: &str =
+        "4589003C98C64000201169271616160816161607DBAE12B7002800008100FFFF400000D20000000000000000000000000000000000000000DAFC1BEF";
 
     #[test]
     fn hardware_cnps_parse_and_reemit() {
@@ -444,4 +436,3 @@ mod tests {
         assert!(parse_frame(&v).is_ok());
     }
 }
-

@@ -32,12 +32,10 @@ pub mod view;
 
 pub use bth::{BthPacket, BthRepr, BTH_LEN};
 pub use error::{Header, WireError};
-pub use ethernet::{
-    EthernetFrame, EthernetRepr, MacAddr, VlanTag, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN,
-};
+pub use ethernet::{EthernetFrame, EthernetRepr, MacAddr, VlanTag, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
 pub use ext::{
-    rnr_timer_nanos, AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket,
-    DethPacket, DethRepr, IethPacket, ImmDtPacket, NakCode, RethPacket, RethRepr,
+    rnr_timer_nanos, AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr,
+    IethPacket, ImmDtPacket, NakCode, RethPacket, RethRepr,
 };
 pub use frame::{pad_for, parse_frame, parse_l3, peek_dest_qpn, peek_opcode, FrameRepr, ParsedFrame, ParsedL3};
 pub use icrc::ICRC_LEN;

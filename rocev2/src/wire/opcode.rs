@@ -346,4 +346,3 @@ mod tests {
         assert!(Opcode::UC_WRITE_LAST_IMM.has_immediate());
     }
 }
-

@@ -6,8 +6,8 @@
 use super::bth::{BthRepr, BTH_LEN};
 use super::error::{Header, WireError};
 use super::ext::{
-    AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket,
-    DethRepr, IethPacket, ImmDtPacket, RethPacket, RethRepr,
+    AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr, IethPacket, ImmDtPacket,
+    RethPacket, RethRepr,
 };
 use super::opcode::HeaderLayout;
 

@@ -135,7 +135,17 @@ mod tests {
     fn view_reads_and_marks_in_place() {
         let repr = FrameRepr {
             eth: EthernetRepr { dst: [2; 6], src: [4; 6], vlan: Some(VlanTag { pcp: 3, dei: false, vid: 7 }), ethertype: 0x0800 },
-            ip: IpRepr::V4(Ipv4Repr { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], dscp: 26, ecn: 2, ident: 9, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+            ip: IpRepr::V4(Ipv4Repr {
+                src: [1, 2, 3, 4],
+                dst: [5, 6, 7, 8],
+                dscp: 26,
+                ecn: 2,
+                ident: 9,
+                dont_frag: true,
+                ttl: 64,
+                protocol: 17,
+                payload_len: 0,
+            }),
             udp: UdpRepr { src_port: 50000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
             transport: TransportRepr::bth_only(BthRepr { ack_req: true, ..BthRepr::new(Opcode::RC_SEND_ONLY, 0xabcdef, Psn::new(0x123456)) }),
         };
@@ -153,9 +163,27 @@ mod tests {
 
     fn frame(v6: bool, vlan: bool, ecn: u8) -> Vec<u8> {
         let ip = if v6 {
-            IpRepr::V6(Ipv6Repr { src: [1; 16], dst: [2; 16], traffic_class: (26 << 2) | ecn, flow_label: 0xabcde, next_header: IPPROTO_UDP, hop_limit: 64, payload_len: 0 })
+            IpRepr::V6(Ipv6Repr {
+                src: [1; 16],
+                dst: [2; 16],
+                traffic_class: (26 << 2) | ecn,
+                flow_label: 0xabcde,
+                next_header: IPPROTO_UDP,
+                hop_limit: 64,
+                payload_len: 0,
+            })
         } else {
-            IpRepr::V4(Ipv4Repr { src: [1, 2, 3, 4], dst: [5, 6, 7, 8], dscp: 26, ecn, ident: 9, dont_frag: true, ttl: 64, protocol: IPPROTO_UDP, payload_len: 0 })
+            IpRepr::V4(Ipv4Repr {
+                src: [1, 2, 3, 4],
+                dst: [5, 6, 7, 8],
+                dscp: 26,
+                ecn,
+                ident: 9,
+                dont_frag: true,
+                ttl: 64,
+                protocol: IPPROTO_UDP,
+                payload_len: 0,
+            })
         };
         let repr = FrameRepr {
             eth: EthernetRepr {

@@ -10,8 +10,8 @@ use super::urnic_runs::Sweep;
 use super::{Cores, Run};
 use crate::perf::BwOp;
 use crate::plot::{self, nice_max, Chart, Line, COLORS};
-use plotters::prelude::{SeriesLabelPosition, BLACK};
 use anyhow::{Context as _, Result};
+use plotters::prelude::{SeriesLabelPosition, BLACK};
 
 /// The measurements of several runs: medians, ratios, pooled latency samples.
 pub(super) struct Summary {
@@ -326,9 +326,8 @@ mod tests {
         let dir = keep.clone().unwrap_or_else(|| std::env::temp_dir().join(format!("urnic-report-plot-test-{}", std::process::id())));
         std::fs::create_dir_all(&dir).unwrap();
         let sizes = [64usize, 256, 1024, 4096, 16384, 65536, 262_144, 1 << 20];
-        let series: Vec<(String, Vec<f64>)> = (1..=4)
-            .map(|k| (format!("MTU 1024, {k} cores"), sizes.iter().map(|&s| 500.0 * k as f64 * (s as f64).log2() / 20.0).collect()))
-            .collect();
+        let series: Vec<(String, Vec<f64>)> =
+            (1..=4).map(|k| (format!("MTU 1024, {k} cores"), sizes.iter().map(|&s| 500.0 * k as f64 * (s as f64).log2() / 20.0).collect())).collect();
         let ceilings = vec![("raw AF_XDP ceiling, MTU 1024 frames".to_string(), 2500.0), ("raw AF_XDP ceiling, MTU 4096 frames".to_string(), 4100.0)];
         plot_bandwidth("RDMA WRITE bandwidth", &sizes, &series, &ceilings, &dir.join("bandwidth.png")).unwrap();
         let lat: Vec<(String, Vec<f64>)> =

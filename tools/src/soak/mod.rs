@@ -17,8 +17,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use urnic::{
-    open_af_xdp, xdp, AhAttr, AsyncEvent, BindMode, Connect, Context, Cq, DatapathMode, IdlePolicy, Pd, Qp, QpAttr, QpAttrMask, QpCaps,
-    QpInit, QpState, QpType, UdDest, WorkCompletion, XskConfig,
+    open_af_xdp, xdp, AhAttr, AsyncEvent, BindMode, Connect, Context, Cq, DatapathMode, IdlePolicy, Pd, Qp, QpAttr, QpAttrMask, QpCaps, QpInit,
+    QpState, QpType, UdDest, WorkCompletion, XskConfig,
 };
 use urnic_datapath::netns::{Segment, VethPair};
 use urnic_datapath::raw::RawSender;
@@ -233,10 +233,7 @@ impl Net {
     fn describe(&self) -> String {
         match self {
             Net::Pair(_) => format!("soak0 in {}, soak1 in {} (veth, AF_XDP)", self.ns(0), self.ns(1)),
-            Net::Lab(l) => format!(
-                "soak0 in {}, soak1 in {}, injector in {} (bridge in {}; AF_XDP)",
-                l.ns[0], l.ns[1], l.ns[2], l.bridge_ns
-            ),
+            Net::Lab(l) => format!("soak0 in {}, soak1 in {}, injector in {} (bridge in {}; AF_XDP)", l.ns[0], l.ns[1], l.ns[2], l.bridge_ns),
         }
     }
 
@@ -371,15 +368,9 @@ pub fn run(a: &SoakArgs) -> Result<(), String> {
     // Namespaces left by a killed earlier run (of any urnic tool or test).
     let _ = Segment::sweep_stale();
     let net = if a.hostile > 0 {
-        Net::Lab(
-            Segment::create("soak", 3, a.link_mtu)
-                .map_err(|e| format!("creating three network namespaces on a bridge (run as root): {e}"))?,
-        )
+        Net::Lab(Segment::create("soak", 3, a.link_mtu).map_err(|e| format!("creating three network namespaces on a bridge (run as root): {e}"))?)
     } else {
-        Net::Pair(
-            VethPair::create("soak", a.link_mtu)
-                .map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?,
-        )
+        Net::Pair(VethPair::create("soak", a.link_mtu).map_err(|e| format!("creating two network namespaces joined by veth (run as root): {e}"))?)
     };
     let mut rss_max = rss_start;
     let out = soak(a, &net, seed, rss_start, &mut rss_max);
@@ -428,13 +419,7 @@ fn rc_qp(s: &Side, depth: usize) -> Result<Qp, String> {
         send_cq: &s.scq,
         recv_cq: &s.rcq,
         srq: None,
-        cap: QpCaps {
-            max_send_wr: depth as u32,
-            max_recv_wr: depth as u32 + 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: rc::INLINE_MAX,
-        },
+        cap: QpCaps { max_send_wr: depth as u32, max_recv_wr: depth as u32 + 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: rc::INLINE_MAX },
         sq_sig_all: false,
     })
     .map_err(|e| format!("create RC QP: {e}"))
@@ -535,8 +520,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 .create_ah(&AhAttr { dgid: gids[1 - s], sgid_index: 1, port_num: 1, ..AhAttr::default() })
                 .map_err(|e| format!("create_ah: {e}"))?;
             let dest = UdDest { av: *ah.address_vector(), remote_qpn: q[1 - s].qp_num(), remote_qkey: UD_QKEY };
-            let mut f =
-                UdFlow::new(uds.len(), j, s, &sides[s].pd, &sides[1 - s].pd, mtu, a.depth, dest, q[s].qp_num(), Some(net.addr(s).ipv4))?;
+            let mut f = UdFlow::new(uds.len(), j, s, &sides[s].pd, &sides[1 - s].pd, mtu, a.depth, dest, q[s].qp_num(), Some(net.addr(s).ipv4))?;
             f.post_initial_recvs(&q[1 - s])?;
             uds.push(f);
         }
@@ -589,7 +573,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 let (attacker, launchers) = net.attacker()?;
                 Injector::start(launchers, [net.addr(0), net.addr(1)], attacker, targets.clone(), a.hostile, seed, classes)
             }
-                .map_err(|e| format!("injector thread: {e}"))?,
+            .map_err(|e| format!("injector thread: {e}"))?,
         )
     } else {
         None
@@ -610,11 +594,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
     let mut draining: Option<Instant> = None;
     let mut drained_at: Option<Instant> = None;
     let mut interrupted = false;
-    println!(
-        " devices: {}; IB MTU {mtu}; {} datapath",
-        net.describe(),
-        if manual { "run-to-completion" } else { "threaded" }
-    );
+    println!(" devices: {}; IB MTU {mtu}; {} datapath", net.describe(), if manual { "run-to-completion" } else { "threaded" });
 
     let result: Result<(), String> = (|| {
         loop {
@@ -669,9 +649,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 }
                 while let Some(ev) = ctxs[s].poll_async_event() {
                     match ev {
-                        AsyncEvent::QpFatal(q) => {
-                            return Err(format!("device {s}: QP {q:#x} went to the error state (IBV_EVENT_QP_FATAL)"))
-                        }
+                        AsyncEvent::QpFatal(q) => return Err(format!("device {s}: QP {q:#x} went to the error state (IBV_EVENT_QP_FATAL)")),
                         AsyncEvent::PortError => return Err(format!("device {s}: port error (link down)")),
                         _ => {}
                     }
@@ -714,12 +692,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 }
                 for f in &uds {
                     if f.outstanding() > 0 && now.duration_since(f.last_progress) > a.stall {
-                        return Err(format!(
-                            "UD flow {}: {} SENDs in flight and no completion for {}",
-                            f.id,
-                            f.outstanding(),
-                            fmt_secs(a.stall)
-                        ));
+                        return Err(format!("UD flow {}: {} SENDs in flight and no completion for {}", f.id, f.outstanding(), fmt_secs(a.stall)));
                     }
                 }
             }
@@ -729,8 +702,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                 report_line(now - start, &snap, &base, &tot, &uds, injector.as_ref());
             }
             if let Some(t0) = draining {
-                let busy = flows.iter().map(|f| f.outstanding() + f.unreceived()).sum::<usize>()
-                    + uds.iter().map(|f| f.outstanding()).sum::<usize>();
+                let busy = flows.iter().map(|f| f.outstanding() + f.unreceived()).sum::<usize>() + uds.iter().map(|f| f.outstanding()).sum::<usize>();
                 if busy == 0 {
                     // UD messages still on the wire get a moment to land.
                     let t = *drained_at.get_or_insert(now);
@@ -741,14 +713,7 @@ fn soak(a: &SoakArgs, net: &Net, seed: u64, rss_start: u64, rss_max: &mut u64) -
                     let stuck: Vec<String> = flows
                         .iter()
                         .filter(|f| f.outstanding() + f.unreceived() > 0)
-                        .map(|f| {
-                            format!(
-                                "RC flow {}: {} WRs without completion, {} messages not received",
-                                f.id,
-                                f.outstanding(),
-                                f.unreceived()
-                            )
-                        })
+                        .map(|f| format!("RC flow {}: {} WRs without completion, {} messages not received", f.id, f.outstanding(), f.unreceived()))
                         .chain(uds.iter().filter(|f| f.outstanding() > 0).map(|f| format!("UD flow {}: {} sends", f.id, f.outstanding())))
                         .collect();
                     return Err(format!("after {} of draining: {}", fmt_secs(a.stall), stuck.join("; ")));
@@ -872,8 +837,7 @@ fn injected_line(inj: &Injector, snap: &Snap, base: &Snap) -> String {
     let pairs: Vec<String> = by_counter
         .iter()
         .map(|(label, n)| {
-            let got: u64 =
-                label.split('|').map(|k| ["tr", "qp", "port"].iter().map(|g| delta(snap, base, &format!("{g}.{k}"))).sum::<u64>()).sum();
+            let got: u64 = label.split('|').map(|k| ["tr", "qp", "port"].iter().map(|g| delta(snap, base, &format!("{g}.{k}"))).sum::<u64>()).sum();
             format!("{label} {n}/{got}")
         })
         .collect();
@@ -928,13 +892,7 @@ fn summary(
     let ud_sent: u64 = uds.iter().map(|f| f.sent).sum();
     let ud_lost: u64 = uds.iter().map(|f| f.lost()).sum();
     println!("== urnic soak summary ==");
-    println!(
-        " ran {} of {} requested; seed {seed:#x}; {} RC flows, {} UD flows",
-        fmt_secs(elapsed),
-        fmt_secs(a.duration),
-        flows.len(),
-        uds.len()
-    );
+    println!(" ran {} of {} requested; seed {seed:#x}; {} RC flows, {} UD flows", fmt_secs(elapsed), fmt_secs(a.duration), flows.len(), uds.len());
     println!(
         " frames: tx {} rx {} ({:.0}/s); RoCE bytes sent {}",
         delta(snap, base, "dp.tx_frames"),

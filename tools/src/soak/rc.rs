@@ -316,11 +316,7 @@ impl RcFlow {
                     self.local.fill_at(sbase, len, 0xa5).map_err(|e| format!("staging: {e}"))?;
                     self.slots[slot] = SlotUse::Read;
                     let remote = RemoteAddr { addr: self.remote.addr() + (slot * SLOT + off) as u64, rkey: self.remote.rkey() };
-                    (
-                        SendOp::Read { remote },
-                        Payload::Sgl(vec![self.local.sge(sbase, len as u32)]),
-                        Pending::Read { stage, slot, off, len },
-                    )
+                    (SendOp::Read { remote }, Payload::Sgl(vec![self.local.sge(sbase, len as u32)]), Pending::Read { stage, slot, off, len })
                 }
                 Kind::FetchAdd | Kind::CmpSwap => {
                     self.local.fill_at(sbase, 8, 0xa5).map_err(|e| format!("staging: {e}"))?;
@@ -372,11 +368,7 @@ impl RcFlow {
             return fail(self.id, qpn, format!("reading slot {slot}: {e}"));
         }
         if let Some(at) = pattern::check(mem, pattern::key(seed, self.stream, gen)) {
-            return fail(
-                self.id,
-                qpn,
-                format!("{what} generation {gen} ({len} bytes at slot {slot} + {off}): byte {at} differs at the responder"),
-            );
+            return fail(self.id, qpn, format!("{what} generation {gen} ({len} bytes at slot {slot} + {off}): byte {at} differs at the responder"));
         }
         Ok(())
     }
@@ -404,11 +396,7 @@ impl RcFlow {
     /// A completion of the requester QP (`qpn`).
     pub fn on_send_wc(&mut self, qpn: u32, wc: &WorkCompletion, seed: u64, tot: &mut Totals) -> Result<(), String> {
         let Some((kind, p)) = self.pending.remove(&wc.wr_id) else {
-            return fail(
-                self.id,
-                qpn,
-                format!("completion for wr_id {} which is not outstanding (duplicate or unknown): {wc:?}", wc.wr_id),
-            );
+            return fail(self.id, qpn, format!("completion for wr_id {} which is not outstanding (duplicate or unknown): {wc:?}", wc.wr_id));
         };
         self.last_progress = Instant::now();
         tot.send_wcs += 1;
@@ -448,11 +436,7 @@ impl RcFlow {
                     return fail(self.id, qpn, format!("reading staging: {e}"));
                 }
                 if let Some(at) = pattern::first_diff(got, &self.shadow[slot][off..off + len]) {
-                    return fail(
-                        self.id,
-                        qpn,
-                        format!("READ wr_id {} of {len} bytes from slot {slot} + {off}: byte {at} differs", wc.wr_id),
-                    );
+                    return fail(self.id, qpn, format!("READ wr_id {} of {len} bytes from slot {slot} + {off}: byte {at} differs", wc.wr_id));
                 }
                 tot.verified_bytes += len as u64;
                 tot.verified_msgs += 1;
@@ -466,11 +450,7 @@ impl RcFlow {
                 }
                 let old = u64::from_ne_bytes(b);
                 if old != expect_old {
-                    return fail(
-                        self.id,
-                        qpn,
-                        format!("{} wr_id {} returned {old:#x}, the model says {expect_old:#x}", kind.name(), wc.wr_id),
-                    );
+                    return fail(self.id, qpn, format!("{} wr_id {} returned {old:#x}, the model says {expect_old:#x}", kind.name(), wc.wr_id));
                 }
                 if cmp_swap {
                     self.cs_inflight -= 1;
@@ -490,11 +470,7 @@ impl RcFlow {
     pub fn on_recv_wc(&mut self, rq: &Qp, wc: &WorkCompletion, seed: u64, tot: &mut Totals) -> Result<(), String> {
         let qpn = rq.qp_num();
         let Some(buf) = self.recvs.remove(&wc.wr_id) else {
-            return fail(
-                self.id,
-                qpn,
-                format!("receive completion for wr_id {} which is not posted (duplicate or unknown): {wc:?}", wc.wr_id),
-            );
+            return fail(self.id, qpn, format!("receive completion for wr_id {} which is not posted (duplicate or unknown): {wc:?}", wc.wr_id));
         };
         tot.recv_wcs += 1;
         if wc.status != WcStatus::Success {
@@ -520,11 +496,7 @@ impl RcFlow {
             }
             Expect::WriteImm { gen, slot, off, len, imm } => {
                 if wc.opcode != WcOpcode::RecvRdmaWithImm || wc.byte_len as usize != len || wc.imm_data != Some(imm) {
-                    return fail(
-                        self.id,
-                        qpn,
-                        format!("expected WRITE_WITH_IMM generation {gen} of {len} bytes, imm {imm:#x}; got {wc:?}"),
-                    );
+                    return fail(self.id, qpn, format!("expected WRITE_WITH_IMM generation {gen} of {len} bytes, imm {imm:#x}; got {wc:?}"));
                 }
                 self.check_slot_range(qpn, slot, off, len, gen, seed, "WRITE_WITH_IMM at its receive completion")?;
                 tot.verified_bytes += len as u64;

@@ -184,11 +184,7 @@ impl UdFlow {
     /// A send completion of the sender QP.
     pub fn on_send_wc(&mut self, qpn: u32, wc: &WorkCompletion, tot: &mut Totals) -> Result<(), String> {
         let Some(stage) = self.pending.remove(&wc.wr_id) else {
-            return fail(
-                self.id,
-                qpn,
-                format!("completion for wr_id {} which is not outstanding (duplicate or unknown): {wc:?}", wc.wr_id),
-            );
+            return fail(self.id, qpn, format!("completion for wr_id {} which is not outstanding (duplicate or unknown): {wc:?}", wc.wr_id));
         };
         tot.send_wcs += 1;
         self.last_progress = Instant::now();
@@ -204,11 +200,7 @@ impl UdFlow {
     pub fn on_recv_wc(&mut self, rq: &Qp, wc: &WorkCompletion, seed: u64, tot: &mut Totals) -> Result<(), String> {
         let qpn = rq.qp_num();
         let Some(buf) = self.recvs.remove(&wc.wr_id) else {
-            return fail(
-                self.id,
-                qpn,
-                format!("receive completion for wr_id {} which is not posted (duplicate or unknown): {wc:?}", wc.wr_id),
-            );
+            return fail(self.id, qpn, format!("receive completion for wr_id {} which is not posted (duplicate or unknown): {wc:?}", wc.wr_id));
         };
         tot.recv_wcs += 1;
         if wc.status != WcStatus::Success || wc.opcode != WcOpcode::Recv {

@@ -129,10 +129,8 @@ pub fn ud_send_with_address_handle() {
     let (ca, cb) = devices(Impairments::default());
     let mut a = side(&ca, 65536);
     let b = side(&cb, 65536);
-    let mk = |s: &Side| {
-        s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
-            .unwrap()
-    };
+    let mk =
+        |s: &Side| s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
     let (qa, qb) = (mk(&a), mk(&b));
     for qp in [&qa, &qb] {
         let mut at = QpAttr { qp_state: QpState::Init, qkey: 0x1111_1111, ..QpAttr::default() };
@@ -267,8 +265,7 @@ pub fn dereg_with_a_bound_window_is_busy_and_changes_nothing() {
     // Remotely, by rkey and through the window.
     fill(&mut a.mr, 0, 256, 7);
     qa.post_send(&send_wr(1, SendOp::Write { remote: RemoteAddr { addr: mr.addr(), rkey } }, vec![a.mr.sge(0, 256)])).unwrap();
-    qa.post_send(&send_wr(2, SendOp::Write { remote: RemoteAddr { addr: mr.addr() + 4096, rkey: wkey } }, vec![a.mr.sge(0, 256)]))
-        .unwrap();
+    qa.post_send(&send_wr(2, SendOp::Write { remote: RemoteAddr { addr: mr.addr() + 4096, rkey: wkey } }, vec![a.mr.sge(0, 256)])).unwrap();
     let c = wait(&a.cq, 2);
     assert_eq!([c[0].status, c[1].status], [WcStatus::Success; 2], "{c:?}");
     assert_eq!(bytes(&mr, 0..256), expected(256, 7));
@@ -345,14 +342,7 @@ pub fn type2_window_bound_by_wr_and_invalidated_by_send() {
     let new_key = 0x5a;
     qb.post_send(&SendWr {
         wr_id: 10,
-        op: SendOp::BindMw {
-            mw_rkey: mw.rkey(),
-            new_key,
-            mr_lkey: b.mr.lkey(),
-            addr: b.mr.addr(),
-            length: 8192,
-            access: Access::REMOTE_WRITE,
-        },
+        op: SendOp::BindMw { mw_rkey: mw.rkey(), new_key, mr_lkey: b.mr.lkey(), addr: b.mr.addr(), length: 8192, access: Access::REMOTE_WRITE },
         payload: Payload::Sgl(vec![]),
         flags: SendFlags::SIGNALED,
         ud: None,
@@ -480,10 +470,7 @@ pub fn completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries() {
     let a = side(&ca, 65536);
     let b = side(&cb, 65536);
     let cq = ca.create_cq(4, Some(&ch)).unwrap();
-    let qa = a
-        .pd
-        .create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: caps(), sq_sig_all: true })
-        .unwrap();
+    let qa = a.pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &cq, recv_cq: &cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
     let qb = rc_qp(&b, None);
     bring_up(&qa, &ca, qb.qp_num(), &cb, 1, 2);
     bring_up(&qb, &cb, qa.qp_num(), &ca, 2, 1);
@@ -517,10 +504,8 @@ pub fn uc_write_and_send() {
     let (ca, cb) = devices(Impairments::default());
     let mut a = side(&ca, 1 << 20);
     let b = side(&cb, 1 << 20);
-    let mk = |s: &Side| {
-        s.pd.create_qp(&QpInit { qp_type: QpType::Uc, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
-            .unwrap()
-    };
+    let mk =
+        |s: &Side| s.pd.create_qp(&QpInit { qp_type: QpType::Uc, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
     let (qa, qb) = (mk(&a), mk(&b));
     for (qp, me, peer, remote_qpn, sq, rq) in [(&qa, &ca, &cb, qb.qp_num(), 10, 20), (&qb, &cb, &ca, qa.qp_num(), 20, 10)] {
         let mut at = QpAttr { qp_state: QpState::Init, qp_access_flags: Access::REMOTE_WRITE, ..QpAttr::default() };

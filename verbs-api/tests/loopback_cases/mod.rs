@@ -206,10 +206,7 @@ pub fn rc_to_itself(ctx: &Context, sgid_index: u8) -> (u32, u32) {
 
 /// A UD QP and its initialised peers: INIT → RTR → RTS with `qkey`.
 pub fn ud_qp(s: &Side, qkey: u32) -> Qp {
-    let qp = s
-        .pd
-        .create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true })
-        .unwrap();
+    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
     let mut at = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
     qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
     at.qp_state = QpState::Rtr;

@@ -6,7 +6,7 @@
 use super::keys::Table;
 use super::object::Object;
 use super::object::WindowState;
-use super::{AccessError};
+use super::AccessError;
 use crate::transport::ids::{Access, PdId, Sge};
 
 impl Table {
@@ -31,15 +31,7 @@ impl Table {
     }
 
     /// Resolve a remote key (MR rkey or MW rkey) for `[va, va+len)`.
-    pub(super) fn resolve_remote(
-        &self,
-        pd: PdId,
-        qpn: u32,
-        rkey: u32,
-        va: u64,
-        len: u64,
-        needed: Access,
-    ) -> Result<*mut u8, AccessError> {
+    pub(super) fn resolve_remote(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, len: u64, needed: Access) -> Result<*mut u8, AccessError> {
         match self.get(rkey) {
             None => Err(AccessError::InvalidKey),
             Some(Object::Mr(r)) => {
@@ -145,4 +137,3 @@ impl Table {
         Ok(())
     }
 }
-

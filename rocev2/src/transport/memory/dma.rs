@@ -71,11 +71,9 @@ impl MemoryTable {
         // or DMA-like copies the ibverbs rules forbid to overlap with an atomic.
         let cell = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
         Ok(match op {
-            AtomicOp::CmpSwap { compare, swap } => {
-                match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
-                    Ok(v) | Err(v) => v,
-                }
-            }
+            AtomicOp::CmpSwap { compare, swap } => match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(v) | Err(v) => v,
+            },
             AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::SeqCst),
         })
     }

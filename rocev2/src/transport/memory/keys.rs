@@ -11,7 +11,6 @@ use super::RegError;
 /// Largest usable index: keys carry 24 index bits.
 pub(super) const MAX_INDEX: u32 = (1 << 24) - 1;
 
-
 #[derive(Debug)]
 pub(super) struct Slot {
     pub(super) key: u8,

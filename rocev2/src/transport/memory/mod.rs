@@ -43,8 +43,8 @@
 
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
-pub use crate::transport::ids::{Access, PdId};
 use crate::transport::ids::Sge;
+pub use crate::transport::ids::{Access, PdId};
 
 mod check;
 mod dma;
@@ -200,9 +200,7 @@ impl MemoryTable {
     }
 
     fn build(max: u32, seed: u64) -> MemoryTable {
-        MemoryTable {
-            inner: RwLock::new(Table::new(max.min(MAX_INDEX), seed)),
-        }
+        MemoryTable { inner: RwLock::new(Table::new(max.min(MAX_INDEX), seed)) }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Table> {
@@ -241,14 +239,7 @@ impl MemoryTable {
     ///
     /// # Safety
     /// `[addr, addr+len)` stays valid for reads and writes until `deregister` returns.
-    pub unsafe fn register(
-        &self,
-        pd: PdId,
-        addr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
+    pub unsafe fn register(&self, pd: PdId, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<MrKeys, RegError> {
         let region = Self::new_region(pd, addr, len, iova, access)?;
         let key = self.write().insert(Object::Mr(region))?;
         Ok(MrKeys { lkey: key, rkey: key })
@@ -261,15 +252,7 @@ impl MemoryTable {
     ///
     /// # Safety
     /// As for [`MemoryTable::register`].
-    pub unsafe fn register_with_key(
-        &self,
-        pd: PdId,
-        addr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-        key: u32,
-    ) -> Result<MrKeys, RegError> {
+    pub unsafe fn register_with_key(&self, pd: PdId, addr: *mut u8, len: usize, iova: u64, access: Access, key: u32) -> Result<MrKeys, RegError> {
         let region = Self::new_region(pd, addr, len, iova, access)?;
         let key = self.write().insert_at(key, Object::Mr(region))?;
         Ok(MrKeys { lkey: key, rkey: key })
@@ -286,15 +269,7 @@ impl MemoryTable {
     /// # Safety
     /// `[addr, addr+len)` stays valid for reads and writes until `deregister`
     /// (or the next `reregister`) returns.
-    pub unsafe fn reregister(
-        &self,
-        lkey: u32,
-        pd: PdId,
-        addr: *mut u8,
-        len: usize,
-        iova: u64,
-        access: Access,
-    ) -> Result<MrKeys, RegError> {
+    pub unsafe fn reregister(&self, lkey: u32, pd: PdId, addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<MrKeys, RegError> {
         let region = Self::new_region(pd, addr, len, iova, access)?;
         let mut t = self.write();
         let index = lkey >> 8;

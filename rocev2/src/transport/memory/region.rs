@@ -57,4 +57,3 @@ impl Region {
         self.ptr.0.wrapping_add(off as usize)
     }
 }
-

@@ -6,11 +6,7 @@ use std::sync::Arc;
 
 const PD: PdId = PdId(1);
 const OTHER_PD: PdId = PdId(2);
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::MW_BIND);
+const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
 /// Heap memory for a test region, 8-byte aligned.
 struct Buf(Vec<u64>);

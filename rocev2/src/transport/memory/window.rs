@@ -8,11 +8,7 @@ use super::{AccessError, MemoryTable, MwType, RegError};
 use crate::transport::ids::{Access, PdId};
 
 /// Rights a memory window may grant (IBTA 10.6.7: windows grant remote access only).
-pub(super) const MW_RIGHTS: Access = Access::REMOTE_READ
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::ZERO_BASED);
-
+pub(super) const MW_RIGHTS: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE).union(Access::REMOTE_ATOMIC).union(Access::ZERO_BASED);
 
 impl MemoryTable {
     /// Allocate an unbound memory window of `pd` (`ibv_alloc_mw`); returns its rkey.
@@ -111,13 +107,7 @@ impl MemoryTable {
                 return Err(AccessError::AccessDenied);
             }
             r.offset_of(addr, len)?;
-            WindowState::Bound {
-                mr: mr_index,
-                addr,
-                len,
-                access,
-                qpn: (ty == MwType::Type2).then_some(qpn),
-            }
+            WindowState::Bound { mr: mr_index, addr, len, access, qpn: (ty == MwType::Type2).then_some(qpn) }
         };
         // All checks passed: commit.
         if let Some(r) = old_mr.and_then(|i| t.region_at(i)) {

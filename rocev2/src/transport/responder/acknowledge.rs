@@ -5,8 +5,8 @@
 use crate::psn::Psn;
 use crate::transport::path::PathHeaders;
 use crate::transport::wr::WcStatus;
-use crate::wire::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
 use crate::wire::Opcode;
+use crate::wire::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
 
 use super::*;
 
@@ -49,13 +49,7 @@ impl Responder {
     }
 
     /// Next ACK / NAK / READ response / atomic ACK, framed along `path`, into `buf`.
-    pub(crate) fn poll_transmit(
-        &mut self,
-        ctx: &mut ResponderCtx<'_>,
-        path: &PathHeaders,
-        dest_qpn: u32,
-        buf: &mut [u8],
-    ) -> Option<usize> {
+    pub(crate) fn poll_transmit(&mut self, ctx: &mut ResponderCtx<'_>, path: &PathHeaders, dest_qpn: u32, buf: &mut [u8]) -> Option<usize> {
         loop {
             let front = *self.pending.front()?;
             let out = match front {
@@ -103,8 +97,7 @@ impl Responder {
             (false, true) => Opcode::RC_READ_RESPONSE_LAST,
         };
         // AETH on FIRST, LAST and ONLY (IBTA 9.3.4 table 36).
-        let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE)
-            .then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
+        let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE).then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
         let tr = response(opcode, dest_qpn, psn, aeth, None);
         let mut read = Ok(());
         let (memory, pd, qpn) = (ctx.memory, ctx.pd, ctx.qpn);
@@ -169,4 +162,3 @@ pub(super) fn response(opcode: Opcode, dest_qpn: u32, psn: Psn, aeth: Option<Aet
         invalidate_rkey: None,
     }
 }
-

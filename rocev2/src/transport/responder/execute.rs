@@ -21,12 +21,7 @@ impl Responder {
         // R_Key, PD, REMOTE_READ and bounds for the whole length, before any
         // response (rxe check_rkey). A zero-length READ needs no valid key
         // (rxe: "A zero-byte op is not required to set an addr or rkey").
-        if reth.dma_len > 0
-            && ctx
-                .memory
-                .remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ)
-                .is_err()
-        {
+        if reth.dma_len > 0 && ctx.memory.remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ).is_err() {
             return self.rc_fault(ctx, psn, Fault::RemoteAccess);
         }
         let npkts = packets_for(reth.dma_len, ctx.pmtu);
@@ -34,15 +29,9 @@ impl Responder {
         // IBTA C9-148: the MSN of an RDMA READ advances when it is accepted.
         self.msn = (self.msn + 1) & MSN_MASK;
         ctx.stats.resp_messages += 1;
-        self.save_resource(
-            ctx,
-            Resource { first: psn, last, kind: ResKind::Read { rkey: reth.rkey, va: reth.va, len: reth.dma_len } },
-        );
+        self.save_resource(ctx, Resource { first: psn, last, kind: ResKind::Read { rkey: reth.rkey, va: reth.va, len: reth.dma_len } });
         let msn = self.msn;
-        self.push(
-            ctx,
-            Pending::Read { rkey: reth.rkey, va: reth.va, remaining: reth.dma_len, psn, first: true, msn },
-        );
+        self.push(ctx, Pending::Read { rkey: reth.rkey, va: reth.va, remaining: reth.dma_len, psn, first: true, msn });
         // The READ consumed one PSN per response packet (rxe read_reply: resp.psn = cur_psn).
         self.epsn = last.next();
         ResponderOutcome::Ok
@@ -123,9 +112,7 @@ impl Responder {
                 // re-request would add a whole stream and a lossy link would
                 // multiply READ responses. It takes that stream's place in the
                 // queue, so responses stay in PSN order.
-                let same = |p: &Pending| {
-                    matches!(*p, Pending::Read { rkey: k, psn: q, .. } if k == rkey && !q.is_before(first) && !q.is_after(last))
-                };
+                let same = |p: &Pending| matches!(*p, Pending::Read { rkey: k, psn: q, .. } if k == rkey && !q.is_before(first) && !q.is_after(last));
                 match self.pending.iter().position(same) {
                     Some(i) => {
                         self.pending[i] = replay;
@@ -243,10 +230,7 @@ impl Responder {
                 let reth = t.reth.ok_or(Fault::InvalidRequest)?;
                 let dma = u64::from(reth.dma_len);
                 // rxe check_length/check_rkey: the RETH length must match the packets.
-                if reth.dma_len > MAX_DMA_LEN
-                    || (seg == Segment::Only && len != dma)
-                    || (seg == Segment::First && dma <= mtu)
-                {
+                if reth.dma_len > MAX_DMA_LEN || (seg == Segment::Only && len != dma) || (seg == Segment::First && dma <= mtu) {
                     return Err(Fault::InvalidRequest);
                 }
                 // WRITE ONLY with immediate consumes a WQE: RNR comes before the
@@ -256,12 +240,7 @@ impl Responder {
                 }
                 // The whole DMA range is checked at FIRST/ONLY, before any byte
                 // is written; a zero-length WRITE needs no valid key (rxe check_rkey).
-                if dma > 0
-                    && ctx
-                        .memory
-                        .remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma, Access::REMOTE_WRITE)
-                        .is_err()
-                {
+                if dma > 0 && ctx.memory.remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma, Access::REMOTE_WRITE).is_err() {
                     return Err(Fault::RemoteAccess);
                 }
                 (reth.rkey, reth.va, dma, reth.dma_len)

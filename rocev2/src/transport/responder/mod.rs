@@ -38,10 +38,9 @@ mod execute;
 mod unreliable;
 
 #[cfg(test)]
-mod tests;
-#[cfg(test)]
 mod rxe_captures;
-
+#[cfg(test)]
+mod tests;
 
 /// MSN is 24 bits (IBTA 9.7.5.1.1).
 const MSN_MASK: u32 = 0x00ff_ffff;
@@ -108,9 +107,17 @@ pub(crate) enum ResponderOutcome {
 enum MsgState {
     Idle,
     /// A SEND: its receive WQE (taken at FIRST) and the bytes placed so far.
-    Send { wr: RecvWr, offset: u64 },
+    Send {
+        wr: RecvWr,
+        offset: u64,
+    },
     /// An RDMA WRITE: target checked at FIRST for the whole DMA length.
-    Write { rkey: u32, va: u64, remaining: u64, dma_len: u32 },
+    Write {
+        rkey: u32,
+        va: u64,
+        remaining: u64,
+        dma_len: u32,
+    },
 }
 
 /// A saved READ/atomic responder resource (rxe `struct resp_res`,
@@ -241,12 +248,7 @@ impl Responder {
     }
 
     /// A request for this QP (already ICRC-checked and dispatched by DestQP).
-    pub(crate) fn handle_request(
-        &mut self,
-        _now: Instant,
-        ctx: &mut ResponderCtx<'_>,
-        frame: &ParsedFrame<'_>,
-    ) -> ResponderOutcome {
+    pub(crate) fn handle_request(&mut self, _now: Instant, ctx: &mut ResponderCtx<'_>, frame: &ParsedFrame<'_>) -> ResponderOutcome {
         if self.error {
             ctx.stats.resp_dropped_in_error += 1;
             return ResponderOutcome::Ok;
@@ -381,7 +383,6 @@ impl Responder {
         self.error = true;
         ResponderOutcome::QpError(status)
     }
-
 }
 
 /// Rights the QP's `qp_access_flags` must grant for `op`.

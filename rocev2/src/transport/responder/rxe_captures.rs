@@ -14,9 +14,9 @@ use std::path::PathBuf;
 
 use super::*;
 use crate::transport::attr::AddressVector;
+use crate::transport::path::PathHeaders;
 use crate::transport::wr::Sge;
 use crate::wire::parse_frame;
-use crate::transport::path::PathHeaders;
 use crate::wire::{AethRepr, TransportRepr};
 
 const SERVER: [u8; 4] = [10, 99, 0, 1];
@@ -59,9 +59,8 @@ fn replay(name: &str, pmtu: Mtu) -> usize {
         }
         if from_server(p) && bth.opcode.is_response() {
             responses.entry(bth.dest_qp).or_default().push(p);
-            if let Some(q) = parsed
-                .iter()
-                .find(|q| !from_server(q) && q.repr.udp.src_port == p.repr.udp.src_port && q.repr.transport.bth.opcode.is_request())
+            if let Some(q) =
+                parsed.iter().find(|q| !from_server(q) && q.repr.udp.src_port == p.repr.udp.src_port && q.repr.transport.bth.opcode.is_request())
             {
                 client_of.insert(q.repr.transport.bth.dest_qp, bth.dest_qp);
             }

@@ -3,15 +3,15 @@
 //! emitted by `poll_transmit` and parsed again.
 
 use super::*;
-use crate::transport::attr::SrqId;
 use crate::transport::attr::AddressVector;
-use crate::transport::memory::{MrKeys, MwType};
-use crate::transport::wr::{RecvWr, Sge};
-use crate::wire::{AtomicEthRepr, DethRepr, RethRepr};
-use crate::wire::parse_frame;
+use crate::transport::attr::SrqId;
 use crate::transport::memory::AccessError;
+use crate::transport::memory::{MrKeys, MwType};
 use crate::transport::path::PathHeaders;
+use crate::transport::wr::{RecvWr, Sge};
+use crate::wire::parse_frame;
 use crate::wire::{AethRepr, BthRepr, TransportRepr};
+use crate::wire::{AtomicEthRepr, DethRepr, RethRepr};
 
 const PD: PdId = PdId(3);
 const QPN: u32 = 0x11;
@@ -19,11 +19,7 @@ const PEER_QPN: u32 = 0x22;
 const IOVA: u64 = 0x10_000;
 const REGION: usize = 64 * 1024;
 const QKEY: u32 = 0x1111_1111;
-const ALL: Access = Access::LOCAL_WRITE
-    .union(Access::REMOTE_WRITE)
-    .union(Access::REMOTE_READ)
-    .union(Access::REMOTE_ATOMIC)
-    .union(Access::MW_BIND);
+const ALL: Access = Access::LOCAL_WRITE.union(Access::REMOTE_WRITE).union(Access::REMOTE_READ).union(Access::REMOTE_ATOMIC).union(Access::MW_BIND);
 
 /// A parsed response.
 #[derive(Debug)]
@@ -454,10 +450,7 @@ fn write_with_imm_consumes_a_wqe_or_rnr() {
     h.req(t, b"hello");
     assert_eq!(h.bytes(IOVA + 8, 5), b"hello");
     let c = h.completions.pop_front().unwrap();
-    assert_eq!(
-        (c.wc.wr_id, c.wc.opcode, c.wc.byte_len, c.wc.imm_data),
-        (11, WcOpcode::RecvRdmaWithImm, 5, Some(77))
-    );
+    assert_eq!((c.wc.wr_id, c.wc.opcode, c.wc.byte_len, c.wc.imm_data), (11, WcOpcode::RecvRdmaWithImm, 5, Some(77)));
     assert_eq!(h.responses()[0].syndrome(), Some(ACK));
 }
 
@@ -519,9 +512,7 @@ fn opcode_sequence_and_length_errors_are_invalid_requests() {
             h.post(1, &[(IOVA, 4096)]);
             h.req(tr(Opcode::RC_SEND_ONLY, 0, false), &[0; 260])
         }),
-        ("WRITE ONLY shorter than its RETH", |h, k| {
-            h.req(with_reth(tr(Opcode::RC_WRITE_ONLY, 0, true), IOVA, k, 8), &[0; 4])
-        }),
+        ("WRITE ONLY shorter than its RETH", |h, k| h.req(with_reth(tr(Opcode::RC_WRITE_ONLY, 0, true), IOVA, k, 8), &[0; 4])),
         ("WRITE LAST past the RETH length", |h, k| {
             h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA, k, 300), &[0; 256]);
             h.req(tr(Opcode::RC_WRITE_LAST, 1, true), &[0; 48])
@@ -710,11 +701,7 @@ fn duplicate_read_replays_mid_message() {
     let r = h.responses();
     assert_eq!(
         r.iter().map(|x| (x.op(), x.psn())).collect::<Vec<_>>(),
-        vec![
-            (Opcode::RC_READ_RESPONSE_FIRST, 100),
-            (Opcode::RC_READ_RESPONSE_MIDDLE, 101),
-            (Opcode::RC_READ_RESPONSE_LAST, 102)
-        ]
+        vec![(Opcode::RC_READ_RESPONSE_FIRST, 100), (Opcode::RC_READ_RESPONSE_MIDDLE, 101), (Opcode::RC_READ_RESPONSE_LAST, 102)]
     );
     assert_eq!(r.iter().flat_map(|x| x.payload.clone()).collect::<Vec<_>>(), data);
     // It lost the MIDDLE and LAST: re-issues from PSN 101 at the matching offset.
@@ -785,11 +772,7 @@ fn atomics_execute_once_and_replay_the_saved_value() {
     let r = h.responses();
     assert_eq!(
         r.iter().map(|x| (x.op(), x.psn(), x.msn(), x.t.atomic_ack)).collect::<Vec<_>>(),
-        vec![
-            (Opcode::RC_ATOMIC_ACK, 0, 1, Some(10)),
-            (Opcode::RC_ATOMIC_ACK, 1, 2, Some(15)),
-            (Opcode::RC_ATOMIC_ACK, 2, 3, Some(99))
-        ]
+        vec![(Opcode::RC_ATOMIC_ACK, 0, 1, Some(10)), (Opcode::RC_ATOMIC_ACK, 1, 2, Some(15)), (Opcode::RC_ATOMIC_ACK, 2, 3, Some(99))]
     );
     assert_eq!(r[0].syndrome(), Some(ACK));
     assert_eq!(h.word(va), 99);
@@ -919,10 +902,7 @@ fn ud_places_ipv4_grh_then_payload() {
     let data = pattern(60, 7);
     assert_eq!(h.req(t, &data), ResponderOutcome::Ok);
     let c = h.completions.pop_front().unwrap();
-    assert_eq!(
-        (c.wc.byte_len, c.wc.src_qp, c.wc.grh, c.wc.imm_data, c.solicited),
-        (100, 0x77, true, Some(0x1234), true)
-    );
+    assert_eq!((c.wc.byte_len, c.wc.src_qp, c.wc.grh, c.wc.imm_data, c.solicited), (100, 0x77, true, Some(0x1234), true));
     let mut placed = h.bytes(IOVA, 20);
     placed.extend(h.bytes(IOVA + 0x100, 80));
     assert_eq!(&placed[..20], &[0u8; 20], "first 20 bytes of the GRH area are zero");
@@ -1005,10 +985,7 @@ fn flush_completes_the_wqe_in_progress_first() {
     assert!(h.resp.has_pending());
     h.with(|r, ctx, _| r.flush(ctx));
     let got: Vec<_> = h.completions.iter().map(|c| (c.wc.wr_id, c.wc.status, c.cq)).collect();
-    assert_eq!(
-        got,
-        vec![(1, WcStatus::WrFlushErr, CqId(9)), (2, WcStatus::WrFlushErr, CqId(9)), (3, WcStatus::WrFlushErr, CqId(9))]
-    );
+    assert_eq!(got, vec![(1, WcStatus::WrFlushErr, CqId(9)), (2, WcStatus::WrFlushErr, CqId(9)), (3, WcStatus::WrFlushErr, CqId(9))]);
     assert!(!h.resp.has_pending());
 }
 

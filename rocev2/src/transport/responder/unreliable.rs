@@ -37,8 +37,7 @@ impl Responder {
             return self.uc_drop_msg(ctx);
         }
         // rxe check_op_valid UC: WRITE to a QP without REMOTE_WRITE drops the message.
-        if !ctx.access.contains(needed_qp_access(op)) || !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu)
-        {
+        if !ctx.access.contains(needed_qp_access(op)) || !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu) {
             self.abandon(ctx);
             return self.uc_drop_msg(ctx);
         }
@@ -110,10 +109,7 @@ impl Responder {
         srq_event(ctx);
         let grh = grh_bytes(&f.repr.ip);
         let pd = ctx.recv_queue.pd();
-        let placed = ctx
-            .memory
-            .local_scatter(pd, &wr.sgl, 0, &grh)
-            .and_then(|()| ctx.memory.local_scatter(pd, &wr.sgl, GRH_LEN as u64, f.payload));
+        let placed = ctx.memory.local_scatter(pd, &wr.sgl, 0, &grh).and_then(|()| ctx.memory.local_scatter(pd, &wr.sgl, GRH_LEN as u64, f.payload));
         if placed.is_err() {
             push_recv_error(ctx, wr.wr_id, WcStatus::LocProtErr);
             self.error = true;
