@@ -68,7 +68,17 @@ fn frame(payload: usize) -> Vec<u8> {
 fn repr() -> FrameRepr {
     FrameRepr {
         eth: EthernetRepr { dst: [2, 0, 0, 0, 0, 2], src: [2, 0, 0, 0, 0, 1], vlan: None, ethertype: 0x0800 },
-        ip: IpRepr::V4(Ipv4Repr { src: [10, 0, 0, 1], dst: [10, 0, 0, 2], dscp: 0, ecn: 2, ident: 1, dont_frag: true, ttl: 64, protocol: 17, payload_len: 0 }),
+        ip: IpRepr::V4(Ipv4Repr {
+            src: [10, 0, 0, 1],
+            dst: [10, 0, 0, 2],
+            dscp: 0,
+            ecn: 2,
+            ident: 1,
+            dont_frag: true,
+            ttl: 64,
+            protocol: 17,
+            payload_len: 0,
+        }),
         udp: UdpRepr { src_port: 0xc000, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 },
         transport: TransportRepr::bth_only(BthRepr::new(Opcode::RC_SEND_MIDDLE, 0x11, Psn::new(1))),
     }

@@ -18,7 +18,6 @@ use rocev2::transport::wr::{Completion, CqId, Payload, RecvWr, SendFlags, SendOp
 
 pub use rocev2::sim::pair::Pair;
 
-
 /// CQ of send completions on both engines.
 pub const SEND_CQ: CqId = CqId(0);
 /// CQ of receive completions on both engines.
