@@ -9,7 +9,9 @@ for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep -E '^urnic-.*-[0
   pid=$(echo "$ns" | awk -F- '{print $(NF-2)}')
   [ -d "/proc/$pid" ] || ip netns del "$ns" 2>/dev/null || true
 done
+cargo fmt --all --check
 cargo build --workspace --all-targets --quiet
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --doc --quiet
 # urnic's libibverbs.so.1 (loopback-test's verbs_programs runs Debian's programs on it).
 bash ibverbs-abi/link.sh release >/dev/null
