@@ -368,6 +368,7 @@ fn route_libbpf_messages() {
 
 fn libbpf_message(level: libbpf_rs::PrintLevel, msg: String) {
     let msg = msg.trim_end();
+    let msg = msg.strip_prefix("libbpf: ").unwrap_or(msg);
     match level {
         libbpf_rs::PrintLevel::Warn => tracing::debug!(target: "libbpf", "{msg}"),
         _ => tracing::trace!(target: "libbpf", "{msg}"),
