@@ -410,7 +410,10 @@ fn open_side(net: &Net, i: usize, a: &SoakArgs) -> Result<Context, String> {
         SoakDatapath::Manual => DatapathMode::Manual,
         SoakDatapath::Thread => DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
     };
-    open_af_xdp(Some(net.ns(i)), &format!("soak{i}"), &xsk, mode).map_err(|e| format!("urnic device in {}: {e}", net.ns(i)))
+    let ctx = open_af_xdp(Some(net.ns(i)), &format!("soak{i}"), &xsk, mode).map_err(|e| format!("urnic device in {}: {e}", net.ns(i)))?;
+    // `urnic stat` in another terminal shows the soak's devices live.
+    crate::stat::publish(&ctx);
+    Ok(ctx)
 }
 
 fn rc_qp(s: &Side, depth: usize) -> Result<Qp, String> {
