@@ -54,7 +54,11 @@ struct Rig {
 
 fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig> {
     let open = |end: usize| {
-        open_af_xdp(Some(&pair.ns[end]), &format!("{tag}{end}"), &XskConfig::new(&pair.ifname[end]), DatapathMode::Manual).context("open_af_xdp")
+        let ctx = open_af_xdp(Some(&pair.ns[end]), &format!("{tag}{end}"), &XskConfig::new(&pair.ifname[end]), DatapathMode::Manual)
+            .context("open_af_xdp")?;
+        // `urnic stat` shows what bench runs (a snapshot every 250 ms).
+        crate::stat::publish(&ctx);
+        anyhow::Ok(ctx)
     };
     let (a, b) = (open(0)?, open(1)?);
     let buf = buf.max(16384).div_ceil(4096) * 4096;
@@ -134,6 +138,8 @@ pub(super) fn many_qps(pair: &VethPair, nqps: usize, iters: usize) -> Result<(f6
     use urnic::{Access, Connect, Payload, QpCaps, QpInit, QpType, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
     let a = open_af_xdp(Some(&pair.ns[0]), "many0", &XskConfig::new(&pair.ifname[0]), DatapathMode::Manual).context("open")?;
     let b = open_af_xdp(Some(&pair.ns[1]), "many1", &XskConfig::new(&pair.ifname[1]), DatapathMode::Manual).context("open")?;
+    crate::stat::publish(&a);
+    crate::stat::publish(&b);
     let (pa, pb) = (a.alloc_pd().context("pd")?, b.alloc_pd().context("pd")?);
     let acc = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
     let (ma, mb) = (pa.alloc_mr(65536, acc).context("mr")?, pb.alloc_mr(65536, acc).context("mr")?);
