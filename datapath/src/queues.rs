@@ -213,6 +213,12 @@ impl CqRing {
         if !ok {
             self.overflowed.store(true, Ordering::Release);
         }
+        // Dekker-style handshake with `req_notify`: the application stores
+        // `armed` then polls the ring; we push to the ring then load
+        // `armed`. Without a full fence on both sides each can miss the
+        // other's store (store buffering): the application finds the ring
+        // empty and sleeps, we find the CQ unarmed and do not wake it.
+        std::sync::atomic::fence(Ordering::SeqCst);
         let wake = match self.armed.load(Ordering::Acquire) {
             ARM_ANY => true,
             ARM_SOLICITED => solicited || wc.status != WcStatus::Success,
@@ -245,6 +251,9 @@ impl CqRing {
     /// (or the next solicited/error one) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) {
         self.armed.store(if solicited_only { ARM_SOLICITED } else { ARM_ANY }, Ordering::Release);
+        // Pairs with the fence in `push`: a completion pushed before this
+        // point is seen by the caller's next poll, or the push sees us armed.
+        std::sync::atomic::fence(Ordering::SeqCst);
     }
 }
 

@@ -153,6 +153,13 @@ impl Ctx {
                 sq_sig_all: false,
             })
             .context("Couldn't create QP")?;
+        if channel.is_some() {
+            // Armed before anything is posted, as rdma-core's pingpongs do
+            // right after creating the CQ: a completion that lands before
+            // the loop starts (the client's first send, the server's first
+            // receive) must raise an event, or the loop sleeps forever.
+            cq.req_notify(false);
+        }
         Ok(Ctx { ctx: ctx.clone(), qp, cq, mr, pd, channel })
     }
 
@@ -171,14 +178,11 @@ fn run_loop(c: &Ctx, opts: &Opts, recv_sge: Sge, post_send: &dyn Fn() -> Result<
     let (mut scnt, mut rcnt) = (0u32, 0u32);
     let start = Instant::now();
     let mut wc = [WorkCompletion::default(); 2];
-    // -e: arm the CQ before the loop; each wakeup re-arms it, then polls
-    // until the CQ is empty (as rdma-core's loop: ibv_get_cq_event,
-    // ibv_req_notify_cq, ibv_poll_cq). A completion that lands between the
-    // last poll and the re-arm is not lost: arming after taking the event
-    // and polling after arming finds it.
-    if c.channel.is_some() {
-        c.cq.req_notify(false);
-    }
+    // -e: the CQ was armed at creation; each wakeup re-arms it, then polls
+    // (as rdma-core's loop: ibv_get_cq_event, ibv_req_notify_cq,
+    // ibv_poll_cq). A completion that lands between the last poll and the
+    // re-arm is not lost: arming after taking the event and polling after
+    // arming finds it.
     let mut events = 0u64;
     while rcnt < opts.iters || scnt < opts.iters {
         let n = match &c.channel {

@@ -63,11 +63,21 @@ pub fn install() -> std::io::Result<()> {
         }
         let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
         tracing::debug!("{name}: cleaning up");
-        remove_stat_files();
+        let files: Vec<PathBuf> = STAT_FILES.lock().map(|v| v.clone()).unwrap_or_default();
+        let remove = |files: &[PathBuf]| {
+            for f in files {
+                let _ = std::fs::remove_file(f);
+            }
+        };
+        remove(&files);
         let removed = remove_own_namespaces();
         if !removed.is_empty() {
             tracing::debug!("{name}: deleted network namespaces {}", removed.join(", "));
         }
+        // A publisher thread may have rewritten a file while the
+        // namespaces were being deleted (it ticks every 250 ms): again,
+        // right before exit.
+        remove(&files);
         std::process::exit(128 + sig);
     })?;
     Ok(())
