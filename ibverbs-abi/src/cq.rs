@@ -16,7 +16,7 @@ use rocev2::transport::wr::{WcOpcode, WcStatus, WorkCompletion};
 
 use crate::ctx::uctx;
 use crate::ffi::*;
-use crate::{errno_of, guard, null_err, set_errno};
+use crate::{errno_of, guard, lock, null_err, set_errno};
 
 #[repr(C)]
 pub(crate) struct UChannel {
@@ -39,10 +39,6 @@ pub(crate) struct UCq {
 /// The urnic CQ behind an `ibv_cq` of ours.
 pub(crate) unsafe fn ucq<'a>(cq: *mut ibv_cq) -> Option<&'a UCq> {
     (!cq.is_null() && uctx((*cq).context).is_some()).then(|| &*(cq as *const UCq))
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) fn install_ops(ops: &mut ibv_context_ops) {

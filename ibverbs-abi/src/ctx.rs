@@ -8,10 +8,7 @@ use std::os::raw::c_int;
 use std::sync::Mutex;
 
 use crate::ffi::*;
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+use crate::lock;
 
 /// An open device: `verbs_context` (whose last field is the `ibv_context`
 /// programs hold) followed by urnic's state.

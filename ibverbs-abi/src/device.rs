@@ -16,7 +16,7 @@ use std::sync::Mutex;
 
 use crate::ctx::{uctx, UContext, VERBS_ABI_IS_EXTENDED};
 use crate::ffi::*;
-use crate::{copy_cstr, errno_of, guard, null_err, set_errno};
+use crate::{copy_cstr, errno_of, guard, lock, null_err, set_errno};
 
 /// `struct ibv_device` and the interface behind it. Never freed: a device
 /// stays valid for the life of the process, as libibverbs keeps its device
@@ -35,10 +35,6 @@ struct DevicePtr(*mut UDevice);
 unsafe impl Send for DevicePtr {}
 
 static DEVICES: Mutex<Vec<DevicePtr>> = Mutex::new(Vec::new());
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn eui64_be(mac: [u8; 6]) -> u64 {
     let b = [mac[0] ^ 2, mac[1], mac[2], 0xff, 0xfe, mac[3], mac[4], mac[5]];

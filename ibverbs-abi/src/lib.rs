@@ -66,6 +66,12 @@ pub(crate) fn errno_of(e: &urnic::Error) -> i32 {
     e.errno()
 }
 
+/// Lock `m`, going on with the data if a panicking thread poisoned it (the
+/// library's maps stay consistent: every update is a single insert/remove).
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Fail with NULL and errno `e`.
 pub(crate) fn null_err<T>(e: i32) -> *mut T {
     set_errno(e);

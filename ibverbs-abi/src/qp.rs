@@ -440,41 +440,36 @@ unsafe fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
     Ok(RecvWr { wr_id: w.wr_id, sgl: sges(w.sg_list, w.num_sge)? })
 }
 
+/// Post a C list of receive WRs through `post`, stopping at the first
+/// failure with `*bad` set to it, as providers do.
+unsafe fn post_recv_list(wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr, post: impl Fn(&RecvWr) -> urnic::Result<()>) -> c_int {
+    let mut cur = wr;
+    while !cur.is_null() {
+        let w = &*cur;
+        if let Err(e) = recv_wr(w).and_then(|r| post(&r).map_err(|e| errno_of(&e))) {
+            if !bad.is_null() {
+                *bad = cur;
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
+}
+
 /// `ops.post_recv` (the inline `ibv_post_recv`).
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_recv", libc::EIO, || {
-        let Some(q) = uqp(qp) else { return libc::EINVAL };
-        let mut cur = wr;
-        while !cur.is_null() {
-            let w = &*cur;
-            if let Err(e) = recv_wr(w).and_then(|r| q.inner.post_recv(&r).map_err(|e| errno_of(&e))) {
-                if !bad.is_null() {
-                    *bad = cur;
-                }
-                return e;
-            }
-            cur = w.next;
-        }
-        0
+    guard("ibv_post_recv", libc::EIO, || match uqp(qp) {
+        Some(q) => post_recv_list(wr, bad, |r| q.inner.post_recv(r)),
+        None => libc::EINVAL,
     })
 }
 
 /// `ops.post_srq_recv` (the inline `ibv_post_srq_recv`).
 unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
-    guard("ibv_post_srq_recv", libc::EIO, || {
-        let Some(s) = usrq(srq) else { return libc::EINVAL };
-        let mut cur = wr;
-        while !cur.is_null() {
-            let w = &*cur;
-            if let Err(e) = recv_wr(w).and_then(|r| s.inner.post_recv(&r).map_err(|e| errno_of(&e))) {
-                if !bad.is_null() {
-                    *bad = cur;
-                }
-                return e;
-            }
-            cur = w.next;
-        }
-        0
+    guard("ibv_post_srq_recv", libc::EIO, || match usrq(srq) {
+        Some(s) => post_recv_list(wr, bad, |r| s.inner.post_recv(r)),
+        None => libc::EINVAL,
     })
 }
 
@@ -616,13 +611,7 @@ fn path_from_grh(grh: &[u8; 40]) -> Option<GrhPath> {
     if ip[0] >> 4 != 4 {
         return None;
     }
-    let mapped = |a: &[u8]| {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(a);
-        g
-    };
+    let mapped = |a: &[u8]| AddressVector::ipv4_gid([a[0], a[1], a[2], a[3]]);
     Some(GrhPath { src: mapped(&ip[12..16]), dst: mapped(&ip[16..20]), traffic_class: ip[1], hop_limit: ip[8], flow_label: 0 })
 }
 

@@ -292,18 +292,9 @@ pub(crate) fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8
 pub(crate) fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
     let Some(av) = av else { return false };
     match ip {
-        crate::wire::IpRepr::V4(v4) => av.sgid == ipv4_mapped(v4.dst) && av.dgid == ipv4_mapped(v4.src),
+        crate::wire::IpRepr::V4(v4) => av.sgid == AddressVector::ipv4_gid(v4.dst) && av.dgid == AddressVector::ipv4_gid(v4.src),
         crate::wire::IpRepr::V6(v6) => av.sgid == v6.dst && av.dgid == v6.src,
     }
-}
-
-/// The IPv4-mapped IPv6 address (GID) of `a`.
-fn ipv4_mapped(a: [u8; 4]) -> [u8; 16] {
-    let mut g = [0u8; 16];
-    g[10] = 0xff;
-    g[11] = 0xff;
-    g[12..].copy_from_slice(&a);
-    g
 }
 
 /// The UDP source port of an RC/UC path: Linux's flow-label port from the
