@@ -7,6 +7,7 @@
 #![deny(missing_docs)]
 #![forbid(unsafe_op_in_unsafe_fn)]
 
+pub mod cm;
 pub mod hash;
 pub mod impair;
 pub mod psn;

@@ -598,10 +598,7 @@ mod tests {
                     assert_eq!((t.bth.opcode, t.bth.psn), (f.opcode, f.psn), "{attack}");
                     assert_eq!(p.repr.eth.dst, v.victim.mac, "{attack}");
                     // Source: the peer's IP when spoofing, the attacker's otherwise.
-                    let (src, dst) = match p.repr.ip {
-                        IpRepr::V4(x) => (AddressVector::ipv4_gid(x.src), AddressVector::ipv4_gid(x.dst)),
-                        IpRepr::V6(x) => (x.src, x.dst),
-                    };
+                    let (src, dst) = (p.repr.ip.src_gid(), p.repr.ip.dst_gid());
                     let want_src = if attack.spoofs_peer() { v.peer.gid() } else { attacker.gid() };
                     assert_eq!(src, want_src, "{attack}");
                     let want_dst = if attack == Attack::MisaddressedWrite { attacker.gid() } else { v.victim.gid() };

@@ -138,11 +138,7 @@ impl AddressVector {
 
     /// The IPv4-mapped GID for an IPv4 address.
     pub fn ipv4_gid(ip: [u8; 4]) -> [u8; 16] {
-        let mut g = [0u8; 16];
-        g[10] = 0xff;
-        g[11] = 0xff;
-        g[12..].copy_from_slice(&ip);
-        g
+        crate::wire::ipv4_mapped(ip)
     }
 }
 

@@ -291,10 +291,7 @@ pub(crate) fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8
 /// (not yet connected): nobody is the peer.
 pub(crate) fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
     let Some(av) = av else { return false };
-    match ip {
-        crate::wire::IpRepr::V4(v4) => av.sgid == AddressVector::ipv4_gid(v4.dst) && av.dgid == AddressVector::ipv4_gid(v4.src),
-        crate::wire::IpRepr::V6(v6) => av.sgid == v6.dst && av.dgid == v6.src,
-    }
+    av.sgid == ip.dst_gid() && av.dgid == ip.src_gid()
 }
 
 /// The UDP source port of an RC/UC path: Linux's flow-label port from the

@@ -27,6 +27,22 @@ impl IpRepr {
         }
     }
 
+    /// The source address as a RoCEv2 GID (IPv4 as `::ffff:a.b.c.d`).
+    pub const fn src_gid(&self) -> [u8; 16] {
+        match self {
+            IpRepr::V4(v4) => ipv4_mapped(v4.src),
+            IpRepr::V6(v6) => v6.src,
+        }
+    }
+
+    /// The destination address as a RoCEv2 GID.
+    pub const fn dst_gid(&self) -> [u8; 16] {
+        match self {
+            IpRepr::V4(v4) => ipv4_mapped(v4.dst),
+            IpRepr::V6(v6) => v6.dst,
+        }
+    }
+
     /// The IPv4 protocol or the IPv6 next header.
     pub const fn protocol(&self) -> u8 {
         match self {
@@ -34,4 +50,9 @@ impl IpRepr {
             IpRepr::V6(v6) => v6.next_header,
         }
     }
+}
+
+/// `::ffff:a.b.c.d`, the GID of an IPv4 address (RoCEv2, IBTA A17.4.5.1).
+pub const fn ipv4_mapped(ip: [u8; 4]) -> [u8; 16] {
+    [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, ip[0], ip[1], ip[2], ip[3]]
 }

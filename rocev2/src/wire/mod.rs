@@ -39,7 +39,7 @@ pub use ext::{
 };
 pub use frame::{pad_for, parse_frame, parse_l3, peek_dest_qpn, peek_opcode, FrameRepr, ParsedFrame, ParsedL3};
 pub use icrc::ICRC_LEN;
-pub use ip::{IpRepr, IPPROTO_UDP};
+pub use ip::{ipv4_mapped, IpRepr, IPPROTO_UDP};
 pub use ipv4::{internet_checksum, Ipv4Packet, Ipv4Repr, IPV4_LEN};
 pub use ipv6::{Ipv6Packet, Ipv6Repr, IPV6_LEN};
 pub use opcode::{HeaderLayout, Opcode, Segment, Service};
