@@ -285,6 +285,9 @@ enum State {
     SidrReqRcvd,
     /// Our SIDR_REP was sent; kept to answer duplicates until timewait ends.
     SidrRepSent,
+    /// The consumer rejected a REQ; the REJ is kept to answer duplicates
+    /// (a lost REJ must not turn a retransmitted REQ into a new request).
+    RejSent,
 }
 
 impl State {
@@ -303,6 +306,7 @@ impl State {
             State::SidrReqSent => "SIDR_REQ_SENT",
             State::SidrReqRcvd => "SIDR_REQ_RCVD",
             State::SidrRepSent => "SIDR_REP_SENT",
+            State::RejSent => "REJ_SENT",
         }
     }
 }
@@ -682,9 +686,11 @@ impl Cm {
 
     /// Reject a request (passive, before accepting) or a REP (active, instead
     /// of the RTU): REJ reason 28 "consumer defined" with `private_data`
-    /// (IBTA 12.6.7). The id is gone.
-    pub fn reject(&mut self, id: CmId, private_data: &[u8]) -> Result<(), CmError> {
+    /// (IBTA 12.6.7). The id is gone for the consumer; a rejected REQ's REJ
+    /// is kept until timewait ends to answer the REQ's retransmissions.
+    pub fn reject(&mut self, now: Instant, id: CmId, private_data: &[u8]) -> Result<(), CmError> {
         Cm::check_private(private_data.len(), private_len::REJ)?;
+        let timewait = self.config.timewait;
         let c = self.conn_mut(id)?;
         let msg_rejected = match c.state {
             State::ReqRcvd | State::MraReqSent => MsgRef::Req,
@@ -700,9 +706,19 @@ impl Cm {
             ari: [0; 72],
             private_data: private_data.to_vec(),
         };
-        let (tid, s, d) = (c.tid, c.local_gid, c.remote_gid);
-        self.send(s, d, CmMad { tid, msg: CmMessage::Rej(rej) }.emit());
-        self.remove(id);
+        if msg_rejected == MsgRef::Rep {
+            let (tid, s, d) = (c.tid, c.local_gid, c.remote_gid);
+            self.send(s, d, CmMad { tid, msg: CmMessage::Rej(rej) }.emit());
+            self.remove(id);
+            return Ok(());
+        }
+        c.state = State::RejSent;
+        c.detached = true;
+        c.deadline = Some(now + timewait);
+        if let Some(l) = c.listener {
+            self.unpend(l);
+        }
+        self.send_kept(id, CmMessage::Rej(rej), now, false);
         Ok(())
     }
 
@@ -769,7 +785,7 @@ impl Cm {
                 self.remove(id);
             }
             State::ReqRcvd | State::MraReqSent | State::RepRcvd => {
-                self.reject(id, &[])?;
+                self.reject(now, id, &[])?;
             }
             State::RepSent => {
                 let c = &self.conns[&id];
@@ -793,7 +809,7 @@ impl Cm {
                 self.send_drep(id, &[]);
                 self.enter_timewait(id, now);
             }
-            State::DreqSent | State::TimeWait | State::SidrRepSent => {}
+            State::DreqSent | State::TimeWait | State::SidrRepSent | State::RejSent => {}
             State::SidrReqSent => self.remove(id),
             State::SidrReqRcvd => {
                 self.sidr_reply(now, id, sidr_status::REJECTED, 0, 0, &[])?;
@@ -895,7 +911,7 @@ impl Cm {
         for id in due {
             let Some(c) = self.conns.get_mut(&id) else { continue };
             match c.state {
-                State::TimeWait | State::SidrRepSent => {
+                State::TimeWait | State::SidrRepSent | State::RejSent => {
                     let emit = c.state == State::TimeWait;
                     if emit {
                         self.event(id, CmEvent::TimewaitExit { id });
@@ -1015,7 +1031,7 @@ impl Cm {
                     }
                     self.send_kept(id, CmMessage::Mra(mra), now, false);
                 }
-                State::MraReqSent | State::RepSent => self.resend_kept(id),
+                State::MraReqSent | State::RepSent | State::RejSent => self.resend_kept(id),
                 State::TimeWait => {
                     self.reply_rej(src, dst, tid, req.local_comm_id, MsgRef::Req, reason::STALE_CONN);
                     return Err(Drop::Stale);
@@ -1182,8 +1198,14 @@ impl Cm {
         c.tid = tid;
         match c.state {
             State::Established | State::RepSent => {
+                // A DREQ in REP_SENT means the peer's RTU was lost: the peer
+                // established (it sent the RTU), so we did too (IBTA 12.9.5.3).
+                let was = c.state;
                 c.state = State::DreqRcvd;
                 c.deadline = None;
+                if was == State::RepSent {
+                    self.event(id, CmEvent::Established { id });
+                }
                 self.event(id, CmEvent::Disconnected { id });
                 if self.conns.get(&id).is_some_and(|c| c.detached) {
                     self.send_drep(id, &[]);
