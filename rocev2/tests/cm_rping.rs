@@ -10,8 +10,8 @@ use std::net::IpAddr;
 
 use rocev2::cm::cma::roce_flow_label;
 use rocev2::cm::msg::{attr, reason, CmMessage};
-use rocev2::cm::{AcceptParams, Cm, CmConfig, CmEvent, CmMad, CmaHeader, PortSpace, GSI_QKEY, GSI_QPN};
-use rocev2::wire::{parse_frame, sport, Opcode, ParsedFrame};
+use rocev2::cm::{gsi, AcceptParams, Cm, CmConfig, CmEvent, CmMad, CmaHeader, PortSpace, GSI_QPN};
+use rocev2::wire::{parse_frame, sport, DethRepr, Opcode, ParsedFrame};
 use rocev2::Instant;
 
 fn frames() -> Vec<Vec<u8>> {
@@ -33,15 +33,21 @@ fn cm_mads(frames: &[Vec<u8>]) -> Vec<([u8; 16], [u8; 16], Vec<u8>)> {
     out
 }
 
-/// What QP1 traffic looks like on the wire (IBTA 13.5.1; rxe as captured).
+/// What QP1 traffic looks like on the wire (IBTA 13.5.1; rxe as captured):
+/// our GSI headers equal rxe's but for the PSN, and the MAD passes our checks.
 fn check_gsi(p: &ParsedFrame<'_>) {
     let t = &p.repr.transport;
-    assert_eq!(t.bth.opcode, Opcode::UD_SEND_ONLY);
-    assert_eq!(t.bth.pkey, 0xFFFF);
-    let deth = t.deth.expect("QP1 packets carry a DETH");
-    assert_eq!(deth.qkey, GSI_QKEY);
-    assert_eq!(deth.src_qp, GSI_QPN);
-    assert_eq!(p.payload.len(), 256);
+    assert_eq!(*t, gsi::transport(t.bth.psn));
+    assert_eq!(p.repr.udp.src_port, gsi::GSI_UDP_SPORT);
+    assert_eq!(gsi::mad(t, p.payload), Ok(p.payload));
+    let mut other = *t;
+    other.deth = Some(DethRepr { qkey: 0x1234, ..t.deth.unwrap() });
+    assert_eq!(gsi::mad(&other, p.payload), Err(gsi::GsiError::QKey(0x1234)));
+    other.deth = Some(DethRepr { src_qp: 5, ..t.deth.unwrap() });
+    assert_eq!(gsi::mad(&other, p.payload), Err(gsi::GsiError::SourceQp(5)));
+    other.bth.opcode = Opcode::RC_SEND_ONLY;
+    assert!(gsi::mad(&other, p.payload).is_err());
+    assert_eq!(gsi::mad(t, &p.payload[..255]), Err(gsi::GsiError::Length(255)));
 }
 
 #[test]

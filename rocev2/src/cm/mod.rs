@@ -4,6 +4,7 @@
 //! - [`mad`]: the common MAD header and the GSI constants;
 //! - [`msg`]: REQ, MRA, REJ, REP, RTU, DREQ, DREP, SIDR_REQ, SIDR_REP;
 //! - [`cma`]: RDMA-CM's service IDs and the IP header in the private data;
+//! - [`gsi`]: the QP1 packets that carry the MADs;
 //! - [`agent`]: the state machines ([`Cm`]): establishment, release,
 //!   timewait, SIDR, retries, duplicates, and the checks every message passes.
 //!
@@ -14,6 +15,7 @@
 pub mod agent;
 pub mod cma;
 mod error;
+pub mod gsi;
 pub mod mad;
 pub mod msg;
 
