@@ -34,8 +34,10 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant as StdInstant;
 
 use crossbeam_queue::ArrayQueue;
+use rocev2::cm::{Cm, CmEvent, GSI_QPN};
 use rocev2::transport::attr::SrqId;
 use rocev2::transport::engine::{AsyncEvent, Engine, EngineError};
+use rocev2::transport::gsi::Gsi;
 use rocev2::transport::wr::{Completion, CqId, WcOpcode, WcStatus};
 use rocev2::wire::Opcode;
 use rocev2::Instant;
@@ -83,6 +85,9 @@ pub struct NicStats {
     /// Looped-back frames dropped because the owning shard's loopback
     /// queue was full.
     pub loopback_drops: AtomicU64,
+    /// CM events dropped because nobody read the CM event queue (it holds
+    /// more than the agent's id bound can produce at once).
+    pub cm_event_drops: AtomicU64,
 }
 
 impl NicStats {
@@ -104,6 +109,7 @@ impl NicStats {
             ("rx_handoff_drops", g(&self.rx_handoff_drops)),
             ("loopback_frames", g(&self.loopback_frames)),
             ("loopback_drops", g(&self.loopback_drops)),
+            ("cm_event_drops", g(&self.cm_event_drops)),
         ]
         .into_iter()
     }
@@ -113,6 +119,10 @@ enum Doorbell {
     Qp(u32),
     Srq(SrqId),
 }
+
+/// CM events the device queues for its channel (four times the agent's
+/// default id bound: more than its ids can produce before being read).
+const CM_EVENTS: usize = 16 * 1024;
 
 /// Frames a shard's inbox holds (handovers from other shards).
 const INBOX: usize = 4096;
@@ -162,6 +172,10 @@ pub struct Nic {
     /// The device's IP addresses (IPv4 as IPv4-mapped IPv6): a frame sent
     /// to one of them is looped back, whatever its destination MAC.
     local_ips: Vec<[u8; 16]>,
+    /// Events of the CM agent (QP1), for the device's CM event channel.
+    cm_events: ArrayQueue<CmEvent>,
+    /// Signalled whenever a CM event is queued (the channel's fd).
+    cm_fd: Option<crate::queues::EventFd>,
     /// Counters.
     pub stats: NicStats,
 }
@@ -227,8 +241,41 @@ impl Nic {
             capturing: AtomicBool::new(false),
             next_shard: std::sync::atomic::AtomicUsize::new(0),
             local_ips: Vec::new(),
+            cm_events: ArrayQueue::new(CM_EVENTS),
+            cm_fd: crate::queues::EventFd::new().ok(),
             stats: NicStats::default(),
         }
+    }
+
+    /// Run QP1 and the CM agent `cm` (once per device: the shard owning
+    /// QPN 1). Returns false if the CM already runs (the new agent is dropped).
+    pub fn enable_cm(&self, cm: Cm) -> bool {
+        let mac = self.info.mac;
+        self.with_engine_of(GSI_QPN, |e| {
+            if e.gsi().is_some() {
+                return false;
+            }
+            e.enable_cm(cm, mac, None);
+            true
+        })
+    }
+
+    /// Run `f` on QP1 (the CM agent and its peer MACs) with its engine
+    /// locked; `None` if the CM is not enabled. What `f` queues is sent by
+    /// the next poll.
+    pub fn with_gsi<R>(&self, f: impl FnOnce(&mut Gsi) -> R) -> Option<R> {
+        self.with_engine_of(GSI_QPN, |e| e.gsi().map(f))
+    }
+
+    /// Next CM event, if any (non-blocking).
+    pub fn poll_cm_event(&self) -> Option<CmEvent> {
+        self.cm_events.pop()
+    }
+
+    /// An eventfd that becomes readable when a CM event is queued (-1 if
+    /// none could be made): the CM event channel's fd.
+    pub fn cm_event_fd(&self) -> std::os::fd::RawFd {
+        self.cm_fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd)
     }
 
     /// The NIC with `ips` (IPv6, IPv4 as IPv4-mapped) as the device's own
@@ -605,6 +652,21 @@ impl Nic {
         while let Some(ev) = engine.poll_event() {
             self.push_event(ev);
             work += 1;
+        }
+        if let Some(g) = engine.gsi() {
+            let mut any = false;
+            while let Some(ev) = g.cm.poll_event() {
+                if self.cm_events.push(ev).is_err() {
+                    self.stats.cm_event_drops.fetch_add(1, Ordering::Relaxed);
+                }
+                any = true;
+                work += 1;
+            }
+            if any {
+                if let Some(f) = &self.cm_fd {
+                    f.signal();
+                }
+            }
         }
         work
     }

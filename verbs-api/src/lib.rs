@@ -73,6 +73,7 @@
 #![deny(missing_docs)]
 
 mod backing;
+pub mod cm;
 mod cq;
 mod device;
 mod discover;

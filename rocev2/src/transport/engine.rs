@@ -48,8 +48,10 @@ use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_pee
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
+use crate::cm::{Cm, GSI_QPN};
 use crate::time::Instant;
 use crate::transport::attr::{QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
+use crate::transport::gsi::Gsi;
 use crate::transport::ids::PdId;
 use crate::transport::memory::MemoryTable;
 use crate::transport::path::PathHeaders;
@@ -58,7 +60,7 @@ use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
 use crate::transport::stats::QpStats;
 use crate::transport::wr::{Completion, RecvWr, SendWr, WcOpcode};
-use crate::wire::{parse_frame, Opcode, Service};
+use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
 
 /// Engine configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -112,6 +114,8 @@ pub struct Engine {
     /// The latest `now` the engine was given (pacing deadlines in the past
     /// are not timers).
     last_now: Instant,
+    /// QP1 and the CM agent, where this engine runs them ([`Engine::enable_cm`]).
+    gsi: Option<Box<Gsi>>,
     /// QPs that may have something to send, in round-robin order. A QP is
     /// put here by every event that can give it work (a post, a received
     /// frame, a timer, a state change) and leaves when it has nothing to
@@ -135,8 +139,22 @@ impl Engine {
             stats: EngineStats::default(),
             timers: BinaryHeap::new(),
             last_now: Instant::ZERO,
+            gsi: None,
             ready: VecDeque::new(),
         }
+    }
+
+    /// Run QP1 and the CM agent `cm` in this engine (one engine per device:
+    /// the shard that owns QPN 1), on a port with MAC `mac`.
+    pub fn enable_cm(&mut self, cm: Cm, mac: MacAddr, vlan: Option<VlanTag>) {
+        self.gsi = Some(Box::new(Gsi::new(cm, mac, vlan)));
+    }
+
+    /// QP1, if this engine runs it: the CM agent's calls (`gsi.cm.connect`,
+    /// `accept`, ...), its events, and the peer MACs MADs go to. After a
+    /// call, drain [`Engine::poll_transmit`] as after a post.
+    pub fn gsi(&mut self) -> Option<&mut Gsi> {
+        self.gsi.as_deref_mut()
     }
 
     /// The registered memory shared by this engine's QPs.
@@ -387,6 +405,16 @@ impl Engine {
         };
         let bth = p.repr.transport.bth;
         let qpn = bth.dest_qp;
+        if qpn == GSI_QPN {
+            // IBTA C9-42: the P_Key check applies to QP1 too; the GSI's own
+            // checks (UD SEND only, GSI Q_Key, source QP 1) are in `gsi`.
+            match self.gsi.as_deref_mut() {
+                Some(g) if bth.pkey & 0x7fff == 0x7fff => g.handle_frame(now, &p),
+                Some(_) => self.stats.rx_bad_pkey += 1,
+                None => self.stats.rx_unknown_qpn += 1,
+            }
+            return;
+        }
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qpn += 1;
             return;
@@ -499,6 +527,10 @@ impl Engine {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.last_now = self.last_now.max(now);
+        if let Some(len) = self.gsi.as_deref_mut().and_then(|g| g.poll_transmit(buf)) {
+            self.stats.tx_frames += 1;
+            return Some(len);
+        }
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
             match self.qps.get_mut(&qpn) {
@@ -596,7 +628,11 @@ impl Engine {
     /// real deadline (a stale entry), never later.
     #[must_use]
     pub fn next_timeout(&self) -> Option<Instant> {
-        self.timers.peek().map(|Reverse((t, _))| *t)
+        let qps = self.timers.peek().map(|Reverse((t, _))| *t);
+        match (qps, self.gsi.as_ref().and_then(|g| g.cm.next_timeout())) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
     /// Put `qpn` on the ready list (once).
@@ -629,6 +665,11 @@ impl Engine {
     /// Fire every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
         self.last_now = self.last_now.max(now);
+        if let Some(g) = self.gsi.as_deref_mut() {
+            if g.cm.next_timeout().is_some_and(|t| t <= now) {
+                g.cm.handle_timeout(now);
+            }
+        }
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if t > now {
                 break;

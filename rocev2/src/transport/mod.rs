@@ -10,6 +10,7 @@ mod completer;
 pub mod dcqcn;
 pub mod engine;
 pub mod events;
+pub mod gsi;
 pub mod ids;
 pub mod memory;
 pub mod path;
