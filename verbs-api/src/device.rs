@@ -349,7 +349,14 @@ impl DeviceInner {
             }
             None => {
                 tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), "neighbour not resolved");
-                Err(Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+                // fe80::/10: neighbour discovery on this interface alone,
+                // which needs IPv6 on at both ends (rxe's GID 0 likewise).
+                let hint = if gid[0] == 0xfe && gid[1] & 0xc0 == 0x80 {
+                    " (a link-local GID: the peer must answer IPv6 neighbour discovery on this link, IPv6 on at both ends)"
+                } else {
+                    ""
+                };
+                Err(Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}{hint}", crate::gid_to_string(gid))))
             }
         }
     }
