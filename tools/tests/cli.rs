@@ -6,7 +6,7 @@
 //! device names as devinfo prints them, SIGINT and SIGTERM (namespaces and
 //! counter files gone afterwards), a second process on one interface,
 //! `urnic stat` with dead and live processes, -e on the pingpongs, `urnic
-//! exec`. Needs root.
+//! exec`, the pingpongs over the link-local GID (-g 0). Needs root.
 //!
 //! No test measures time: waits for a process are hang guards that fail
 //! loudly (kill the process and panic) far beyond what the step needs.
