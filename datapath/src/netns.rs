@@ -88,6 +88,36 @@ pub fn sweep_orphaned(owner: impl Fn(&str) -> Option<u32>) -> Vec<String> {
     removed
 }
 
+/// Wait until interface `ifname` in namespace `ns` has a link-local IPv6
+/// address (fe80::/64, the kernel's own, from the MAC's EUI-64 by default)
+/// that passed duplicate address detection: until then the kernel neither
+/// answers neighbour solicitations for it nor sends from it (RFC 4862 5.4),
+/// so a peer cannot resolve the link-local GID (index 0). DAD takes a second
+/// or two after the link comes up. Fails after `guard` (a hang guard), when
+/// DAD failed, or when IPv6 is off on the interface.
+pub fn wait_link_local(ns: &str, ifname: &str, guard: std::time::Duration) -> io::Result<()> {
+    let deadline = std::time::Instant::now() + guard;
+    loop {
+        let out = std::process::Command::new("ip").args(["-n", ns, "-6", "-o", "addr", "show", "dev", ifname, "scope", "link"]).output()?;
+        if !out.status.success() {
+            return Err(io::Error::other(format!("ip -n {ns} addr show dev {ifname}: {}", String::from_utf8_lossy(&out.stderr).trim())));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().filter(|l| l.contains(" inet6 fe80:")).collect();
+        if lines.iter().any(|l| l.contains("dadfailed")) {
+            return Err(io::Error::other(format!("{ifname} in {ns}: duplicate address detection failed for its link-local address")));
+        }
+        if lines.iter().any(|l| !l.contains("tentative")) {
+            return Ok(());
+        }
+        if std::time::Instant::now() > deadline {
+            let why = if lines.is_empty() { "has no link-local IPv6 address (IPv6 off?)" } else { "link-local address still tentative" };
+            return Err(io::Error::new(io::ErrorKind::TimedOut, format!("{ifname} in {ns} {why} after {guard:?}")));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 /// Two network namespaces joined by a veth pair, for tests and the quick
 /// start: `ns[0]`/`ifname[0]` has `ipv4[0]`/24 and `mac[0]`, `ns[1]` the
 /// other end. Both namespaces (and with them the veth) are deleted on drop,
@@ -174,6 +204,16 @@ impl VethPair {
             ip(&["-n", &pair.ns[i], "link", "set", "lo", "up"])?;
         }
         Ok(pair)
+    }
+
+    /// Wait until both ends' link-local addresses passed duplicate address
+    /// detection (see [`wait_link_local`]), for traffic between the
+    /// link-local GIDs (index 0).
+    pub fn wait_link_local(&self, guard: std::time::Duration) -> io::Result<()> {
+        for i in 0..2 {
+            wait_link_local(&self.ns[i], &self.ifname[i], guard)?;
+        }
+        Ok(())
     }
 
     /// Delete both namespaces now (also done on drop).

@@ -3,25 +3,31 @@
 # rdma-core and perftest under qemu, on a bridge inside its own network
 # namespace, so urnic (in another namespace on the same bridge) can be tested
 # against the kernel's RoCEv2 implementation. Nothing touches the host's own
-# interfaces or routes: no NAT, no route out, IPv6 off.
+# interfaces or routes: no NAT, no route out, IPv6 off unless --ipv6 asks for
+# it (then only link-local: nothing configures other IPv6 addresses).
 #
 #   peer.sh build                   build (once; cached) the guest kernel + initramfs
 #   peer.sh up [--mtu N]            namespace $NS with bridge br0 (idempotent)
 #   peer.sh down                    delete the namespace (bridge, taps, veths)
-#   peer.sh veth NAME IP/LEN [--mtu N]
-#                                   namespace NAME whose eth0 (a veth) sits on the bridge
+#   peer.sh veth NAME IP/LEN [--mtu N] [--ipv6]
+#                                   namespace NAME whose eth0 (a veth) sits on the bridge;
+#                                   --ipv6 leaves IPv6 on there (link-local fe80::, GID index 0)
 #   peer.sh veth-del NAME           delete namespace NAME
 #   peer.sh run [opts] [-- CMD]     boot one guest, run CMD (bash) there, exit with its status
 #       --ip A/LEN   guest address (default 10.99.0.1/24)   --mtu N     eth0/tap MTU (1500)
 #       --name N     guest name (default from the IP)       --share D   D is /host; /host/cmd.sh runs if no CMD
 #       --timeout S  kill the guest after S s (300)         --log F     console also to F
 #       --pcap F     tcpdump the guest's tap into F while it runs
+#       --ipv6       IPv6 on in the guest: its link-local address (rxe's GID 0)
+#                    passed DAD before PEER-READY, so ND for it is answered
 #   peer.sh wait-ready LOG [S]      wait (S s, default 180) until the guest logging to LOG is ready
 #   peer.sh selftest                two guests, ibv_rc_pingpong between them
 #
 # In the guest: RXE_DEV=rxe0, RXE_GID_V2 (index of the IPv4-mapped RoCEv2
-# GID), PEER_IP. The console shows "PEER-READY ..." when rxe0 is active and
-# "PEER-EXIT rc=N" after the command. `run` exits with N, 124 on timeout.
+# GID), PEER_IP; with --ipv6 also RXE_GID_LL (index of the link-local GID,
+# 0) and PEER_IP6 (that address). The console shows "PEER-READY ..." when
+# rxe0 is active and "PEER-EXIT rc=N" after the command. `run` exits with N,
+# 124 on timeout.
 #
 # Environment: URNIC_PEER_CACHE (default /var/cache/urnic/rxe-peer), URNIC_PEER_NS
 # (default urnic-rxe), PEER_ACCEL (tcg | kvm; KVM does not work on the dev VMs).
@@ -142,6 +148,8 @@ build_locked() {
 
 # ---------------------------------------------------------------- network
 # The bridge namespace: br0, no addresses, no routes, no IPv6, no STP delay.
+# (It only forwards frames: IPv6 between the guests and the veth namespaces
+# needs no IPv6 here, whatever --ipv6 says there.)
 up() {
     local mtu=1500
     [ "${1:-}" = --mtu ] && mtu=$2
@@ -158,12 +166,23 @@ up() {
 down() { ip netns del "$NS" 2>/dev/null || true; }
 
 veth() {
-    [ $# -ge 2 ] || fail "usage: peer.sh veth NAME IP/LEN [--mtu N]"
-    local name=$1 addr=$2 mtu=1500
-    [ "${3:-}" = --mtu ] && mtu=$4
+    [ $# -ge 2 ] || fail "usage: peer.sh veth NAME IP/LEN [--mtu N] [--ipv6]"
+    local name=$1 addr=$2 mtu=1500 v6=0
+    shift 2
+    while [ $# -gt 0 ]; do
+        case "$1" in
+            --mtu) mtu=$2; shift 2 ;;
+            --ipv6) v6=1; shift ;;
+            *) fail "veth: unknown option $1" ;;
+        esac
+    done
     up --mtu "$mtu"
     ns_exists "$name" || ip netns add "$name"
-    ip netns exec "$name" sysctl -qw net.ipv6.conf.all.disable_ipv6=1 net.ipv6.conf.default.disable_ipv6=1
+    # IPv6 off (the default), or on for link-local GIDs: the kernel then
+    # gives eth0 fe80:: from its MAC's EUI-64 (addr_gen_mode 0) and answers
+    # neighbour solicitation for it once DAD is done.
+    local off=$((1 - v6))
+    ip netns exec "$name" sysctl -qw net.ipv6.conf.all.disable_ipv6=$off net.ipv6.conf.default.disable_ipv6=$off
     # The bridge end's name must fit IFNAMSIZ (15): the name's last 12 characters.
     local v="vb-$name"
     [ ${#v} -le 15 ] || v="vb-${name:${#name}-12}"
@@ -211,7 +230,7 @@ cleanup_run() {
 }
 
 run() {
-    local addr=10.99.0.1/24 mtu=1500 name= share= tmo=300 logf= pcap=
+    local addr=10.99.0.1/24 mtu=1500 name= share= tmo=300 logf= pcap= v6=0
     while [ $# -gt 0 ]; do
         case "$1" in
             --ip) addr=$2; shift 2 ;;
@@ -221,6 +240,7 @@ run() {
             --timeout) tmo=$2; shift 2 ;;
             --log) logf=$2; shift 2 ;;
             --pcap) pcap=$2; shift 2 ;;
+            --ipv6) v6=1; shift ;;
             --) shift; break ;;
             *) fail "unknown option $1 (a command goes after --)" ;;
         esac
@@ -244,7 +264,7 @@ run() {
 
     # Parameters for guest-init; the command travels base64-encoded (the
     # kernel command line holds 2048 bytes: longer commands go via --share).
-    local args="console=ttyS0 quiet loglevel=0 panic=-1 peer.ip=$addr peer.mtu=$mtu peer.name=$name"
+    local args="console=ttyS0 quiet loglevel=0 panic=-1 peer.ip=$addr peer.mtu=$mtu peer.name=$name peer.ipv6=$v6"
     [ -z "$cmd" ] || args+=" peer.cmd=$(printf '%s\n' "$cmd" | base64 -w0)"
     [ ${#args} -lt 1900 ] || fail "command too long for the kernel command line: use --share DIR"
 

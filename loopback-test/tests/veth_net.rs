@@ -20,20 +20,29 @@ fn neighbours_are_resolved_through_arp_and_nd() {
     veth::require_root();
     let pair = VethPair::create("nb", 1500).unwrap();
     let (v4, v6, peer_mac) = (IpAddr::from(pair.ipv4[1]), IpAddr::from(pair.ipv6[1]), pair.mac[1]);
+    // The peer's link-local address (its GID 0): answered once DAD is done.
+    let ll = IpAddr::from(link_local_gid(peer_mac));
+    pair.wait_link_local(Duration::from_secs(60)).unwrap();
     let r = in_netns(Some(&pair.ns[0]), move || {
         let iface = Interface::query("u0").unwrap();
         let n = Neighbours::new(iface.index, Duration::from_secs(3)).unwrap();
         let before = n.lookup(v4).unwrap();
         let got4 = n.resolve(v4);
         let got6 = n.resolve(v6);
+        let got_ll = n.resolve(ll);
         let table = n.dump().unwrap();
         // Nobody has this address: resolution gives up after the timeout.
         let short = Neighbours::new(iface.index, Duration::from_millis(300)).unwrap();
         let none = short.resolve(IpAddr::from([10, 99, 0, 99]));
-        (iface, before, got4, got6, table, none)
+        // The same link-local address is another host on another link: a
+        // resolver for lo finds no entry for it.
+        // (lo is interface 1 in every namespace.)
+        let lo = Neighbours::new(1, Duration::from_millis(300)).unwrap();
+        let other_link = (lo.lookup(ll).unwrap(), lo.dump().unwrap());
+        (iface, before, got4, got6, got_ll, table, none, other_link)
     })
     .unwrap();
-    let (iface, before, got4, got6, table, none) = r;
+    let (iface, before, got4, got6, got_ll, table, none, other_link) = r;
     assert_eq!(iface.mac, pair.mac[0]);
     assert_eq!(iface.mtu, 1500);
     assert!(iface.ipv4.contains(&pair.ipv4[0].into()));
@@ -41,8 +50,11 @@ fn neighbours_are_resolved_through_arp_and_nd() {
     assert_eq!(before, None, "a fresh namespace has no neighbour entry");
     assert_eq!(got4, Some(peer_mac), "ARP");
     assert_eq!(got6, Some(peer_mac), "neighbour discovery");
+    assert_eq!(got_ll, Some(peer_mac), "neighbour discovery for a link-local address, scoped to u0");
     assert!(table.iter().any(|e| e.ip == v4 && e.usable_mac() == Some(peer_mac)), "{table:?}");
+    assert!(table.iter().any(|e| e.ip == ll && e.ifindex == iface.index && e.usable_mac() == Some(peer_mac)), "{table:?}");
     assert_eq!(none, None);
+    assert_eq!(other_link, (None, Vec::new()), "u0's entries are not lo's");
 }
 
 #[test]

@@ -6,7 +6,7 @@
 //! device names as devinfo prints them, SIGINT and SIGTERM (namespaces and
 //! counter files gone afterwards), a second process on one interface,
 //! `urnic stat` with dead and live processes, -e on the pingpongs, `urnic
-//! exec`. Needs root.
+//! exec`, the pingpongs over the link-local GID (-g 0). Needs root.
 //!
 //! No test measures time: waits for a process are hang guards that fail
 //! loudly (kill the process and panic) far beyond what the step needs.
@@ -432,5 +432,40 @@ fn exec_runs_an_ibverbs_program_on_urnic() {
     let out = urnic(&["exec", "--", "ibv_devices"]).env("URNIC_LIB_DIR", stats.join("nothing")).output().unwrap();
     assert_eq!(out.status.code(), Some(1), "{}", both(&out));
     assert!(text(&out.stderr).contains("ibverbs-abi/link.sh"), "{}", both(&out));
+    let _ = std::fs::remove_dir_all(&stats);
+}
+
+/// The link-local GID (index 0, fe80:: from the MAC's EUI-64, as rxe's) on
+/// both ends (issue 19): each side finds the other's MAC by neighbour
+/// discovery scoped to its interface, RC with -c checking the data and UD
+/// through an address handle.
+#[test]
+fn pingpongs_over_link_local_gids() {
+    let pair = veth("clill");
+    // Until DAD is done the kernel answers no neighbour solicitation for the
+    // address (RFC 4862 5.4): a user's interface is long past that.
+    pair.wait_link_local(HANG).expect("link-local addresses past DAD");
+    let stats = stat_dir("ll");
+    let server = pair.ipv4[0].map(|b| b.to_string()).join(".");
+    let gid = |mac: [u8; 6]| std::net::Ipv6Addr::from(urnic::link_local_gid(mac)).to_string();
+    let (gid_a, gid_b) = (gid(pair.mac[0]), gid(pair.mac[1]));
+    for (tool, size, check) in [("rc-pingpong", "4096", Some("-c")), ("ud-pingpong", "1000", None)] {
+        let common: Vec<&str> = ["-v", tool, "-g", "0", "-n", "50", "-s", size].into_iter().chain(check).chain(["-d"]).collect();
+        let srv = urnic_in(&pair.ns[0], &stats, &[&common[..], &[&pair.ifname[0]]].concat()).spawn_piped();
+        let cli = urnic_in(&pair.ns[1], &stats, &[&common[..], &[&pair.ifname[1], &server]].concat()).spawn_piped();
+        let c = finish(cli, "pingpong client");
+        let s = finish(srv, "pingpong server");
+        for (o, me, peer) in [(&c, &gid_b, &gid_a), (&s, &gid_a, &gid_b)] {
+            let out = text(&o.stdout);
+            assert!(o.status.success(), "{tool}: {}", both(o));
+            assert!(out.contains("50 iters in") && !out.contains("invalid data"), "{tool}: {}", both(o));
+            let line = |what: &str| out.lines().find(|l| l.contains(what)).unwrap_or_default().to_string();
+            assert!(line("local address").ends_with(&format!("GID {me}")), "{tool}: {}", both(o));
+            assert!(line("remote address").ends_with(&format!("GID {peer}")), "{tool}: {}", both(o));
+            // -v: the peer's link-local GID was resolved to its MAC.
+            let resolved = text(&o.stderr).lines().any(|l| l.contains("neighbour resolved") && l.contains(&format!("gid={peer} ")));
+            assert!(resolved, "{tool}: {}", both(o));
+        }
+    }
     let _ = std::fs::remove_dir_all(&stats);
 }

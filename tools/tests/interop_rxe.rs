@@ -17,7 +17,7 @@ mod rxe_lab;
 
 use std::process::{Command, Stdio};
 
-use rxe_lab::{check_capture, guest_rc, text, Lab, GUEST_IP, OUR_IP};
+use rxe_lab::{check_capture, guest_rc, roce_frames_link_local, text, Lab, GUEST_IP, OUR_IP};
 
 /// rxe is the server (booted first), urnic the client.
 fn rxe_server(lab: &Lab, name: &str, guest_cmd: &str, ours: &[String]) -> (String, String) {
@@ -118,6 +118,49 @@ fn ud_pingpong_both_ways() {
     );
     assert!(ours.contains("20 iters in") && !ours.contains("invalid data"), "{ours}");
     assert!(theirs.contains("20 iters in"), "{theirs}");
+}
+
+/// Link-local GIDs (index 0: fe80:: from the MAC's EUI-64, rxe's default
+/// GID) in both roles, IPv6 on in our namespace and the guest (issue 19):
+/// each side finds the other's MAC by neighbour discovery for a link-local
+/// address, which needs the interface as its scope. rdma-core's -c checks
+/// the data on both sides; every RoCE frame goes between the two fe80::
+/// addresses.
+#[test]
+fn rc_pingpong_over_link_local_gids_both_ways() {
+    let lab = Lab::new_ipv6("rcll", 1500);
+    let ll = |out: &str, side: &str| {
+        for what in ["local address", "remote address"] {
+            let line = out.lines().find(|l| l.contains(what)).unwrap_or_default();
+            assert!(line.contains("GID fe80:"), "{side}: the {what} is not a link-local GID:\n{out}");
+        }
+    };
+    for (name, rxe_serves) in [("rc-ll-rxe-server", true), ("rc-ll-urnic-server", false)] {
+        let (ours, theirs) = if rxe_serves {
+            // 4 KiB messages at MTU 1024: SEND FIRST/MIDDLE/LAST each way.
+            rxe_server(
+                &lab,
+                name,
+                "ibv_rc_pingpong -d rxe0 -g $RXE_GID_LL -n 20 -s 4096 -c",
+                &args(&format!("rc-pingpong -d eth0 -g 0 -n 20 -s 4096 -c {GUEST_IP}")),
+            )
+        } else {
+            urnic_server(
+                &lab,
+                name,
+                &format!("ibv_rc_pingpong -d rxe0 -g $RXE_GID_LL -n 20 -s 4096 -c {OUR_IP}"),
+                &args("rc-pingpong -d eth0 -g 0 -n 20 -s 4096 -c"),
+            )
+        };
+        assert!(ours.contains("20 iters in") && !ours.contains("invalid data"), "{name}: {ours}");
+        assert!(theirs.contains("20 iters in") && !theirs.contains("invalid data"), "{name}: {theirs}");
+        ll(&ours, "urnic");
+        ll(&theirs, "rxe");
+        // 20 messages of 4 packets each way, and their ACKs.
+        let (roce, link_local) = roce_frames_link_local(&lab.dir.join(format!("{name}.pcap")));
+        assert!(roce >= 160, "{name}: only {roce} RoCE frames captured");
+        assert_eq!(link_local, roce, "{name}: RoCE frames not between the link-local addresses");
+    }
 }
 
 /// The perftest cases: (urnic test, perftest tool, extra perftest args, sizes).

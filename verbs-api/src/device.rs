@@ -133,13 +133,7 @@ impl DeviceConfig {
         let iface = ports[0].interface().clone();
         let link_mtu = urnic_datapath::Port::info(&ports[0]).mtu;
         let neigh = Neighbours::new(iface.index, std::time::Duration::from_secs(3))?;
-        let resolve: Resolver = Box::new(move |gid: &Gid| {
-            let ip = match AddressVector::is_ipv4_mapped(gid) {
-                true => std::net::IpAddr::from([gid[12], gid[13], gid[14], gid[15]]),
-                false => std::net::IpAddr::from(*gid),
-            };
-            neigh.resolve(ip)
-        });
+        let resolve: Resolver = Box::new(move |gid: &Gid| neigh.resolve(gid_ip(gid)));
         let ll = link_local_gid(iface.mac);
         Ok(DeviceConfig {
             name: name.to_string(),
@@ -349,7 +343,14 @@ impl DeviceInner {
             }
             None => {
                 tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), "neighbour not resolved");
-                Err(Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}", crate::gid_to_string(gid))))
+                // fe80::/10: neighbour discovery on this interface alone,
+                // which needs IPv6 on at both ends (rxe's GID 0 likewise).
+                let hint = if gid[0] == 0xfe && gid[1] & 0xc0 == 0x80 {
+                    " (a link-local GID: the peer must answer IPv6 neighbour discovery on this link, IPv6 on at both ends)"
+                } else {
+                    ""
+                };
+                Err(Error::new(ErrorKind::NotFound, format!("no neighbour entry for GID {}{hint}", crate::gid_to_string(gid))))
             }
         }
     }
@@ -606,7 +607,32 @@ pub fn gid_to_string(g: &Gid) -> String {
     std::net::Ipv6Addr::from(*g).to_string()
 }
 
+/// The IP address a GID stands for, as the neighbour table keys it: IPv4
+/// for an IPv4-mapped GID, else the IPv6 address itself, link-local
+/// (fe80::/10) ones included (their interface is the device's).
+fn gid_ip(gid: &Gid) -> std::net::IpAddr {
+    match AddressVector::is_ipv4_mapped(gid) {
+        true => std::net::IpAddr::from([gid[12], gid[13], gid[14], gid[15]]),
+        false => std::net::IpAddr::from(*gid),
+    }
+}
+
 /// `aa:bb:cc:dd:ee:ff`.
 fn mac_string(m: [u8; 6]) -> String {
     m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+    #[test]
+    fn gids_map_to_the_addresses_neighbours_are_keyed_by() {
+        let ll = link_local_gid([0x02, 0x75, 0x72, 0, 0, 2]);
+        assert_eq!(gid_ip(&ll), IpAddr::V6("fe80::75:72ff:fe00:2".parse::<Ipv6Addr>().unwrap()), "link-local, unchanged");
+        assert_eq!(gid_ip(&AddressVector::ipv4_gid([10, 99, 0, 2])), IpAddr::V4(Ipv4Addr::new(10, 99, 0, 2)));
+        let ula = "fd75::2".parse::<Ipv6Addr>().unwrap();
+        assert_eq!(gid_ip(&ula.octets()), IpAddr::V6(ula));
+    }
 }

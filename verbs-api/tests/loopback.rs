@@ -87,7 +87,13 @@ fn own_gids_resolve_to_own_mac_and_others_need_a_neighbour() {
         assert_eq!(ah.address_vector().dmac, MAC_A);
     }
     let stranger = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 0, 0, 9];
-    assert_eq!(ctx.resolve_mac(&stranger).unwrap_err().kind(), ErrorKind::NotFound);
+    let e = ctx.resolve_mac(&stranger).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(e.to_string().contains("no neighbour entry for GID ::ffff:10.0.0.9") && !e.to_string().contains("link-local"), "{e}");
+    // A stranger's link-local GID: the message says what it takes.
+    let e = ctx.resolve_mac(&link_local_gid([2, 0, 0, 0, 0, 9])).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NotFound);
+    assert!(e.to_string().contains("fe80::") && e.to_string().contains("IPv6 on at both ends"), "{e}");
 }
 
 #[test]

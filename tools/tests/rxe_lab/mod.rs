@@ -29,10 +29,27 @@ pub struct Lab {
     pub dir: PathBuf,
     /// The link MTU (guests and our eth0).
     pub mtu: u32,
+    /// IPv6 on in our namespace and the guests (peer.sh `--ipv6`): their
+    /// link-local addresses, the GIDs at index 0, past DAD.
+    pub ipv6: bool,
 }
 
 impl Lab {
+    /// A lab with IPv6 off everywhere (IPv4-mapped GIDs only).
     pub fn new(tag: &str, mtu: u32) -> Lab {
+        Lab::create(tag, mtu, false)
+    }
+
+    /// A lab with IPv6 on in our namespace and the guests, for the
+    /// link-local GIDs (index 0 on rxe and urnic alike). Our eth0's
+    /// link-local address has passed DAD when this returns.
+    pub fn new_ipv6(tag: &str, mtu: u32) -> Lab {
+        let lab = Lab::create(tag, mtu, true);
+        urnic_datapath::netns::wait_link_local(&lab.ours, "eth0", std::time::Duration::from_secs(120)).expect("our eth0's link-local address");
+        lab
+    }
+
+    fn create(tag: &str, mtu: u32, ipv6: bool) -> Lab {
         // SAFETY: geteuid has no preconditions.
         assert_eq!(unsafe { libc::geteuid() }, 0, "the rxe interop tests need root (namespaces, taps, qemu)");
         static N: AtomicU32 = AtomicU32::new(0);
@@ -46,12 +63,17 @@ impl Lab {
             ours: format!("urnic-ours-{tag}-{pid}-{n}"),
             dir: std::env::temp_dir().join(format!("urnic-interop-{tag}-{pid}-{n}")),
             mtu,
+            ipv6,
         };
         std::fs::create_dir_all(&lab.dir).unwrap();
         // Builds the guest the first time (minutes), then reuses the cache.
         let b = lab.peer(&["build"]).output().expect("bash");
         assert!(b.status.success(), "building the rxe guest failed (qemu, debootstrap from apt: deploy/deps.sh peer):\n{}", text(&b));
-        let v = lab.peer(&["veth", &lab.ours, &format!("{OUR_IP}/24"), "--mtu", &mtu.to_string()]).output().unwrap();
+        let mut veth = vec!["veth".to_string(), lab.ours.clone(), format!("{OUR_IP}/24"), "--mtu".into(), mtu.to_string()];
+        if ipv6 {
+            veth.push("--ipv6".into());
+        }
+        let v = lab.peer(&veth.iter().map(String::as_str).collect::<Vec<_>>()).output().unwrap();
         assert!(v.status.success(), "peer.sh veth: {}", text(&v));
         lab
     }
@@ -69,6 +91,7 @@ impl Lab {
         let _ = std::fs::remove_file(&log);
         let child = self
             .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "400"])
+            .args(self.ipv6.then_some("--ipv6"))
             .arg("--log")
             .arg(&log)
             .arg("--pcap")
@@ -124,6 +147,31 @@ impl Drop for Lab {
     }
 }
 
+/// The UDP destination port of an untagged Ethernet frame carrying IPv4
+/// (without options, as every RoCEv2 sender here) or IPv6 (no extension
+/// headers), if it carries UDP.
+pub fn udp_dst_port(frame: &[u8]) -> Option<u16> {
+    let port_at = match frame.get(12..14)? {
+        [0x08, 0x00] if frame.get(14) == Some(&0x45) && frame.get(23) == Some(&17) => 14 + 20 + 2,
+        [0x86, 0xdd] if frame.get(20) == Some(&17) => 14 + 40 + 2,
+        _ => return None,
+    };
+    frame.get(port_at..port_at + 2).map(|p| u16::from_be_bytes([p[0], p[1]]))
+}
+
+/// The RoCEv2 frames of a capture (UDP port 4791), and how many of them
+/// have link-local (fe80::/10) IPv6 source and destination addresses:
+/// traffic between GIDs at index 0.
+pub fn roce_frames_link_local(pcap: &Path) -> (usize, usize) {
+    let frames = urnic_datapath::capture::read_frames(pcap).unwrap_or_else(|e| panic!("{}: {e}", pcap.display()));
+    let roce: Vec<&Vec<u8>> = frames.iter().filter(|f| udp_dst_port(f) == Some(4791)).collect();
+    // udp_dst_port found an IPv6 frame's port at bytes 56..58: the
+    // addresses (22..38, 38..54) are there.
+    let ll = |a: &[u8]| a[0] == 0xfe && a[1] & 0xc0 == 0x80;
+    let link_local = roce.iter().filter(|f| f[12..14] == [0x86, 0xdd] && ll(&f[22..38]) && ll(&f[38..54])).count();
+    (roce.len(), link_local)
+}
+
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
@@ -139,7 +187,7 @@ pub fn check_capture(pcap: &Path) -> usize {
     let frames = urnic_datapath::capture::read_frames(pcap).unwrap_or_else(|e| panic!("{}: {e}", pcap.display()));
     let (mut roce, mut bad) = (0, Vec::new());
     for frame in &frames {
-        if rocev2::wire::peek_dest_qpn(frame).is_some() && frame.len() > 42 && frame[36..38] == [0x12, 0xb7] {
+        if rocev2::wire::peek_dest_qpn(frame).is_some() && udp_dst_port(frame) == Some(4791) {
             roce += 1;
             if let Err(e) = rocev2::wire::parse_frame(frame) {
                 bad.push(format!("frame {roce}: {e}"));
@@ -151,7 +199,7 @@ pub fn check_capture(pcap: &Path) -> usize {
     // to read the tools' arbitrary test data as an upper protocol and call
     // it malformed — rxe's frames as much as ours. They are about the
     // payload, not RoCE, so they are off; every header is still dissected.
-    let mut no_heur = Vec::new();
+    let mut tshark_opts = Vec::new();
     for h in [
         "rpcrdma_infiniband",
         "smb_direct_infiniband",
@@ -164,8 +212,8 @@ pub fn check_capture(pcap: &Path) -> usize {
         "eth_over_ib",
         "nvme_rdma",
     ] {
-        no_heur.push("--disable-heuristic".to_string());
-        no_heur.push(h.to_string());
+        tshark_opts.push("--disable-heuristic".to_string());
+        tshark_opts.push(h.to_string());
     }
     // Frames that reach a namespace after its urnic process has exited (the
     // peer's last message or a retransmission racing the exit) are answered
@@ -173,17 +221,23 @@ pub fn check_capture(pcap: &Path) -> usize {
     // RoCE packet: tshark dissects the quoted headers as InfiniBand too. Those
     // are the kernel's frames, not a RoCE sender's, and are left out.
     let roce_only = "!icmp && !icmpv6";
+    // RoCEv2 over IPv6 carries a zero UDP checksum too, rxe's frames as ours
+    // (rxe_net.c prepare_udp_hdr: check = 0; the ICRC covers the packet;
+    // RFC 6935/6936 allow zero for such protocols). tshark calls a zero
+    // IPv6 UDP checksum illegal unless told to accept it.
+    tshark_opts.push("-o".to_string());
+    tshark_opts.push("udp.ignore_ipv6_zero_checksum:TRUE".to_string());
     let o = Command::new("tshark")
         .arg("-r")
         .arg(pcap)
-        .args(&no_heur)
+        .args(&tshark_opts)
         .args(["-Y", &format!("({roce_only}) && (_ws.malformed || _ws.expert.severity >= \"error\")")])
         .output()
         .expect("tshark (deploy/deps.sh test)");
     assert!(o.status.success(), "tshark: {}", text(&o));
     let complaints = String::from_utf8_lossy(&o.stdout);
     assert!(complaints.trim().is_empty(), "tshark flags frames in {}:\n{complaints}", pcap.display());
-    let o = Command::new("tshark").arg("-r").arg(pcap).args(&no_heur).args(["-Y", &format!("infiniband && {roce_only}")]).output().unwrap();
+    let o = Command::new("tshark").arg("-r").arg(pcap).args(&tshark_opts).args(["-Y", &format!("infiniband && {roce_only}")]).output().unwrap();
     let dissected = String::from_utf8_lossy(&o.stdout).lines().count();
     assert_eq!(dissected, roce, "tshark dissects every RoCE frame of {}", pcap.display());
     roce
@@ -196,6 +250,7 @@ impl Lab {
         let pcap = self.dir.join(format!("{name}.pcap"));
         let child = self
             .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "900"])
+            .args(self.ipv6.then_some("--ipv6"))
             .arg("--log")
             .arg(&log)
             .arg("--pcap")
