@@ -143,6 +143,7 @@ impl Error {
             | EngineError::BadValue(_)
             | EngineError::BadWr(_) => ErrorKind::InvalidArgument,
             EngineError::Busy => ErrorKind::Busy,
+            EngineError::McastLimit(_) => ErrorKind::NoResources,
         };
         Error::with_source(kind, format!("{what}: {e}"), e)
     }

@@ -11,6 +11,7 @@ pub mod dcqcn;
 pub mod engine;
 pub mod events;
 pub mod ids;
+pub mod mcast;
 pub mod memory;
 pub mod path;
 mod qp;
