@@ -77,6 +77,7 @@ mod cq;
 mod device;
 mod discover;
 mod error;
+mod mcast;
 mod mr;
 mod qp;
 mod stats;

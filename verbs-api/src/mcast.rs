@@ -1,0 +1,170 @@
+//! UD multicast at the verbs level: `ibv_attach_mcast` / `ibv_detach_mcast`
+//! ([`Qp::attach_mcast`], [`Qp::detach_mcast`]) and the host's membership.
+//!
+//! The engine delivers a group's frames to its attached QPs; the kernel
+//! must still let the group's frames in on a NIC with a multicast filter and
+//! tell the switches (IGMP / MLD), as rxe does through `dev_mc_add` and
+//! RDMA-CM through `ip_mc_inc_group`. urnic asks the kernel for it with a
+//! UDP socket joined to the group (`IP_ADD_MEMBERSHIP` / `IPV6_JOIN_GROUP`
+//! on the device's interface) for as long as a QP of the device is
+//! attached. The socket is made in the network namespace the device was
+//! opened in, whichever thread attaches.
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::io;
+use std::net::{Ipv6Addr, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::MetadataExt;
+
+use rocev2::transport::attr::AddressVector;
+
+use crate::device::Gid;
+use crate::error::{Error, ErrorKind, Result};
+use crate::qp::Qp;
+
+/// The host side of a device's groups: one joined socket per group.
+pub(crate) struct HostGroups {
+    ifindex: u32,
+    /// The namespace the device was opened in.
+    netns: File,
+    joined: HashMap<Gid, UdpSocket>,
+}
+
+impl HostGroups {
+    /// Memberships on interface `ifindex` of the calling thread's namespace.
+    pub(crate) fn new(ifindex: u32) -> io::Result<HostGroups> {
+        Ok(HostGroups { ifindex, netns: File::open("/proc/thread-self/ns/net")?, joined: HashMap::new() })
+    }
+
+    /// Join `gid` on the interface (no-op if joined).
+    pub(crate) fn join(&mut self, gid: &Gid) -> io::Result<()> {
+        if self.joined.contains_key(gid) {
+            return Ok(());
+        }
+        let here = std::fs::metadata("/proc/thread-self/ns/net")?;
+        let ours = self.netns.metadata()?;
+        let (ifindex, g) = (self.ifindex, *gid);
+        let sock = if (here.dev(), here.ino()) == (ours.dev(), ours.ino()) {
+            joined_socket(ifindex, &g)?
+        } else {
+            // Another namespace: a thread of our own enters the device's
+            // and makes the socket there (a socket keeps its namespace).
+            let fd = self.netns.as_fd().try_clone_to_owned()?;
+            std::thread::scope(|s| {
+                s.spawn(move || {
+                    // SAFETY: a valid namespace fd; setns affects only this thread.
+                    if unsafe { libc::setns(fd.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                    joined_socket(ifindex, &g)
+                })
+                .join()
+                .unwrap_or_else(|_| Err(io::Error::other("the namespace thread panicked")))
+            })?
+        };
+        self.joined.insert(*gid, sock);
+        Ok(())
+    }
+
+    /// Leave `gid` (closing the socket drops the membership; IGMP/MLD leave).
+    pub(crate) fn leave(&mut self, gid: &Gid) {
+        self.joined.remove(gid);
+    }
+}
+
+/// A UDP socket that joined group `gid` on interface `ifindex`.
+fn joined_socket(ifindex: u32, gid: &Gid) -> io::Result<UdpSocket> {
+    if AddressVector::is_ipv4_mapped(gid) {
+        let s = UdpSocket::bind("0.0.0.0:0")?;
+        let mreq = libc::ip_mreqn {
+            imr_multiaddr: libc::in_addr { s_addr: u32::from_ne_bytes([gid[12], gid[13], gid[14], gid[15]]) },
+            imr_address: libc::in_addr { s_addr: 0 },
+            imr_ifindex: ifindex as i32,
+        };
+        // SAFETY: a valid socket and a correctly sized ip_mreqn.
+        let r = unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::IPPROTO_IP,
+                libc::IP_ADD_MEMBERSHIP,
+                (&mreq as *const libc::ip_mreqn).cast(),
+                std::mem::size_of::<libc::ip_mreqn>() as libc::socklen_t,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(s)
+    } else {
+        // SAFETY: socket(2) returns a new fd or -1.
+        let fd = unsafe { libc::socket(libc::AF_INET6, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd is a new socket we own.
+        let s = UdpSocket::from(unsafe { OwnedFd::from_raw_fd(fd) });
+        s.join_multicast_v6(&Ipv6Addr::from(*gid), ifindex)?;
+        Ok(s)
+    }
+}
+
+impl Qp {
+    /// `ibv_attach_mcast`: this UD QP joins multicast group `gid` (an
+    /// IPv4-mapped 224.0.0.0/4 GID, `::ffff:239.1.2.3`, or an ff00::/8
+    /// one). Every frame to the group reaching the device is then also
+    /// delivered to this QP (its own completion; its Q_Key must match the
+    /// datagram's), including the device's own sends to the group. The
+    /// first attachment of the device to a group joins it on the host
+    /// (IGMP / MLD). Attaching twice is a no-op, as on rxe.
+    ///
+    /// Errors: `InvalidArgument` for a non-UD QP, a GID that is not a group,
+    /// or a full group (`max_mcast_qp_attach`) or device
+    /// (`max_total_mcast_qp_attach`) (rxe: EINVAL); `NoResources` at
+    /// `max_mcast_grp` groups (rxe: ENOMEM); the kernel's error if the
+    /// host could not join (nothing is attached then).
+    pub fn attach_mcast(&self, gid: &Gid) -> Result<()> {
+        let inner = &self.pd().ctx.inner;
+        let mut host = inner.host_groups.lock().unwrap_or_else(|e| e.into_inner());
+        let new = inner.nic.attach_mcast(self.qp_num(), *gid).map_err(|e| Error::engine("attach_mcast", e))?;
+        if new {
+            if let Some(h) = host.as_mut() {
+                if let Err(e) = h.join(gid) {
+                    let _ = inner.nic.detach_mcast(self.qp_num(), gid);
+                    return Err(Error::with_source(ErrorKind::Io, format!("attach_mcast: the host could not join {}: {e}", crate::gid_to_string(gid)), e));
+                }
+            }
+            tracing::debug!(device = %inner.name, qpn = self.qp_num(), group = %crate::gid_to_string(gid), "multicast attach");
+        }
+        Ok(())
+    }
+
+    /// `ibv_detach_mcast`: this QP leaves group `gid`; no frame to the group
+    /// is delivered to it once this returns. The device's last member
+    /// leaving leaves the group on the host. `InvalidArgument` if the QP is
+    /// not attached to `gid` (rxe: EINVAL).
+    pub fn detach_mcast(&self, gid: &Gid) -> Result<()> {
+        let inner = &self.pd().ctx.inner;
+        let mut host = inner.host_groups.lock().unwrap_or_else(|e| e.into_inner());
+        inner.nic.detach_mcast(self.qp_num(), gid).map_err(|e| Error::engine("detach_mcast", e))?;
+        tracing::debug!(device = %inner.name, qpn = self.qp_num(), group = %crate::gid_to_string(gid), "multicast detach");
+        if inner.nic.mcast_members(gid) == 0 {
+            if let Some(h) = host.as_mut() {
+                h.leave(gid);
+            }
+        }
+        Ok(())
+    }
+
+    /// The groups this QP is attached to.
+    pub fn mcast_groups(&self) -> Vec<Gid> {
+        self.pd().ctx.inner.nic.mcast_groups_of(self.qp_num())
+    }
+
+    /// Leave every group (the QP is being destroyed).
+    pub(crate) fn detach_all_mcast(&self) {
+        for g in self.mcast_groups() {
+            let _ = self.detach_mcast(&g);
+        }
+    }
+}
