@@ -477,7 +477,8 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let cfg = EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), dcqcn, mcast: limits.mcast(), ..EngineConfig::default() };
+            let cfg =
+                EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), dcqcn, mcast: limits.mcast(), ..EngineConfig::default() };
             (Engine::new(cfg, memory.clone()), p)
         })
         .collect();

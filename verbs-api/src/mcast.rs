@@ -131,7 +131,11 @@ impl Qp {
             if let Some(h) = host.as_mut() {
                 if let Err(e) = h.join(gid) {
                     let _ = inner.nic.detach_mcast(self.qp_num(), gid);
-                    return Err(Error::with_source(ErrorKind::Io, format!("attach_mcast: the host could not join {}: {e}", crate::gid_to_string(gid)), e));
+                    return Err(Error::with_source(
+                        ErrorKind::Io,
+                        format!("attach_mcast: the host could not join {}: {e}", crate::gid_to_string(gid)),
+                        e,
+                    ));
                 }
             }
             tracing::debug!(device = %inner.name, qpn = self.qp_num(), group = %crate::gid_to_string(gid), "multicast attach");
