@@ -165,3 +165,108 @@ fn one_sender_several_receivers_on_a_bridge() {
     assert!(!kernel_groups(&seg.ns[2], &seg.ifname[2]).contains("239.77.0.1"));
     drop(seg);
 }
+
+/// Send `n` datagrams of `len + i` bytes from `sender` to the group behind
+/// `ah` (Q_Key `QKEY`), each waited for.
+fn send_n(s: &mut Side, sender: &Qp, ah: &Ah, first: usize, n: usize) {
+    for i in first..first + n {
+        fill(&mut s.mr, i * SLOT, 64 + i, i as u8);
+        let wr = SendWr {
+            wr_id: i as u64,
+            op: SendOp::Send,
+            payload: Payload::Sgl(vec![s.mr.sge(i * SLOT, 64 + i as u32)]),
+            flags: SendFlags::SIGNALED,
+            ud: Some(UdDest { av: *ah.address_vector(), remote_qpn: MULTICAST_QPN, remote_qkey: QKEY }),
+        };
+        sender.post_send(&wr).unwrap();
+        let c = wait(&s.cq, 1);
+        assert_eq!((c[0].wr_id, c[0].status), (i as u64, WcStatus::Success));
+    }
+}
+
+/// Every member's copies of datagrams `first..first + n`, in order, bytes checked.
+fn check_copies(qp: &Qp, s: &Side, sender: &Qp, first: usize, n: usize) {
+    let got = wait(&s.cq, n);
+    for (k, c) in got.iter().enumerate() {
+        let i = first + k;
+        assert_eq!(
+            (c.qp_num, c.status, c.src_qp, c.byte_len as usize),
+            (qp.qp_num(), WcStatus::Success, sender.qp_num(), 40 + 64 + i),
+            "copy {i} at QP {:#x}",
+            qp.qp_num()
+        );
+        let slot = c.wr_id as usize;
+        assert_eq!(bytes(&s.mr, slot * SLOT + 40..slot * SLOT + 40 + 64 + i), expected(64 + i, i as u8));
+    }
+}
+
+#[test]
+fn members_on_every_shard_of_both_devices_each_get_a_copy() {
+    veth::require_root();
+    let (_pair, ca, cb) = veth::pair_sharded(Impairments::default(), 1500, 2);
+    let g = gid([239, 77, 1, 1]);
+    let mut sa = side(&ca, 64 * SLOT);
+    let sender = ud_qp(&sa, QKEY);
+    // QPs go to the shards in turn: these land on both shards of each device.
+    let sides: Vec<(Context, Side)> = (0..6).map(|i| if i < 2 { ca.clone() } else { cb.clone() }).map(|c| (c.clone(), side(&c, 64 * SLOT))).collect();
+    let qps: Vec<Qp> = sides.iter().map(|(_, s)| ud_qp(s, QKEY)).collect();
+    let shards = |ctx: &Context| qps.iter().zip(&sides).filter(|(_, (c, _))| c.name() == ctx.name()).map(|(q, _)| q.qp_num() % 2).collect::<Vec<_>>();
+    for ctx in [&ca, &cb] {
+        let s = shards(ctx);
+        assert!(s.contains(&0) && s.contains(&1), "members on both shards of {}: {s:?}", ctx.name());
+    }
+    for (qp, (_, s)) in qps.iter().zip(&sides) {
+        qp.attach_mcast(&g).unwrap();
+        for slot in 0..4 {
+            recv_one(qp, s, slot);
+        }
+    }
+    let ah = sa.pd.create_ah(&AhAttr { dgid: g, sgid_index: 1, port_num: 1, ..AhAttr::default() }).unwrap();
+    send_n(&mut sa, &sender, &ah, 0, 4);
+    for (qp, (_, s)) in qps.iter().zip(&sides) {
+        check_copies(qp, s, &sender, 0, 4);
+    }
+    assert_eq!(cb.counters().get("mcast_frames"), Some(8), "each frame taken by both of b's shards");
+    assert_eq!(cb.counters().get("rx_mcast_no_member"), Some(0));
+    assert!(ca.counters().get("loopback_frames").unwrap() >= 4, "a's own members got theirs inside the device");
+}
+
+#[test]
+fn an_ipv6_group_joins_with_mld_and_delivers() {
+    veth::require_root();
+    let _ = Segment::sweep_stale();
+    let seg = Segment::create("mc6", 3, 1500).expect("create the segment (needs root and iproute2)");
+    let open = |i: usize| {
+        let mode = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+        open_af_xdp(Some(&seg.ns[i]), &format!("urnic{i}"), &XskConfig::new(&seg.ifname[i]), mode).expect("AF_XDP device")
+    };
+    let (ca, cb, cc) = (open(0), open(1), open(2));
+    let g: Gid = "ff0e::77:1".parse::<std::net::Ipv6Addr>().unwrap().octets();
+    let v6_groups = |i: usize| {
+        let o = Command::new("ip").args(["-n", &seg.ns[i], "-6", "maddr", "show", "dev", &seg.ifname[i]]).output().expect("ip maddr");
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let mut sa = side(&ca, 64 * SLOT);
+    let sender = ud_qp(&sa, QKEY);
+    let (sb, sc) = (side(&cb, 64 * SLOT), side(&cc, 64 * SLOT));
+    let (qb, qc) = (ud_qp(&sb, QKEY), ud_qp(&sc, QKEY));
+    for (qp, s) in [(&qb, &sb), (&qc, &sc)] {
+        qp.attach_mcast(&g).unwrap();
+        for slot in 0..4 {
+            recv_one(qp, s, slot);
+        }
+    }
+    assert!(v6_groups(1).contains("ff0e::77:1"), "MLD join on b: {}", v6_groups(1));
+    // GID index 2 is our IPv6 address (fd75::1): IPv6 framing.
+    let ah = sa.pd.create_ah(&AhAttr { dgid: g, sgid_index: 2, port_num: 1, ..AhAttr::default() }).unwrap();
+    assert_eq!(ah.address_vector().dmac, [0x33, 0x33, 0, 0x77, 0, 1], "RFC 2464 MAC");
+    send_n(&mut sa, &sender, &ah, 0, 3);
+    check_copies(&qb, &sb, &sender, 0, 3);
+    check_copies(&qc, &sc, &sender, 0, 3);
+    let grh = bytes(&sb.mr, 0..40);
+    assert_eq!(grh[0] >> 4, 6, "an IPv6 GRH");
+    assert_eq!(&grh[24..40], &g, "destination: the group");
+    drop(qb);
+    assert!(!v6_groups(1).contains("ff0e::77:1"), "left with the QP");
+    drop(seg);
+}
