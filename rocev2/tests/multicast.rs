@@ -2,7 +2,8 @@
 //! engine with several UD QPs attached to a group, frames carried by hand.
 //! Delivery to every member (each its own completion), Q_Key per QP (IBTA
 //! C10-15), detach stops delivery at once, no member → counted drop,
-//! limits, and hostile frames (connected opcodes to the multicast QPN).
+//! limits, and hostile frames (connected opcodes to the multicast QPN, another
+//! partition, a member not ready to receive).
 
 use rocev2::psn::Psn;
 use rocev2::sim::pair::Mr;
@@ -335,4 +336,33 @@ fn the_sender_attached_to_its_own_group_is_just_another_member() {
     deliver(&mut a, &frames);
     let got = a.completions();
     assert_eq!(got.iter().map(|c| (c.qp_num, c.src_qp, c.opcode)).collect::<Vec<_>>(), vec![(tx, tx, WcOpcode::Recv)]);
+}
+
+#[test]
+fn a_member_not_ready_to_receive_or_in_another_partition_refuses_its_copy_alone() {
+    let mut a = Host::new(0x20, McastLimits::default());
+    let mut b = Host::new(0x40, McastLimits::default());
+    let tx = a.qp(QpType::Ud, QKEY);
+    let ready = b.qp(QpType::Ud, QKEY);
+    // A member still in INIT (attaching is allowed in any state, as on rxe).
+    let cap = QpCaps { max_send_wr: 4, max_recv_wr: 4, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let init = b.engine.create_qp(&QpInitAttr { qp_type: QpType::Ud, pd: PD, send_cq: CQ, recv_cq: CQ, srq: None, cap, sq_sig_all: true }).unwrap();
+    let a_init = QpAttr { qp_state: QpState::Init, qkey: QKEY, port_num: 1, ..QpAttr::default() };
+    b.engine.modify_qp(init, &a_init, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+    for (i, q) in [ready, init].into_iter().enumerate() {
+        b.engine.attach_mcast(q, group_gid()).unwrap();
+        b.post_recv(q, i);
+    }
+    deliver(&mut b, &send_to_group(&mut a, tx, QKEY, b"s", 1));
+    assert_eq!(b.completions().iter().map(|c| c.qp_num).collect::<Vec<_>>(), vec![ready]);
+    assert_eq!(b.engine.stats().rx_wrong_state, 1, "the INIT member refused its copy (rxe check_type_state)");
+    // A frame of another partition (P_Key 0x7ffe): every member refuses it.
+    let mut f = send_to_group(&mut a, tx, QKEY, b"p", 2).remove(0);
+    let bth = 14 + 20 + 8; // Ethernet, IPv4, UDP
+    f[bth + 2..bth + 4].copy_from_slice(&0x7ffeu16.to_be_bytes());
+    rocev2::wire::icrc::fill_frame(&mut f).unwrap();
+    b.post_recv(ready, 5);
+    deliver(&mut b, &[f]);
+    assert!(b.completions().is_empty());
+    assert_eq!(b.engine.stats().rx_bad_pkey, 1, "refused by the ready member (the INIT one stops at its state)");
 }
