@@ -270,3 +270,33 @@ fn an_ipv6_group_joins_with_mld_and_delivers() {
     assert!(!v6_groups(1).contains("ff0e::77:1"), "left with the QP");
     drop(seg);
 }
+
+#[test]
+fn more_groups_than_one_socket_holds_are_all_joined_and_left() {
+    veth::require_root();
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create("mcn", 1500).expect("veth pair (needs root and iproute2)");
+    let mode = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
+    let ctx = open_af_xdp(Some(&pair.ns[0]), "urnic0", &XskConfig::new(&pair.ifname[0]), mode).expect("AF_XDP device");
+    let s = side(&ctx, 4 * SLOT);
+    let (q1, q2) = (ud_qp(&s, QKEY), ud_qp(&s, QKEY));
+    // igmp_max_memberships is 20 per socket by default: 45 groups need three.
+    let groups: Vec<Gid> = (1..=45).map(|i| gid([239, 78, 0, i])).collect();
+    for g in &groups {
+        q1.attach_mcast(g).unwrap();
+    }
+    q2.attach_mcast(&groups[0]).unwrap();
+    let held = |s: &str| s.lines().filter_map(|l| l.trim().strip_prefix("inet ")).filter(|a| a.trim().starts_with("239.78.0.")).count();
+    assert_eq!(held(&kernel_groups(&pair.ns[0], &pair.ifname[0])), 45, "{}", kernel_groups(&pair.ns[0], &pair.ifname[0]));
+    for g in &groups {
+        q1.detach_mcast(g).unwrap();
+    }
+    assert_eq!(held(&kernel_groups(&pair.ns[0], &pair.ifname[0])), 1, "q2 still holds the first group");
+    // Rejoining reuses the sockets' room.
+    for g in &groups[1..25] {
+        q2.attach_mcast(g).unwrap();
+    }
+    assert_eq!(held(&kernel_groups(&pair.ns[0], &pair.ifname[0])), 25);
+    drop(q2);
+    assert_eq!(held(&kernel_groups(&pair.ns[0], &pair.ifname[0])), 0);
+}
