@@ -1,6 +1,8 @@
 //! The engine: one device's QPs and SRQs, driven sans-IO.
 //!
-//! The engine owns the QP table, dispatches received frames by BTH DestQP,
+//! The engine owns the QP table, dispatches received frames by BTH DestQP
+//! (DestQP 0xFFFFFF: to every QP attached to the destination IP's
+//! multicast group, [`Engine::attach_mcast`], `mcast`),
 //! keeps the ready list (QPs that may have something to send) and the timer
 //! queue. Everything protocol-specific lives beside it, in rxe's split:
 //! `qp` (QP object, `ibv_modify_qp` rules), `requester`,
