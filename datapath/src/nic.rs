@@ -304,12 +304,14 @@ impl Nic {
         self.mcast_limits
     }
 
-    /// The shards owning a member of group `gid` (a bit per shard, the
-    /// first 64), or 0 if it has none.
-    fn mcast_shards(&self, gid: &[u8; 16]) -> u64 {
-        let n = self.shards.len();
+    /// The shards owning a member of group `gid`, each once, in order
+    /// (empty: the group has no member on this device).
+    fn mcast_shards(&self, gid: &[u8; 16]) -> Vec<usize> {
         let t = self.mcast.read().unwrap_or_else(|e| e.into_inner());
-        t.members(gid).iter().fold(0u64, |m, &q| m | 1u64 << ((q as usize % n) % 64))
+        let mut s: Vec<usize> = t.members(gid).iter().map(|&q| self.shard_of(q)).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
     }
 
     /// The destination IP of `frame` as a GID (IPv4 as IPv4-mapped).
@@ -325,23 +327,18 @@ impl Nic {
 
     /// A multicast frame this device sends: a copy into the loopback queue
     /// of every shard with a member of its group (none: nothing to do).
-    fn loop_back_mcast(&self, frame: &[u8]) -> bool {
+    fn loop_back_mcast(&self, frame: &[u8]) {
         if !self.mcast_any.load(Ordering::Acquire) {
-            return false;
+            return;
         }
-        let Some(gid) = Self::dst_gid(frame).filter(is_multicast_gid) else { return false };
-        let shards = self.mcast_shards(&gid);
-        for (s, shard) in self.shards.iter().enumerate().take(64) {
-            if shards & (1 << s) == 0 {
-                continue;
-            }
-            if shard.loopback.push(frame.to_vec()).is_ok() {
+        let Some(gid) = Self::dst_gid(frame).filter(is_multicast_gid) else { return };
+        for s in self.mcast_shards(&gid) {
+            if self.shards[s].loopback.push(frame.to_vec()).is_ok() {
                 self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
             } else {
                 self.stats.loopback_drops.fetch_add(1, Ordering::Relaxed);
             }
         }
-        shards != 0
     }
 
     /// The NIC with `ips` (IPv6, IPv4 as IPv4-mapped) as the device's own
@@ -731,18 +728,18 @@ impl Nic {
     /// shard `i` takes it too (it owns a member, or nobody does and its
     /// engine counts the drop).
     fn route_mcast(&self, i: usize, frame: &[u8]) -> bool {
-        let shards = Self::dst_gid(frame).map_or(0, |g| self.mcast_shards(&g));
-        if shards == 0 {
+        let shards = Self::dst_gid(frame).map(|g| self.mcast_shards(&g)).unwrap_or_default();
+        if shards.is_empty() {
             return true;
         }
-        for s in (0..self.shards.len().min(64)).filter(|&s| s != i && shards & (1 << s) != 0) {
+        for &s in shards.iter().filter(|&&s| s != i) {
             if self.shards[s].inbox.push(frame.to_vec()).is_ok() {
                 self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
             } else {
                 self.stats.rx_handoff_drops.fetch_add(1, Ordering::Relaxed);
             }
         }
-        shards & (1 << i.min(63)) != 0
+        shards.contains(&i)
     }
 
     /// Write `frame` to the capture file, if capturing.
