@@ -366,3 +366,35 @@ fn a_member_not_ready_to_receive_or_in_another_partition_refuses_its_copy_alone(
     assert!(b.completions().is_empty());
     assert_eq!(b.engine.stats().rx_bad_pkey, 1, "refused by the ready member (the INIT one stops at its state)");
 }
+
+#[test]
+fn members_sharing_an_srq_each_take_one_of_its_receives() {
+    let mut a = Host::new(0x20, McastLimits::default());
+    let mut b = Host::new(0x40, McastLimits::default());
+    let tx = a.qp(QpType::Ud, QKEY);
+    let srq = b.engine.create_srq(PD, 8, 1).unwrap();
+    let cap = QpCaps { max_send_wr: 4, max_recv_wr: 0, max_send_sge: 1, max_recv_sge: 1, max_inline_data: 0 };
+    let mut members = Vec::new();
+    for _ in 0..2 {
+        let q =
+            b.engine.create_qp(&QpInitAttr { qp_type: QpType::Ud, pd: PD, send_cq: CQ, recv_cq: CQ, srq: Some(srq), cap, sq_sig_all: true }).unwrap();
+        let mut at = QpAttr { qp_state: QpState::Init, qkey: QKEY, port_num: 1, ..QpAttr::default() };
+        b.engine.modify_qp(q, &at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+        at.qp_state = QpState::Rtr;
+        b.engine.modify_qp(q, &at, QpAttrMask::STATE).unwrap();
+        b.engine.attach_mcast(q, group_gid()).unwrap();
+        members.push(q);
+    }
+    for slot in 0..3 {
+        let sge = b.mr.sge(slot * SLOT, SLOT as u32);
+        b.engine.post_srq_recv(srq, RecvWr { wr_id: slot as u64, sgl: vec![sge] }).unwrap();
+    }
+    deliver(&mut b, &send_to_group(&mut a, tx, QKEY, b"shared", 1));
+    let got = b.completions();
+    assert_eq!(got.iter().map(|c| (c.qp_num, c.wr_id)).collect::<Vec<_>>(), vec![(members[0], 0), (members[1], 1)]);
+    // One receive left: the next frame reaches the first member only; the
+    // second finds the SRQ empty (UD: dropped, counted, no RNR).
+    deliver(&mut b, &send_to_group(&mut a, tx, QKEY, b"again", 2));
+    assert_eq!(b.completions().iter().map(|c| (c.qp_num, c.wr_id)).collect::<Vec<_>>(), vec![(members[0], 2)]);
+    assert_eq!(b.engine.qp_stats(members[1]).unwrap().resp_ud_no_wqe_dropped, 1);
+}
