@@ -9,6 +9,18 @@
 //! rings that every shard may fill. With one shard (the default, and the
 //! only choice for the in-memory port) all of this collapses to one loop.
 //!
+//! Multicast (UD, issue 18): the NIC keeps the device's group table (group
+//! GID → attached QPNs, within the device's limits) beside each engine's
+//! own. A received frame to DestQP 0xFFFFFF goes to every shard owning a
+//! member of the group its destination IP names (a copy through the
+//! others' inboxes), or, with no member anywhere, to the receiving engine,
+//! which counts it (`rx_mcast_no_member`). A multicast frame this device
+//! sends goes to the port *and*, if QPs of this device are attached to the
+//! group, into their shards' loopback queues, as an HCA delivers its own
+//! multicast to local members (ConnectX unless the QP was created with
+//! `IBV_QP_CREATE_BLOCK_SELF_MCAST_LB`; rxe when the host joined the group,
+//! as RDMA-CM does, through the kernel's multicast loopback).
+//!
 //! Loopback: a frame the engine sends to this device itself (destination
 //! MAC the port's, or destination IP one of the device's addresses) never
 //! reaches the port. It goes into the owning shard's bounded loopback queue
@@ -38,6 +50,7 @@ use rocev2::cm::{Cm, CmEvent, GSI_QPN};
 use rocev2::transport::attr::SrqId;
 use rocev2::transport::engine::{AsyncEvent, Engine, EngineError};
 use rocev2::transport::gsi::Gsi;
+use rocev2::transport::mcast::{is_multicast_gid, McastLimits, McastTable, MULTICAST_QPN};
 use rocev2::transport::wr::{Completion, CqId, WcOpcode, WcStatus};
 use rocev2::wire::Opcode;
 use rocev2::Instant;
@@ -176,6 +189,11 @@ pub struct Nic {
     cm_events: ArrayQueue<CmEvent>,
     /// Signalled whenever a CM event is queued (the channel's fd).
     cm_fd: Option<crate::queues::EventFd>,
+    /// The device's multicast groups (every shard's members) and limits.
+    mcast: RwLock<McastTable>,
+    mcast_limits: McastLimits,
+    /// Whether `mcast` has any group: the per-frame check on transmit.
+    mcast_any: AtomicBool,
     /// Counters.
     pub stats: NicStats,
 }
@@ -243,6 +261,9 @@ impl Nic {
             local_ips: Vec::new(),
             cm_events: ArrayQueue::new(CM_EVENTS),
             cm_fd: crate::queues::EventFd::new().ok(),
+            mcast: RwLock::new(McastTable::default()),
+            mcast_limits: McastLimits::default(),
+            mcast_any: AtomicBool::new(false),
             stats: NicStats::default(),
         }
     }
@@ -278,6 +299,95 @@ impl Nic {
         self.cm_fd.as_ref().map_or(-1, std::os::fd::AsRawFd::as_raw_fd)
     }
 
+    /// The NIC with `limits` as the device's multicast limits (each engine
+    /// enforces its own [`rocev2::transport::engine::EngineConfig::mcast`]
+    /// on its QPs; these bound the device as a whole).
+    pub fn with_mcast_limits(mut self, limits: McastLimits) -> Nic {
+        self.mcast_limits = limits;
+        self
+    }
+
+    /// `ibv_attach_mcast`: QP `qpn` joins group `gid` (see
+    /// [`Engine::attach_mcast`]). `Ok(false)`: it already was a member.
+    /// The owning engine checks the QP and the GID first, then the device's
+    /// limits apply; on any error nothing changed.
+    pub fn attach_mcast(&self, qpn: u32, gid: [u8; 16]) -> Result<bool, EngineError> {
+        if !self.with_engine_of(qpn, |e| e.attach_mcast(qpn, gid))? {
+            return Ok(false);
+        }
+        let r = self.mcast.write().unwrap_or_else(|e| e.into_inner()).attach(qpn, gid, &self.mcast_limits);
+        if let Err(e) = r {
+            // Never held together with the table's lock (the poller takes
+            // its engine, then the table).
+            let _ = self.with_engine_of(qpn, |en| en.detach_mcast(qpn, &gid));
+            return Err(e);
+        }
+        self.mcast_any.store(true, Ordering::Release);
+        Ok(true)
+    }
+
+    /// `ibv_detach_mcast`: QP `qpn` leaves group `gid`. Its engine stops
+    /// delivering to it before this returns.
+    pub fn detach_mcast(&self, qpn: u32, gid: &[u8; 16]) -> Result<(), EngineError> {
+        self.with_engine_of(qpn, |e| e.detach_mcast(qpn, gid))?;
+        let mut t = self.mcast.write().unwrap_or_else(|e| e.into_inner());
+        let _ = t.detach(qpn, gid);
+        self.mcast_any.store(t.group_count() > 0, Ordering::Release);
+        Ok(())
+    }
+
+    /// The groups QP `qpn` is attached to.
+    pub fn mcast_groups_of(&self, qpn: u32) -> Vec<[u8; 16]> {
+        self.mcast.read().unwrap_or_else(|e| e.into_inner()).groups_of(qpn).to_vec()
+    }
+
+    /// How many QPs of the device are attached to `gid`.
+    pub fn mcast_members(&self, gid: &[u8; 16]) -> usize {
+        self.mcast.read().unwrap_or_else(|e| e.into_inner()).members(gid).len()
+    }
+
+    /// The device's multicast limits.
+    pub fn mcast_limits(&self) -> McastLimits {
+        self.mcast_limits
+    }
+
+    /// The shards owning a member of group `gid`, each once, in order
+    /// (empty: the group has no member on this device).
+    fn mcast_shards(&self, gid: &[u8; 16]) -> Vec<usize> {
+        let t = self.mcast.read().unwrap_or_else(|e| e.into_inner());
+        let mut s: Vec<usize> = t.members(gid).iter().map(|&q| self.shard_of(q)).collect();
+        s.sort_unstable();
+        s.dedup();
+        s
+    }
+
+    /// The destination IP of `frame` as a GID (IPv4 as IPv4-mapped).
+    fn dst_gid(frame: &[u8]) -> Option<[u8; 16]> {
+        use rocev2::wire::{EthernetFrame, Ipv4Packet, Ipv6Packet, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+        let eth = EthernetFrame::new_checked(frame).ok()?;
+        match eth.ethertype() {
+            ETHERTYPE_IPV4 => Ipv4Packet::new_checked(eth.payload()).ok().map(|p| rocev2::transport::attr::AddressVector::ipv4_gid(p.dst_addr())),
+            ETHERTYPE_IPV6 => Ipv6Packet::new_checked(eth.payload()).ok().map(|p| p.dst_addr()),
+            _ => None,
+        }
+    }
+
+    /// A multicast frame this device sends: a copy into the loopback queue
+    /// of every shard with a member of its group (none: nothing to do).
+    fn loop_back_mcast(&self, frame: &[u8]) {
+        if !self.mcast_any.load(Ordering::Acquire) {
+            return;
+        }
+        let Some(gid) = Self::dst_gid(frame).filter(is_multicast_gid) else { return };
+        for s in self.mcast_shards(&gid) {
+            if self.shards[s].loopback.push(frame.to_vec()).is_ok() {
+                self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats.loopback_drops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+    }
+
     /// The NIC with `ips` (IPv6, IPv4 as IPv4-mapped) as the device's own
     /// addresses: frames the engine sends to one of them are looped back to
     /// the device, as are frames to the port's MAC.
@@ -291,26 +401,14 @@ impl Nic {
     /// destination MAC equal to the netdev's sets `RXE_LOOPBACK_MASK`), or
     /// its destination IP is one of the device's addresses.
     fn is_local(&self, frame: &[u8]) -> bool {
-        use rocev2::wire::{EthernetFrame, Ipv4Packet, Ipv6Packet, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
-        let Ok(eth) = EthernetFrame::new_checked(frame) else { return false };
+        let Ok(eth) = rocev2::wire::EthernetFrame::new_checked(frame) else { return false };
         if eth.dst_addr() == self.info.mac {
             return true;
         }
         if self.local_ips.is_empty() {
             return false;
         }
-        let dst = match eth.ethertype() {
-            ETHERTYPE_IPV4 => Ipv4Packet::new_checked(eth.payload()).ok().map(|p| {
-                let mut g = [0u8; 16];
-                g[10] = 0xff;
-                g[11] = 0xff;
-                g[12..].copy_from_slice(&p.dst_addr());
-                g
-            }),
-            ETHERTYPE_IPV6 => Ipv6Packet::new_checked(eth.payload()).ok().map(|p| p.dst_addr()),
-            _ => None,
-        };
-        dst.is_some_and(|d| self.local_ips.contains(&d))
+        Self::dst_gid(frame).is_some_and(|d| self.local_ips.contains(&d))
     }
 
     /// Queue a frame this device sent to itself for the shard owning its
@@ -436,6 +534,10 @@ impl Nic {
     /// Forget a QP's rings (after the engine destroyed the QP).
     pub fn detach_qp(&self, qpn: u32) {
         self.qps.write().unwrap_or_else(|e| e.into_inner()).remove(&qpn);
+        // The engine forgot its groups with it (`Engine::destroy_qp`).
+        let mut t = self.mcast.write().unwrap_or_else(|e| e.into_inner());
+        t.detach_all(qpn);
+        self.mcast_any.store(t.group_count() > 0, Ordering::Release);
     }
 
     /// Make an SRQ's ring visible to the poller.
@@ -543,7 +645,17 @@ impl Nic {
             let engine = &mut *engine;
             port.receive(RX_BUDGET, &mut |frame| {
                 self.capture(frame);
-                let owner = if n == 1 { i } else { rocev2::wire::peek_dest_qpn(frame).map_or(i, |q| q as usize % n) };
+                let dest = if n == 1 { None } else { rocev2::wire::peek_dest_qpn(frame) };
+                let owner = match dest {
+                    Some(MULTICAST_QPN) => {
+                        if !self.route_mcast(i, frame) {
+                            return;
+                        }
+                        i
+                    }
+                    Some(q) => q as usize % n,
+                    None => i,
+                };
                 if owner == i {
                     if shard.rung() {
                         rung_late += self.ring_doorbells(shard, engine);
@@ -611,6 +723,8 @@ impl Nic {
                     was_looped = true;
                     return None;
                 }
+                // Multicast: to the wire, and to this device's members.
+                self.loop_back_mcast(frame);
                 // Only while the batch could still be all ACKs.
                 only_acks = only_acks && rocev2::wire::peek_opcode(frame) == Some(Opcode::RC_ACK);
                 Some(n)
@@ -669,6 +783,25 @@ impl Nic {
             }
         }
         work
+    }
+
+    /// A received frame to DestQP 0xFFFFFF on a sharded NIC: a copy to the
+    /// inbox of every other shard owning a member of its group. Whether
+    /// shard `i` takes it too (it owns a member, or nobody does and its
+    /// engine counts the drop).
+    fn route_mcast(&self, i: usize, frame: &[u8]) -> bool {
+        let shards = Self::dst_gid(frame).map(|g| self.mcast_shards(&g)).unwrap_or_default();
+        if shards.is_empty() {
+            return true;
+        }
+        for &s in shards.iter().filter(|&&s| s != i) {
+            if self.shards[s].inbox.push(frame.to_vec()).is_ok() {
+                self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.stats.rx_handoff_drops.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        shards.contains(&i)
     }
 
     /// Write `frame` to the capture file, if capturing.

@@ -294,6 +294,9 @@ pub unsafe extern "C" fn ibv_query_device(ctx: *mut ibv_context, attr: *mut ibv_
         a.max_srq = l.max_srq as c_int;
         a.max_srq_wr = l.max_srq_wr as c_int;
         a.max_srq_sge = l.max_sge as c_int;
+        a.max_mcast_grp = l.max_mcast_grp as c_int;
+        a.max_mcast_qp_attach = l.max_mcast_qp_attach as c_int;
+        a.max_total_mcast_qp_attach = l.max_total_mcast_qp_attach as c_int;
         a.max_pkeys = 1;
         a.local_ca_ack_delay = 15;
         a.phys_port_cnt = d.phys_port_cnt;

@@ -170,6 +170,10 @@ pub unsafe extern "C" fn ibv_create_qp(pd: *mut ibv_pd, init: *mut ibv_qp_init_a
 pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
     guard("ibv_destroy_qp", libc::EIO, || {
         let Some(q) = uqp(qp) else { return libc::EINVAL };
+        // uverbs (`uverbs_free_qp`): a QP still attached to a group is busy.
+        if !q.inner.mcast_groups().is_empty() {
+            return libc::EBUSY;
+        }
         if let Some(u) = uctx((*qp).context) {
             unregister(&u.qps, q.inner.qp_num());
         }
@@ -668,16 +672,37 @@ pub unsafe extern "C" fn ibv_create_ah_from_wc(pd: *mut ibv_pd, wc: *mut ibv_wc,
     })
 }
 
-/// Multicast is not offered yet (the UD multicast issue): EOPNOTSUPP, as
-/// libibverbs answers for a provider without it.
+/// `ibv_attach_mcast`: a UD QP joins a multicast group ([`urnic::Qp::attach_mcast`]).
+/// `lid` is ignored, as on RoCE ports. rxe's answers: 0 if already attached;
+/// EINVAL for a non-UD QP, a GID that is not multicast, a full group or
+/// device; ENOMEM at `max_mcast_grp` groups.
 #[no_mangle]
-pub unsafe extern "C" fn ibv_attach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_attach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    guard("ibv_attach_mcast", libc::EIO, || {
+        let Some(q) = uqp(qp) else { return libc::EINVAL };
+        if gid.is_null() {
+            return libc::EINVAL;
+        }
+        match q.inner.attach_mcast(&(*gid).raw) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
+/// `ibv_detach_mcast`: EINVAL if the QP is not attached to the group (rxe, uverbs).
 #[no_mangle]
-pub unsafe extern "C" fn ibv_detach_mcast(_qp: *mut ibv_qp, _gid: *const ibv_gid, _lid: u16) -> c_int {
-    libc::EOPNOTSUPP
+pub unsafe extern "C" fn ibv_detach_mcast(qp: *mut ibv_qp, gid: *const ibv_gid, _lid: u16) -> c_int {
+    guard("ibv_detach_mcast", libc::EIO, || {
+        let Some(q) = uqp(qp) else { return libc::EINVAL };
+        if gid.is_null() {
+            return libc::EINVAL;
+        }
+        match q.inner.detach_mcast(&(*gid).raw) {
+            Ok(()) => 0,
+            Err(e) => errno_of(&e),
+        }
+    })
 }
 
 /// Enhanced connection establishment is a ConnectX feature: EOPNOTSUPP.

@@ -6,6 +6,9 @@
 //!   verbs with NULL and invalid arguments and attributes inside a network
 //!   namespace holding one urnic device, and checks each answer against
 //!   what rdma-core (with rxe) returns; it must never crash.
+//! * `ud_multicast_through_the_library`: `tests/c/mcast_loop.c` attaches two
+//!   UD QPs to a group, sends to it from a third and checks each member's
+//!   completion, then that a detached QP gets nothing more.
 //! * `struct_layouts_match_the_c_compiler`: the sizes, alignments and field
 //!   offsets of the structs the library shares with C programs, as the C
 //!   compiler lays them out, against the library's view (bindgen's
@@ -81,19 +84,22 @@ fn lib_dir() -> PathBuf {
     d
 }
 
-#[test]
-fn bad_arguments_get_libibverbs_answers() {
+/// Compile `tests/c/<name>.c` against urnic's library, run it in a fresh
+/// namespace whose only interface (one end of a veth pair) is the one
+/// urnic device, and return its output after checking it passed: exit 0,
+/// no `FAIL`, a last line "N checks, 0 failed" with at least `min_checks`.
+fn run_c_check(name: &str, tag: &str, min_checks: usize) -> String {
     // SAFETY: geteuid has no preconditions.
     assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates network namespaces and attaches XDP programs: run it as root");
     require_c_toolchain();
     let lib = lib_dir();
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("bad_args-{}", std::process::id()));
-    let src = root().join("ibverbs-abi/tests/c/bad_args.c");
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
+    let src = root().join(format!("ibverbs-abi/tests/c/{name}.c"));
     // Linked against urnic's library itself: every symbol the program
     // imports must exist there, with rdma-core's version.
     cc(&src.to_string_lossy(), None, &exe, &[format!("-L{}", lib.display()), "-l:libibverbs.so.1".into()]);
 
-    let pair = VethPair::create("cbad", 1500).expect("veth pair in two namespaces (needs root and iproute2)");
+    let pair = VethPair::create(tag, 1500).expect("veth pair in two namespaces (needs root and iproute2)");
     // The kernel reports a new veth's carrier a moment after it is set up
     // (linkwatch); until then no device is eligible. A hang guard, not a
     // timing assertion.
@@ -114,15 +120,25 @@ fn bad_arguments_get_libibverbs_answers() {
         .arg("URNIC_STATS=0")
         .arg(&exe)
         .output()
-        .expect("run bad_args");
+        .unwrap_or_else(|e| panic!("run {name}: {e}"));
     let _ = std::fs::remove_file(&exe);
     let out = text(&o);
-    assert!(o.status.success(), "bad_args failed ({}):\n{out}", o.status);
+    assert!(o.status.success(), "{name} failed ({}):\n{out}", o.status);
     assert!(!out.contains("FAIL") && !out.contains("internal error"), "{out}");
     let summary = out.lines().find(|l| l.ends_with("failed")).unwrap_or("");
     let checks: usize = summary.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
-    assert!(summary.ends_with(" 0 failed") && checks >= 100, "expected the full run (100+ checks, none failed):\n{out}");
-    println!("{out}");
+    assert!(summary.ends_with(" 0 failed") && checks >= min_checks, "expected the full run ({min_checks}+ checks, none failed):\n{out}");
+    out
+}
+
+#[test]
+fn bad_arguments_get_libibverbs_answers() {
+    println!("{}", run_c_check("bad_args", "cbad", 100));
+}
+
+#[test]
+fn ud_multicast_through_the_library() {
+    println!("{}", run_c_check("mcast_loop", "cmc", 11));
 }
 
 /// One compared quantity: its C expression and the library's value.

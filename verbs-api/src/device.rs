@@ -89,6 +89,10 @@ pub struct DeviceConfig {
     /// DCQCN congestion control (`enabled: false` switches the reaction
     /// point off for the whole device; `Qp::set_congestion_control` per QP).
     pub dcqcn: rocev2::transport::dcqcn::DcqcnParams,
+    /// The interface (index, in the namespace the device is opened in)
+    /// on which the host joins the groups QPs attach to (IGMP / MLD);
+    /// `None`: no host membership (in-memory ports).
+    pub mcast_ifindex: Option<u32>,
 }
 
 impl DeviceConfig {
@@ -106,6 +110,7 @@ impl DeviceConfig {
             first_qpn: 0x11,
             limits: DeviceLimits::default(),
             dcqcn: Default::default(),
+            mcast_ifindex: None,
         }
     }
 }
@@ -146,6 +151,7 @@ impl DeviceConfig {
             first_qpn: 0x11,
             limits: DeviceLimits::default(),
             dcqcn: Default::default(),
+            mcast_ifindex: Some(iface.index),
         })
     }
 }
@@ -226,6 +232,23 @@ pub struct DeviceLimits {
     pub max_inline_data: u32,
     /// Largest message.
     pub max_msg_size: u32,
+    /// Multicast groups (`max_mcast_grp`).
+    pub max_mcast_grp: u32,
+    /// QPs attached to one group (`max_mcast_qp_attach`).
+    pub max_mcast_qp_attach: u32,
+    /// Attachments over all groups (`max_total_mcast_qp_attach`).
+    pub max_total_mcast_qp_attach: u32,
+}
+
+impl DeviceLimits {
+    /// The multicast limits for the engines and the NIC.
+    pub fn mcast(&self) -> rocev2::transport::mcast::McastLimits {
+        rocev2::transport::mcast::McastLimits {
+            max_groups: self.max_mcast_grp,
+            max_qps_per_group: self.max_mcast_qp_attach,
+            max_total_attach: self.max_total_mcast_qp_attach,
+        }
+    }
 }
 
 impl Default for DeviceLimits {
@@ -245,6 +268,10 @@ impl Default for DeviceLimits {
             max_srq_wr: 16_384,
             max_inline_data: 400,
             max_msg_size: 8 << 20,
+            // rxe_param.h: RXE_MAX_MCAST_GRP, RXE_MAX_MCAST_QP_ATTACH, RXE_MAX_TOT_MCAST_QP_ATTACH.
+            max_mcast_grp: 8192,
+            max_mcast_qp_attach: 56,
+            max_total_mcast_qp_attach: 0x70000,
         }
     }
 }
@@ -301,6 +328,9 @@ pub(crate) struct DeviceInner {
     pub(crate) active_mtu: Mtu,
     pub(crate) limits: DeviceLimits,
     pub(crate) resolve: Resolver,
+    /// The host's memberships of the groups QPs attached to (also
+    /// serializes attach and detach).
+    pub(crate) host_groups: std::sync::Mutex<Option<crate::mcast::HostGroups>>,
     pub(crate) next_id: AtomicU32,
     pub(crate) qp_count: AtomicU32,
     pub(crate) cq_count: AtomicU32,
@@ -324,14 +354,20 @@ impl DeviceInner {
         self.deferred.reclaim(&self.memory);
     }
 
-    /// The MAC `gid` is reached at: this device's own for one of its own
-    /// GIDs, else the neighbour table's entry (ARP/ND triggered when
+    /// The MAC `gid` is reached at: a group's multicast MAC, this device's
+    /// own for one of its own GIDs, else the neighbour table's entry (ARP/ND triggered when
     /// missing). Loopback: the kernel resolves a local address to the
     /// netdev's own MAC (ib_addr.c `rdma_translate_ip`), rxe marks a frame
     /// to that MAC `RXE_LOOPBACK_MASK` (`rxe_prepare`) and loops it back;
     /// the `Nic` delivers frames to our own MAC or addresses inside the
     /// device the same way, never to the port.
     pub(crate) fn resolve_mac(&self, gid: &Gid) -> Result<[u8; 6]> {
+        // A group has no neighbour entry: its MAC follows from its address
+        // (RFC 1112 / RFC 2464; kernel `ib_resolve_eth_dmac` for a multicast AH).
+        if let Some(mac) = rocev2::transport::mcast::multicast_mac(gid) {
+            tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), mac = %mac_string(mac), "neighbour: multicast group");
+            return Ok(mac);
+        }
         if self.gids.contains(gid) {
             tracing::debug!(device = %self.name, gid = %crate::gid_to_string(gid), "neighbour: our own GID, looped back inside the device");
             return Ok(self.mac);
@@ -403,7 +439,8 @@ fn eui64(mac: [u8; 6]) -> u64 {
 
 /// Open a device (`ibv_open_device`).
 pub fn open_device(config: DeviceConfig) -> Result<Context> {
-    let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits, dcqcn } = config;
+    let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits, dcqcn, mcast_ifindex } = config;
+    let host_groups = mcast_ifindex.map(crate::mcast::HostGroups::new).transpose()?;
     let active_mtu =
         Mtu::for_netdev_mtu(link_mtu).ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
     if !(2..=0x00ff_ffff).contains(&first_qpn) {
@@ -441,7 +478,8 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
         .into_iter()
         .enumerate()
         .map(|(i, p)| {
-            let cfg = EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), dcqcn, ..EngineConfig::default() };
+            let cfg =
+                EngineConfig { first_qpn, max_qps: limits.max_qp, shard: (i as u32, n), dcqcn, mcast: limits.mcast(), ..EngineConfig::default() };
             (Engine::new(cfg, memory.clone()), p)
         })
         .collect();
@@ -455,7 +493,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
         "device open"
     );
     // Frames to our own GIDs are looped back inside the NIC (`Nic` docs).
-    let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize).with_local_addresses(&gids));
+    let nic = Arc::new(Nic::sharded(shards, (limits.max_qp + limits.max_srq) as usize).with_local_addresses(&gids).with_mcast_limits(limits.mcast()));
     let runners = match datapath {
         DatapathMode::Thread { core, idle } => vec![Runner::spawn(nic.clone(), core, idle)?],
         DatapathMode::Threads { cores, idle } => {
@@ -474,6 +512,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             active_mtu,
             limits,
             resolve,
+            host_groups: std::sync::Mutex::new(host_groups),
             next_id: AtomicU32::new(1),
             qp_count: AtomicU32::new(0),
             cq_count: AtomicU32::new(0),

@@ -143,6 +143,10 @@ impl Error {
             | EngineError::BadValue(_)
             | EngineError::BadWr(_) => ErrorKind::InvalidArgument,
             EngineError::Busy => ErrorKind::Busy,
+            // As rxe: no more groups is ENOMEM (`rxe_get_mcg`), a full
+            // group or device EINVAL (`rxe_attach_mcg`).
+            EngineError::McastLimit(m) if m.starts_with("max_mcast_grp") => ErrorKind::NoResources,
+            EngineError::McastLimit(_) => ErrorKind::InvalidArgument,
         };
         Error::with_source(kind, format!("{what}: {e}"), e)
     }

@@ -14,6 +14,7 @@
 //! | `ibv_post_send` / `ibv_post_recv` | [`Qp::post_send`], [`Qp::post_recv`] |
 //! | `ibv_create_srq` / `ibv_post_srq_recv` / `ibv_modify_srq` | [`Pd::create_srq`] → [`Srq::post_recv`], [`Srq::arm_limit`] |
 //! | `ibv_create_ah` | [`Pd::create_ah`] → [`Ah`] |
+//! | `ibv_attach_mcast` / `ibv_detach_mcast` | [`Qp::attach_mcast`], [`Qp::detach_mcast`] (UD; send with an [`Ah`] on the group's GID and remote QPN `0xFFFFFF`) |
 //! | `ibv_get_async_event` | [`Context::poll_async_event`] |
 //!
 //! # The sequence every RC program runs
@@ -78,6 +79,7 @@ mod cq;
 mod device;
 mod discover;
 mod error;
+mod mcast;
 mod mr;
 mod qp;
 mod stats;

@@ -233,6 +233,10 @@ impl Qp {
         &self.pd.ctx
     }
 
+    pub(crate) fn pd(&self) -> &Pd {
+        &self.pd
+    }
+
     /// `ibv_modify_qp`. The path in `attr.ah_attr` is resolved (neighbour
     /// lookup) when `QpAttrMask::AV` is set.
     pub fn modify(&self, attr: &QpAttr, mask: QpAttrMask) -> Result<()> {
@@ -446,6 +450,7 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        self.detach_all_mcast();
         let inner = &self.pd.ctx.inner;
         let _ = inner.nic.with_engine_of(self.qpn, |e| e.destroy_qp(self.qpn));
         inner.nic.detach_qp(self.qpn);

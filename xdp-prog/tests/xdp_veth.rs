@@ -972,6 +972,24 @@ fn parsing(mode: AttachMode, tag: &str) {
     let mut f = eth(0x0800);
     ipv4(&mut f, &Ip4 { dst: IP_STRANGER, ..Ip4::default() }, &ours);
     cases.push(("IPv4 to another address", f, "pass_not_ours"));
+    // RoCEv2 multicast (UD to QP 0xFFFFFF) to any IP group is ours: the
+    // engine delivers it to the group's QPs or counts a group without one.
+    let mut f = eth(0x0800);
+    ipv4(&mut f, &Ip4 { dst: [239, 1, 2, 3], ..Ip4::default() }, &ours);
+    cases.push(("IPv4 to a multicast group", f, "pass_no_socket"));
+    let mut f = eth(0x0800);
+    ipv4(&mut f, &Ip4 { dst: [224, 0, 0, 1], ..Ip4::default() }, &ours);
+    cases.push(("IPv4 to 224.0.0.1", f, "pass_no_socket"));
+    let mut f = eth(0x0800);
+    ipv4(&mut f, &Ip4 { dst: [240, 0, 0, 1], ..Ip4::default() }, &ours);
+    cases.push(("IPv4 to 240.0.0.1 (class E, not multicast)", f, "pass_not_ours"));
+    let mut f = eth(0x86dd);
+    let mut group6 = [0u8; 16];
+    group6[0] = 0xff;
+    group6[1] = 0x0e;
+    group6[15] = 1;
+    ipv6(&mut f, libc::IPPROTO_UDP as u8, group6, &ours);
+    cases.push(("IPv6 to the group ff0e::1, only IPv4 addresses configured", f, "pass_no_socket"));
     let mut f = eth(0x88b5);
     f.extend_from_slice(&[0u8; 46]);
     cases.push(("local experimental ethertype", f, "pass_not_ip"));

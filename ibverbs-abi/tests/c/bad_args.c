@@ -208,6 +208,9 @@ int main(void)
 
 	/* --- queries ------------------------------------------------------ */
 	expect_rc(ibv_query_device(ctx, &da), 0, "ibv_query_device (control)");
+	report(da.max_mcast_grp == 8192 && da.max_mcast_qp_attach == 56 && da.max_total_mcast_qp_attach == 0x70000,
+	       "ibv_query_device: rxe's multicast limits", "max_mcast_grp %d max_mcast_qp_attach %d max_total_mcast_qp_attach %d",
+	       da.max_mcast_grp, da.max_mcast_qp_attach, da.max_total_mcast_qp_attach);
 	/* rdma-core writes through the NULL attr (a crash); urnic: EINVAL. */
 	expect_rc(ibv_query_device(ctx, NULL), EINVAL, "ibv_query_device(attr NULL)");
 
@@ -653,9 +656,11 @@ int main(void)
 		if (a)
 			expect_rc(ibv_destroy_ah(a), 0, "ibv_destroy_ah");
 
-		/* Multicast is not offered yet: EOPNOTSUPP, the code rdma-core
-		 * gives for a provider without attach_mcast. Change this
-		 * check when UD multicast arrives. */
+		/* UD multicast, rxe's answers: ib_attach_mcast refuses a GID
+		 * that is not multicast and a QP that is not UD (EINVAL);
+		 * attaching twice is 0 (rxe_attach_mcg, uverbs); detaching
+		 * what is not attached is EINVAL (rxe_detach_mcg); a QP still
+		 * attached cannot be destroyed (uverbs_free_qp: EBUSY). */
 		qa = qp_init(cq, IBV_QPT_UD);
 		ud = ibv_create_qp(pd, &qa);
 		need(ud != NULL, "ibv_create_qp(UD)");
@@ -663,8 +668,24 @@ int main(void)
 		mgid.raw[0] = 0xff;
 		mgid.raw[1] = 0x0e;
 		mgid.raw[15] = 0x01;
-		expect_rc(ibv_attach_mcast(ud, &mgid, 0), EOPNOTSUPP, "ibv_attach_mcast");
-		expect_rc(ibv_detach_mcast(ud, &mgid, 0), EOPNOTSUPP, "ibv_detach_mcast");
+		expect_rc(ibv_attach_mcast(ud, &gid0, 0), EINVAL, "ibv_attach_mcast(unicast GID)");
+		expect_rc(ibv_attach_mcast(qp, &mgid, 0), EINVAL, "ibv_attach_mcast(RC QP)");
+		expect_rc(ibv_attach_mcast(ud, NULL, 0), EINVAL, "ibv_attach_mcast(gid NULL)");
+		expect_rc(ibv_detach_mcast(ud, &mgid, 0), EINVAL, "ibv_detach_mcast before any attach");
+		expect_rc(ibv_attach_mcast(ud, &mgid, 0), 0, "ibv_attach_mcast(ff0e::1)");
+		expect_rc(ibv_attach_mcast(ud, &mgid, 0), 0, "ibv_attach_mcast twice");
+		expect_rc(ibv_destroy_qp(ud), EBUSY, "ibv_destroy_qp while attached");
+		expect_rc(ibv_detach_mcast(ud, &mgid, 0), 0, "ibv_detach_mcast");
+		expect_rc(ibv_detach_mcast(ud, &mgid, 0), EINVAL, "ibv_detach_mcast twice");
+		memset(&mgid, 0, sizeof(mgid));
+		mgid.raw[10] = 0xff;
+		mgid.raw[11] = 0xff;
+		mgid.raw[12] = 239;
+		mgid.raw[15] = 7;
+		expect_rc(ibv_attach_mcast(ud, &mgid, 0), 0, "ibv_attach_mcast(::ffff:239.0.0.7)");
+		expect_rc(ibv_detach_mcast(ud, &mgid, 0), 0, "ibv_detach_mcast(::ffff:239.0.0.7)");
+		mgid.raw[12] = 240;
+		expect_rc(ibv_attach_mcast(ud, &mgid, 0), EINVAL, "ibv_attach_mcast(::ffff:240.0.0.7, not multicast)");
 		expect_rc(ibv_destroy_qp(ud), 0, "ibv_destroy_qp (UD)");
 	}
 

@@ -1,6 +1,8 @@
 //! The engine: one device's QPs and SRQs, driven sans-IO.
 //!
-//! The engine owns the QP table, dispatches received frames by BTH DestQP,
+//! The engine owns the QP table, dispatches received frames by BTH DestQP
+//! (DestQP 0xFFFFFF: to every QP attached to the destination IP's
+//! multicast group, [`Engine::attach_mcast`], `mcast`),
 //! keeps the ready list (QPs that may have something to send) and the timer
 //! queue. Everything protocol-specific lives beside it, in rxe's split:
 //! `qp` (QP object, `ibv_modify_qp` rules), `requester`,
@@ -53,6 +55,7 @@ use crate::time::Instant;
 use crate::transport::attr::{QpAttr, QpAttrMask, QpInitAttr, QpState, QpType, SrqId};
 use crate::transport::gsi::Gsi;
 use crate::transport::ids::PdId;
+use crate::transport::mcast::{is_multicast_gid, McastLimits, McastTable, MULTICAST_QPN};
 use crate::transport::memory::MemoryTable;
 use crate::transport::path::PathHeaders;
 use crate::transport::recv::RecvQueue;
@@ -78,11 +81,13 @@ pub struct EngineConfig {
     /// DCQCN congestion control for every QP (`enabled: false` switches the
     /// reaction point off device-wide; CNPs are still sent and counted).
     pub dcqcn: DcqcnParams,
+    /// UD multicast limits (of this engine's attachments).
+    pub mcast: McastLimits,
 }
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1), dcqcn: DcqcnParams::default() }
+        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1), dcqcn: DcqcnParams::default(), mcast: McastLimits::default() }
     }
 }
 
@@ -121,6 +126,8 @@ pub struct Engine {
     /// frame, a timer, a state change) and leaves when it has nothing to
     /// send: transmit costs O(active QPs), not O(all QPs).
     ready: VecDeque<u32>,
+    /// UD multicast groups and their attached QPs.
+    mcast: McastTable,
 }
 
 impl Engine {
@@ -141,6 +148,7 @@ impl Engine {
             last_now: Instant::ZERO,
             gsi: None,
             ready: VecDeque::new(),
+            mcast: McastTable::default(),
         }
     }
 
@@ -236,7 +244,41 @@ impl Engine {
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), EngineError> {
         self.qps.remove(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         self.order.retain(|&q| q != qpn);
+        self.mcast.detach_all(qpn);
         Ok(())
+    }
+
+    /// `ibv_attach_mcast`: UD QP `qpn` joins multicast group `gid` (an
+    /// IPv4-mapped 224.0.0.0/4 or an ff00::/8 GID). From now on every frame
+    /// to the group is delivered to it too, checked as if addressed to it
+    /// (state, P_Key, Q_Key). `Ok(false)`: it already was attached (nothing
+    /// changes, as rxe answers). Errors: no such QP, not a UD QP or not a
+    /// multicast GID (kernel `ib_attach_mcast`: EINVAL), a limit of
+    /// [`EngineConfig::mcast`] reached.
+    pub fn attach_mcast(&mut self, qpn: u32, gid: [u8; 16]) -> Result<bool, EngineError> {
+        let qp = self.qps.get(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
+        if qp.init.qp_type != QpType::Ud {
+            return Err(EngineError::BadValue("multicast needs a UD QP"));
+        }
+        self.mcast.attach(qpn, gid, &self.config.mcast)
+    }
+
+    /// `ibv_detach_mcast`: `qpn` leaves group `gid`; frames to the group
+    /// already received are delivered, none after the call. An error if the
+    /// QP is not attached to it.
+    pub fn detach_mcast(&mut self, qpn: u32, gid: &[u8; 16]) -> Result<(), EngineError> {
+        if !self.qps.contains_key(&qpn) {
+            return Err(EngineError::NoSuchQp(qpn));
+        }
+        if !is_multicast_gid(gid) {
+            return Err(EngineError::BadValue("not a multicast GID (IPv4-mapped 224.0.0.0/4 or ff00::/8)"));
+        }
+        self.mcast.detach(qpn, gid)
+    }
+
+    /// The multicast groups and their members.
+    pub fn mcast(&self) -> &McastTable {
+        &self.mcast
     }
 
     /// `ibv_query_qp`.
@@ -415,6 +457,40 @@ impl Engine {
             }
             return;
         }
+        if qpn == MULTICAST_QPN {
+            self.handle_mcast(now, &p, frame.len());
+            return;
+        }
+        if !self.qps.contains_key(&qpn) {
+            self.stats.rx_unknown_qpn += 1;
+            return;
+        }
+        self.handle_for_qp(now, qpn, &p, frame.len());
+    }
+
+    /// A frame to DestQP 0xFFFFFF: one copy to each QP attached to the
+    /// group its destination IP names (rxe `rxe_rcv_mcast_pkt`), each
+    /// through the checks of an ordinary frame for that QP (service, state,
+    /// P_Key, then the UD responder's Q_Key: IBTA C10-15, a copy with
+    /// another QP's Q_Key is dropped by this one only). No member: dropped,
+    /// counted (`rx_mcast_no_member`).
+    fn handle_mcast(&mut self, now: Instant, p: &crate::wire::ParsedFrame<'_>, len: usize) {
+        let gid = p.repr.ip.dst_gid();
+        let Some(members) = self.mcast.take(&gid) else {
+            self.stats.rx_mcast_no_member += 1;
+            return;
+        };
+        self.stats.mcast_frames += 1;
+        for &qpn in &members {
+            self.handle_for_qp(now, qpn, p, len);
+        }
+        self.mcast.restore(&gid, members);
+    }
+
+    /// The per-QP part of `handle_frame`: rxe's `hdr_check` for `qpn`, then
+    /// the requester or responder.
+    fn handle_for_qp(&mut self, now: Instant, qpn: u32, p: &crate::wire::ParsedFrame<'_>, len: usize) {
+        let bth = p.repr.transport.bth;
         let Some(qp) = self.qps.get_mut(&qpn) else {
             self.stats.rx_unknown_qpn += 1;
             return;
@@ -475,7 +551,7 @@ impl Engine {
             self.ready.push_back(qpn);
         }
         qp.stats.rx_packets += 1;
-        qp.stats.rx_bytes += frame.len() as u64;
+        qp.stats.rx_bytes += len as u64;
         // DCQCN notification point: CE-marked packets of a connected QP are
         // answered with a CNP to the peer QP, at most one per interval.
         let ce = match p.repr.ip {
@@ -492,7 +568,7 @@ impl Engine {
         if bth.opcode.is_response() {
             let r = {
                 let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
-                requester.handle_response(now, &mut ctx, &p)
+                requester.handle_response(now, &mut ctx, p)
             };
             if let Err(SqFatal(_)) = r {
                 self.enter_error(qpn, true);
@@ -506,7 +582,7 @@ impl Engine {
                     None => return,
                 };
                 let (responder, ctx) = (&mut ctx.0, &mut ctx.1);
-                responder.handle_request(now, ctx, &p)
+                responder.handle_request(now, ctx, p)
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);

@@ -49,6 +49,9 @@ pub enum EngineError {
     /// The SRQ is still used by QPs.
     #[error("still in use")]
     Busy,
+    /// A multicast limit was reached (named, as `ibv_query_device` reports it).
+    #[error("multicast limit reached: {0}")]
+    McastLimit(&'static str),
 }
 
 /// Asynchronous events (`enum ibv_event_type`, the ones urnic raises).
@@ -88,6 +91,13 @@ pub struct EngineStats {
     /// Congestion notification packets accepted (from a QP's peer, for a
     /// connected QP in RTR or later); refused ones are counted by reason.
     pub rx_cnps: u64,
+    /// Multicast frames (DestQP 0xFFFFFF) accepted for delivery to a
+    /// group's attached QPs (each QP then checks and counts its copy).
+    pub mcast_frames: u64,
+    /// Dropped: a multicast frame (DestQP 0xFFFFFF) whose destination IP
+    /// names no group a QP of this device is attached to (rxe
+    /// `rxe_rcv_mcast_pkt`: no mcg → drop).
+    pub rx_mcast_no_member: u64,
     /// Frames sent.
     pub tx_frames: u64,
 }
@@ -144,8 +154,19 @@ impl WireErrorKind {
 impl EngineStats {
     /// Add `other`'s counters to these (summing a device's shards).
     pub fn add(&mut self, other: &EngineStats) {
-        let EngineStats { rx_frames, rx_bad_frame, rx_unknown_qpn, rx_wrong_service, rx_bad_pkey, rx_wrong_peer, rx_wrong_state, rx_cnps, tx_frames } =
-            other;
+        let EngineStats {
+            rx_frames,
+            rx_bad_frame,
+            rx_unknown_qpn,
+            rx_wrong_service,
+            rx_bad_pkey,
+            rx_wrong_peer,
+            rx_wrong_state,
+            rx_cnps,
+            mcast_frames,
+            rx_mcast_no_member,
+            tx_frames,
+        } = other;
         self.rx_frames += rx_frames;
         self.rx_unknown_qpn += rx_unknown_qpn;
         self.rx_wrong_service += rx_wrong_service;
@@ -153,6 +174,8 @@ impl EngineStats {
         self.rx_wrong_peer += rx_wrong_peer;
         self.rx_wrong_state += rx_wrong_state;
         self.rx_cnps += rx_cnps;
+        self.mcast_frames += mcast_frames;
+        self.rx_mcast_no_member += rx_mcast_no_member;
         self.tx_frames += tx_frames;
         for (k, v) in rx_bad_frame {
             *self.rx_bad_frame.entry(*k).or_insert(0) += v;
@@ -169,6 +192,8 @@ impl EngineStats {
             ("rx_wrong_peer", self.rx_wrong_peer),
             ("rx_wrong_state", self.rx_wrong_state),
             ("rx_cnps", self.rx_cnps),
+            ("mcast_frames", self.mcast_frames),
+            ("rx_mcast_no_member", self.rx_mcast_no_member),
             ("tx_frames", self.tx_frames),
         ];
         fixed

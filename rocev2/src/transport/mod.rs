@@ -12,6 +12,7 @@ pub mod engine;
 pub mod events;
 pub mod gsi;
 pub mod ids;
+pub mod mcast;
 pub mod memory;
 pub mod path;
 mod qp;

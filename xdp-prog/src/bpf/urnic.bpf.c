@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: GPL-2.0 OR BSD-2-Clause
 /*
- * urnic's XDP program: RoCEv2 (UDP to our port, addressed to one of our IPs)
- * goes to the AF_XDP socket of the receiving queue; everything else (ARP,
+ * urnic's XDP program: RoCEv2 (UDP to our port, addressed to one of our IPs
+ * or to an IP multicast group) goes to the AF_XDP socket of the receiving
+ * queue; everything else (ARP,
  * ICMP, ND, other UDP, TCP) passes to the kernel, which keeps answering ARP
  * and neighbour solicitations for us. Optional test impairments (drop,
  * corrupt, ECN CE marking) act on our traffic only. Counters per reason in a
@@ -96,9 +97,16 @@ static __always_inline int pass(__u32 c)
 	return XDP_PASS;
 }
 
+/* RoCEv2 multicast (UD, DestQP 0xFFFFFF) to any group the kernel let in:
+ * the engine delivers it to the group's attached QPs or counts it as a
+ * group without a member (rx_mcast_no_member). The kernel filters groups
+ * by MAC where the NIC does (the device joins through a socket, IGMP/MLD). */
 static __always_inline int ipv4_is_ours(const struct urnic_cfg *cfg, __u32 daddr)
 {
 	if (cfg->n_ipv4 == 0 && cfg->n_ipv6 == 0)
+		return 1;
+	/* 224.0.0.0/4 (RFC 5771) */
+	if ((bpf_ntohl(daddr) & 0xf0000000) == 0xe0000000)
 		return 1;
 #pragma unroll
 	for (int i = 0; i < MAX_ADDRS; i++) {
@@ -111,6 +119,9 @@ static __always_inline int ipv4_is_ours(const struct urnic_cfg *cfg, __u32 daddr
 static __always_inline int ipv6_is_ours(const struct urnic_cfg *cfg, const struct in6_addr *daddr)
 {
 	if (cfg->n_ipv4 == 0 && cfg->n_ipv6 == 0)
+		return 1;
+	/* ff00::/8 (RFC 4291) */
+	if (daddr->in6_u.u6_addr8[0] == 0xff)
 		return 1;
 #pragma unroll
 	for (int i = 0; i < MAX_ADDRS; i++) {
