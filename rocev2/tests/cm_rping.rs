@@ -103,6 +103,18 @@ fn fields_are_what_tshark_shows() {
     assert_eq!((rep.target_ack_delay, rep.failover_accepted, rep.rnr_retry_count, rep.srq), (0x0f, 0, 7, false));
     assert_eq!(rep.local_ca_guid, 0x5054_00ff_fe63_0001);
 
+    // What the two Starting PSNs mean, from the data that follows: the
+    // client (active) sends from the REP's, the server from the REQ's.
+    let first_psn_from = |ip: [u8; 4]| {
+        frames()
+            .iter()
+            .filter_map(|f| parse_frame(f).ok().map(|p| p.repr))
+            .find(|r| r.transport.bth.dest_qp == 0x11 && r.transport.bth.opcode.is_request() && r.ip.src_gid() == rocev2::wire::ipv4_mapped(ip))
+            .map(|r| r.transport.bth.psn.value())
+    };
+    assert_eq!(first_psn_from([10, 99, 0, 2]), Some(rep.starting_psn));
+    assert_eq!(first_psn_from([10, 99, 0, 1]), Some(req.starting_psn));
+
     let CmMessage::Rtu(rtu) = msg(2) else { panic!("third is not an RTU") };
     assert_eq!((rtu.local_comm_id, rtu.remote_comm_id), (0xa5a4_8508, 0xe7bc_43e6));
     let CmMessage::Dreq(dreq) = msg(3) else { panic!("fourth is not a DREQ") };

@@ -1,6 +1,7 @@
 //! `urnic`: the command-line tool.
 
 mod bench;
+mod cmatose;
 mod dcqcn_plot;
 mod demo;
 mod dev;
@@ -132,6 +133,10 @@ enum Cmd {
     RcPingpong(PingpongArgs),
     /// Wire-compatible with rdma-core's ibv_ud_pingpong.
     UdPingpong(PingpongArgs),
+    /// rdmacm-utils' ucmatose on urnic's RDMA-CM (the peer may be ucmatose
+    /// on rxe or a ConnectX): connections by address and port through CM
+    /// MADs on QP1, messages each way, disconnect.
+    Ucmatose(cmatose::CmatoseArgs),
     /// perftest-compatible tests (ib_send_bw, ib_write_bw, ...): the same
     /// TCP exchange and options, so the peer may be perftest on rxe or a
     /// ConnectX, or urnic.
@@ -362,6 +367,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),
         Cmd::UdPingpong(a) => run_pingpong(a, false),
+        Cmd::Ucmatose(a) => cmatose::run(&a),
         // soak reports its errors as text.
         Cmd::Soak(a) => soak::run(&a).map_err(anyhow::Error::msg),
         Cmd::Exec(a) => exec::run(&a),

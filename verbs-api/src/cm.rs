@@ -155,7 +155,8 @@ pub enum CmEvent {
 struct Pending {
     remote_gid: Gid,
     sgid_index: u8,
-    sq_psn: u32,
+    /// The PSN we receive from (sent in the REQ: the passive side's first send PSN).
+    rq_psn: u32,
     path_mtu: Mtu,
     flow_label: u32,
     param_retry: u8,
@@ -258,6 +259,21 @@ impl CmChannel {
             .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no GID of this device reaches {}", ip_of(remote))))
     }
 
+    /// Move `qp` from RESET to INIT as `rdma_create_qp` does (port 1, P_Key
+    /// index 0, remote READ/WRITE/atomic allowed), so receives can be posted
+    /// before the connection is up; a QP past RESET is left as it is.
+    pub fn init_qp(qp: &Qp) -> Result<()> {
+        if qp.query()?.qp_state != QpState::Reset {
+            return Ok(());
+        }
+        let a = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            ..QpAttr::default()
+        };
+        qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+    }
+
     /// `rdma_connect` (after `rdma_resolve_addr`/`rdma_resolve_route`, which
     /// this does too: the neighbour table gives the peer's MAC): send a REQ
     /// for `dst` in the TCP port space with `qp` (RC or UC, in RESET or
@@ -289,14 +305,17 @@ impl CmChannel {
         let mut private_data = CmaHeader { src_port, src: src.ip(), dst: dst.ip() }.emit().to_vec();
         private_data.extend_from_slice(&param.private_data);
         let path_mtu = self.ctx.inner.active_mtu;
-        let sq_psn = random_u32() & 0x00ff_ffff;
+        // IBTA 12.7.22 as Linux's cm.c reads it (and rxe's rping shows): the
+        // REQ's Starting PSN is the PSN the passive side sends with, i.e. our
+        // receive PSN; the REP's is the one we send with.
+        let rq_psn = random_u32() & 0x00ff_ffff;
         let flow_label = rocev2::cm::cma::roce_flow_label(src_port, dst.port());
         let params = ConnectParams {
             service_id: PortSpace::Tcp.service_id(dst.port()),
             local_gid,
             remote_gid,
             qpn: qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             transport,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
@@ -322,7 +341,7 @@ impl CmChannel {
             .ok_or_else(|| Error::new(ErrorKind::InvalidState, "the device's CM is not running"))?
             .map_err(cm_err)?;
         let p =
-            Pending { remote_gid, sgid_index, sq_psn, path_mtu, flow_label, param_retry: param.retry_count.min(7), rd_atomic: param.initiator_depth };
+            Pending { remote_gid, sgid_index, rq_psn, path_mtu, flow_label, param_retry: param.retry_count.min(7), rd_atomic: param.initiator_depth };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, p);
         Ok(id)
     }
@@ -343,7 +362,8 @@ impl CmChannel {
             .map(|i| i as u8)
             .ok_or_else(|| Error::invalid("request for a GID this device no longer has"))?;
         let mtu = Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu);
-        let sq_psn = random_u32() & 0x00ff_ffff;
+        // We send from the REQ's Starting PSN and receive from the REP's.
+        let rq_psn = random_u32() & 0x00ff_ffff;
         // rdma_accept: our READ depth is bounded by what the peer accepts and
         // the peer's by what we accept.
         let responder = param.responder_resources.min(req.initiator_depth.max(1));
@@ -355,8 +375,8 @@ impl CmChannel {
             req.flow_label,
             mtu,
             req.remote_qpn,
+            rq_psn,
             req.starting_psn,
-            sq_psn,
             responder,
             initiator,
             req.retry_count,
@@ -365,7 +385,7 @@ impl CmChannel {
         )?;
         let p = AcceptParams {
             qpn: qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: responder,
             initiator_depth: initiator,
             target_ack_delay: 15,
@@ -395,8 +415,8 @@ impl CmChannel {
             p.flow_label,
             p.path_mtu,
             rep.remote_qpn,
+            p.rq_psn,
             rep.starting_psn,
-            p.sq_psn,
             responder,
             initiator,
             p.param_retry,

@@ -89,7 +89,9 @@ pub struct ConnectParams {
     pub remote_gid: Gid,
     /// Our QPN.
     pub qpn: u32,
-    /// Our starting PSN (the peer's receive PSN).
+    /// The REQ's Starting PSN: the PSN the passive side starts sending with,
+    /// i.e. our receive PSN (Linux `cm.c`: the active side's `rq_psn`, the
+    /// passive side's `sq_psn`; rxe's rping capture shows it).
     pub starting_psn: u32,
     /// Transport service type: 0 RC, 1 UC.
     pub transport: u8,
@@ -122,7 +124,8 @@ pub struct ConnectParams {
 pub struct AcceptParams {
     /// Our QPN.
     pub qpn: u32,
-    /// Our starting PSN.
+    /// The REP's Starting PSN: the PSN the active side starts sending with,
+    /// i.e. our receive PSN.
     pub starting_psn: u32,
     /// READ/atomic requests we accept.
     pub responder_resources: u8,

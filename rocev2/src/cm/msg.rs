@@ -143,7 +143,8 @@ pub struct Req {
     pub transport_service_type: u8,
     /// End-to-end flow control.
     pub end_to_end_flow_control: bool,
-    /// Starting PSN (24 bits).
+    /// Starting PSN (24 bits): the PSN the passive side sends its first
+    /// packet with (the active side's receive PSN; Linux `cm.c`).
     pub starting_psn: u32,
     /// Local CM response timeout (5 bits): how long the sender takes to answer.
     pub local_cm_response_timeout: u8,
@@ -184,7 +185,8 @@ pub struct Rep {
     pub local_qpn: u32,
     /// Local EE context number (RD; 24 bits).
     pub local_eecn: u32,
-    /// Starting PSN (24 bits).
+    /// Starting PSN (24 bits): the PSN the active side sends its first
+    /// packet with (the passive side's receive PSN).
     pub starting_psn: u32,
     /// Responder resources.
     pub responder_resources: u8,
