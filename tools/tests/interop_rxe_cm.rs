@@ -47,6 +47,29 @@ fn cm_mads(pcap: &Path) -> BTreeMap<String, usize> {
 fn assert_cm_exchange(pcap: &Path, connections: usize) {
     assert!(check_capture(pcap) > 0);
     let m = cm_mads(pcap);
+    // Both ends of an RDMA-CM connection send its RC data from the UDP port
+    // of the flow label the REQ carries (Linux rdma_get_udp_sport).
+    let frames = urnic_datapath::capture::read_frames(pcap).unwrap();
+    let parsed: Vec<_> = frames.iter().filter_map(|f| rocev2::wire::parse_frame(f).ok()).collect();
+    let ports: Vec<u16> = parsed
+        .iter()
+        .filter_map(|p| match CmMad::parse(p.payload).map(|m| m.msg) {
+            Ok(rocev2::cm::CmMessage::Req(r)) if p.repr.transport.bth.dest_qp == GSI_QPN => {
+                Some(rocev2::wire::sport::flow_label_to_sport(r.primary.flow_label))
+            }
+            _ => None,
+        })
+        .collect();
+    let data: Vec<_> = parsed.iter().filter(|p| p.repr.transport.bth.opcode.service() == rocev2::wire::Service::Rc).collect();
+    assert!(!data.is_empty(), "{}: no RC data", pcap.display());
+    for p in data {
+        assert!(
+            ports.contains(&p.repr.udp.src_port),
+            "{}: RC frame from UDP port {} (the REQs' flow labels give {ports:?})",
+            pcap.display(),
+            p.repr.udp.src_port
+        );
+    }
     for name in ["REQ", "REP", "RTU", "DREQ", "DREP"] {
         assert!(m.get(name).copied().unwrap_or(0) >= connections, "{}: {connections} connections but CM MADs {m:?}", pcap.display());
     }

@@ -294,10 +294,12 @@ pub(crate) fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) ->
     av.sgid == ip.dst_gid() && av.dgid == ip.src_gid()
 }
 
-/// The UDP source port of an RC/UC path: Linux's flow-label port from the
-/// two QPNs unless the path names one.
+/// The UDP source port of an RC/UC path, unless the path names one: Linux's
+/// `rdma_get_udp_sport` — from the path's flow label when it has one (RDMA-CM
+/// gives every connection one, from its ports: both ends then send from the
+/// same port), else from the flow label of the two QPNs.
 fn rc_port(av: &AddressVector, qpn: u32, dest: u32) -> u16 {
-    av.udp_sport.unwrap_or_else(|| sport::rc_sport(qpn, dest))
+    av.udp_sport.unwrap_or_else(|| sport::udp_sport(av.flow_label, qpn, dest))
 }
 
 pub(crate) const UNUSED_PATH: AddressVector = AddressVector {
