@@ -20,12 +20,14 @@ mkdir -p "$out"
 # whole archive: libbpf is bundled twice (libbpf-sys and libxdp's build).
 undefs=$(sed -n 's/^\t\t\([A-Za-z_0-9]*\);$/-Wl,--undefined=\1/p' ibverbs-abi/libibverbs.map)
 # shellcheck disable=SC2086
-cc -shared -o "$out/libibverbs.so.1.tmp" \
+# A temporary name of this run's own: tests link in parallel.
+tmp="$out/libibverbs.so.1.tmp.$$"
+cc -shared -o "$tmp" \
   -Wl,-soname,libibverbs.so.1 \
   -Wl,--version-script=ibverbs-abi/libibverbs.map \
   -Wl,-z,now -Wl,--gc-sections \
   $undefs "$target/$profile/liburnic_ibverbs.a" \
   -lelf -lz -lpthread -ldl -lm -lgcc_s
-mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
+mv "$tmp" "$out/libibverbs.so.1"
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 echo "$out"

@@ -41,7 +41,7 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use memmap2::MmapMut;
-use rocev2::transport::memory::{Access, MemoryTable, MwType, PdId, RegError};
+use rocev2::transport::memory::{Access, LkeyCache, MemoryTable, MwType, PdId, RegError};
 use rocev2::transport::wr::Sge;
 
 use crate::backing::{Backing, Owner};
@@ -54,9 +54,22 @@ use crate::error::{Error, ErrorKind, Result};
 /// exactly when the datapath would refuse it now (same keys, PD, state,
 /// rights, and bounds in the region's address space: the IOVA, or offsets
 /// from 0 for ZERO_BASED regions). `ibv_post_send` / `ibv_post_recv`: EINVAL.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn check_sgl(memory: &MemoryTable, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
     let needed = if need_local_write { Access::LOCAL_WRITE } else { Access::empty() };
-    memory.local_check_sgl(pd, sgl, needed).map_err(|e| Error::with_source(ErrorKind::InvalidArgument, e.to_string(), e))
+    memory.local_check_sgl(pd, sgl, needed).map_err(sge_error)
+}
+
+/// [`check_sgl`] as the post paths run it: `cache` is the posting queue's
+/// memo of the checker's verdicts, which answers without the table's lock
+/// while the table is unchanged; same result, same errors.
+pub(crate) fn check_sgl_cached(memory: &MemoryTable, cache: &LkeyCache, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
+    let needed = if need_local_write { Access::LOCAL_WRITE } else { Access::empty() };
+    memory.local_check_sgl_cached(cache, pd, sgl, needed).map_err(sge_error)
+}
+
+fn sge_error(e: rocev2::transport::memory::SgeError) -> Error {
+    Error::with_source(ErrorKind::InvalidArgument, e.to_string(), e)
 }
 
 /// The verbs error for a failed registration-side call of the memory table,
