@@ -273,8 +273,9 @@ mod tests {
         let a = SendSgl::from_slice(&few);
         assert!(a.is_inline());
         assert_eq!(&*a, &few[..]);
-        let p = many.as_ptr();
-        let b = SendSgl::from_vec(many.clone());
+        let moved = many.clone();
+        let p = moved.as_ptr();
+        let b = SendSgl::from_vec(moved);
         assert!(!b.is_inline());
         assert_eq!(&*b, &many[..]);
         assert_eq!(b.as_ptr(), p, "a Vec too long to fit is moved, not copied");
