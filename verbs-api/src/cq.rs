@@ -105,6 +105,10 @@ impl Cq {
     /// Arm the CQ (`ibv_req_notify_cq`): the next completion (or next solicited
     /// or error completion if `solicited_only`) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) {
+        // The application is about to sleep on the channel: if it was
+        // driving the datapath (`Context::drive`), the datapath threads
+        // take over now.
+        self.ctx.inner.nic.stop_driving();
         self.ring.load().req_notify(solicited_only);
     }
 
