@@ -93,7 +93,13 @@ struct Lab<'a> {
     pair: &'a VethPair,
     lib: &'a Path,
     urnic: PathBuf,
+    p: &'a Progress,
 }
+
+/// Attempts per measurement: on this shared host a run can fail (a QP
+/// exceeding its retries while the cores are taken by others); such a run
+/// is repeated, and said so, rather than ending the bench.
+const ATTEMPTS: usize = 3;
 
 impl Lab<'_> {
     /// `args` of `side`'s program in namespace `end` (0 client, 1 server).
@@ -139,8 +145,25 @@ impl Lab<'_> {
         }
     }
 
-    /// Run a server and its client with `args` on `side`; the client's output.
+    /// Run a server and its client with `args` on `side` (up to
+    /// [`ATTEMPTS`] times, each failure reported); the client's output.
     fn run(&self, side: Side, prog: &str, args: &[&str]) -> Result<String> {
+        let mut attempt = 1;
+        loop {
+            match self.run_once(side, prog, args) {
+                Ok(out) => return Ok(out),
+                Err(e) if attempt < ATTEMPTS => {
+                    let first =
+                        format!("{e:#}").lines().find(|l| l.contains("Failed status") || l.contains("failed")).unwrap_or("").trim().to_string();
+                    self.p.println(format!("C path: {side:?} {prog} {} failed (attempt {attempt} of {ATTEMPTS}), repeated: {first}", args.join(" ")));
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
+    fn run_once(&self, side: Side, prog: &str, args: &[&str]) -> Result<String> {
         let what = format!("{side:?} {prog} {}", args.join(" "));
         let mut server = self.command(side, 1, prog, args).spawn().with_context(|| format!("{what}: starting the server"))?;
         if let Err(e) = self.wait_listening(&mut server) {
@@ -206,7 +229,7 @@ fn bracketed(p: &Progress, label: &str, mut measure: impl FnMut(Side) -> Result<
 pub(super) fn c_path(pair: &VethPair, lib: &Path, p: &Progress) -> Result<CPathRun> {
     wait_carrier(pair)?;
     let urnic = std::env::current_exe().context("finding the urnic executable")?;
-    let lab = Lab { pair, lib, urnic };
+    let lab = Lab { pair, lib, urnic, p };
     // Result rows: #bytes #iterations BW-peak BW-average[MB/s] MsgRate[Mpps].
     let rate = bracketed(p, "64 B WRITE message rate", |s| {
         Ok(figure(&lab.run(s, "ib_write_bw", &["-s", "64", "-n", RATE_ITERS])?, 64.0, 4, "64 B WRITE")? * 1e6)
