@@ -26,7 +26,11 @@
 //! Posting a WR checks its SGEs with the memory table's own checker
 //! ([`MemoryTable::local_check_sgl`]), the one the datapath runs before it
 //! moves a byte: a WR is refused at post time exactly when the datapath
-//! would refuse it at that moment. A region registered with
+//! would refuse it at that moment. Each QP and SRQ keeps a memo of the
+//! checker's verdicts on its recent lkeys, valid while the table is
+//! unchanged ([`MemoryTable::local_check_sgl_cached`]), so a post takes no
+//! lock another queue or the datapath uses; every refusal still comes from
+//! the checker itself. A region registered with
 //! [`Access::ZERO_BASED`] is addressed by offsets from 0 ([`Mr::iova`] is
 //! 0; [`Mr::sge`] makes such SGEs), not by its host address.
 //! `Drop` cannot return the error: a dropped region with windows still bound
