@@ -176,10 +176,12 @@ pub struct Nic {
 }
 
 /// How long after an application thread's last [`Nic::drive`] the datapath
-/// threads keep standing back: short, so a program that polls its CQ and
-/// then spins on memory instead (ib_write_lat waits for the peer's WRITE
-/// so) gets its datapath thread back within tens of microseconds.
-pub const DRIVE_WINDOW: std::time::Duration = std::time::Duration::from_micros(50);
+/// threads keep standing back. A program that polls its CQ and then spins
+/// on memory instead (ib_write_lat waits for the peer's WRITE so) gets its
+/// datapath thread back within this plus a park (`runner::DRIVEN_PARK`);
+/// shorter windows made the parked threads' wakeups cost more than they
+/// saved (ib_send_lat p50 4.5 -> 13-20 us on this 2-core host).
+pub const DRIVE_WINDOW: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Lock a mutex, recovering the data if a panicking thread poisoned it.
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {

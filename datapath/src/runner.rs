@@ -33,7 +33,7 @@ impl Default for IdlePolicy {
 
 /// How long a datapath thread sleeps at a time while an application
 /// thread drives the datapath (it looks again after each).
-const DRIVEN_PARK: Duration = Duration::from_micros(20);
+const DRIVEN_PARK: Duration = Duration::from_micros(100);
 
 /// A running datapath thread. Stops (and joins) on drop.
 pub struct Runner {
