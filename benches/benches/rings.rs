@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use rocev2::transport::wqe::SendWqe;
 use rocev2::transport::wr::{CqId, Payload, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use urnic_datapath::queues::{CqRing, QpRings};
 
@@ -81,7 +82,7 @@ fn send_ring(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring");
     g.measurement_time(Duration::from_secs(2));
     g.throughput(Throughput::Elements(BATCH as u64));
-    let mut wrs: Vec<SendWr> = (0..BATCH).map(send_wr).collect();
+    let mut wrs: Vec<SendWqe> = (0..BATCH).map(|i| SendWqe::from(send_wr(i))).collect();
     let rings = QpRings::new(1, CqId(0), CqId(1), BATCH, 1);
     g.bench_function(BenchmarkId::new("arrayqueue", BATCH), |b| {
         b.iter(|| {

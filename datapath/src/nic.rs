@@ -153,6 +153,9 @@ struct Shard {
     inbox: ArrayQueue<Vec<u8>>,
     /// Frames this device sent to itself for this shard's QPs.
     loopback: ArrayQueue<Vec<u8>>,
+    /// Buffers of looped-back frames already handled, reused for the next
+    /// ones: looping back allocates only while the pool warms up.
+    loopback_free: ArrayQueue<Vec<u8>>,
     /// The last poll left a batch of bare ACKs unkicked (see `poll_shard`).
     ack_deferred: AtomicBool,
 }
@@ -194,9 +197,23 @@ pub struct Nic {
     mcast_limits: McastLimits,
     /// Whether `mcast` has any group: the per-frame check on transmit.
     mcast_any: AtomicBool,
+    /// When (nanoseconds of `now()`, 0 = not) an application thread last
+    /// drove the datapath ([`Nic::drive`]): the datapath threads stand
+    /// back while it does ([`Nic::app_driving`]).
+    driven_at: AtomicU64,
+    /// The datapath threads, woken when the application stops driving.
+    runners: Mutex<Vec<std::thread::Thread>>,
     /// Counters.
     pub stats: NicStats,
 }
+
+/// How long after an application thread's last [`Nic::drive`] the datapath
+/// threads keep standing back. A program that polls its CQ and then spins
+/// on memory instead (ib_write_lat waits for the peer's WRITE so) gets its
+/// datapath thread back within this plus a park (`runner::DRIVEN_PARK`);
+/// shorter windows made the parked threads' wakeups cost more than they
+/// saved (ib_send_lat p50 4.5 -> 13-20 us on this 2-core host).
+pub const DRIVE_WINDOW: std::time::Duration = std::time::Duration::from_micros(200);
 
 /// Lock a mutex, recovering the data if a panicking thread poisoned it.
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -242,6 +259,7 @@ impl Nic {
                 sweep: AtomicBool::new(false),
                 inbox: ArrayQueue::new(INBOX),
                 loopback: ArrayQueue::new(LOOPBACK),
+                loopback_free: ArrayQueue::new(LOOPBACK),
                 ack_deferred: AtomicBool::new(false),
             })
             .collect();
@@ -264,6 +282,8 @@ impl Nic {
             mcast: RwLock::new(McastTable::default()),
             mcast_limits: McastLimits::default(),
             mcast_any: AtomicBool::new(false),
+            driven_at: AtomicU64::new(0),
+            runners: Mutex::new(Vec::new()),
             stats: NicStats::default(),
         }
     }
@@ -416,7 +436,21 @@ impl Nic {
     fn loop_back(&self, from: usize, frame: &[u8]) {
         let n = self.shards.len();
         let owner = if n == 1 { from } else { rocev2::wire::peek_dest_qpn(frame).map_or(from, |q| q as usize % n) };
-        if self.shards[owner].loopback.push(frame.to_vec()).is_ok() {
+        let shard = &self.shards[owner];
+        let buf = match shard.loopback_free.pop() {
+            Some(mut b) => {
+                b.clear();
+                b.extend_from_slice(frame);
+                b
+            }
+            None => {
+                // Room for a full 1500-byte frame: most buffers never grow.
+                let mut b = Vec::with_capacity(frame.len().max(1536));
+                b.extend_from_slice(frame);
+                b
+            }
+        };
+        if shard.loopback.push(buf).is_ok() {
             self.stats.loopback_frames.fetch_add(1, Ordering::Relaxed);
         } else {
             self.stats.loopback_drops.fetch_add(1, Ordering::Relaxed);
@@ -615,8 +649,53 @@ impl Nic {
     /// left. Counted as `acks_deferred`.
     pub fn poll_shard(&self, i: usize) -> usize {
         let Some(shard) = self.shards.get(i) else { return 0 };
+        self.poll_locked(i, shard, lock(&shard.engine))
+    }
+
+    /// An application thread drives the datapath (the C library's
+    /// `ibv_poll_cq` finding its CQ empty, as a run-to-completion program
+    /// calls [`Nic::poll`]): one poll iteration of every shard no other
+    /// thread is polling right now (never waits for one). Until
+    /// [`DRIVE_WINDOW`] after the last such call the datapath threads stand
+    /// back (sleep) instead of competing with the application for the
+    /// cores; [`Nic::stop_driving`] hands the work back to them at once.
+    pub fn drive(&self) -> usize {
+        self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
+        let mut work = 0;
+        for (i, shard) in self.shards.iter().enumerate() {
+            let engine = match shard.engine.try_lock() {
+                Ok(g) => g,
+                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                Err(std::sync::TryLockError::WouldBlock) => continue,
+            };
+            work += self.poll_locked(i, shard, engine);
+        }
+        work
+    }
+
+    /// The application is about to block (it arms a CQ to sleep on its
+    /// completion channel): the datapath threads take over now.
+    pub fn stop_driving(&self) {
+        if self.driven_at.swap(0, Ordering::Relaxed) != 0 {
+            for t in lock(&self.runners).iter() {
+                t.unpark();
+            }
+        }
+    }
+
+    /// Whether an application thread drove the datapath within [`DRIVE_WINDOW`].
+    pub fn app_driving(&self) -> bool {
+        let at = self.driven_at.load(Ordering::Relaxed);
+        at != 0 && self.now().as_nanos().saturating_sub(at) < DRIVE_WINDOW.as_nanos() as u64
+    }
+
+    /// Register a datapath thread (woken by [`Nic::stop_driving`]).
+    pub(crate) fn add_runner(&self, t: std::thread::Thread) {
+        lock(&self.runners).push(t);
+    }
+
+    fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>) -> usize {
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
-        let mut engine = lock(&shard.engine);
         let mut port = lock(&shard.port);
         let mut work = self.ring_doorbells(shard, &mut engine);
         let now = self.now();
@@ -696,6 +775,7 @@ impl Nic {
                 work += self.ring_doorbells(shard, &mut engine);
             }
             engine.handle_frame(now, &frame);
+            let _ = shard.loopback_free.push(frame);
             work += 1;
         }
 

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crossbeam_queue::ArrayQueue;
 use rocev2::transport::attr::SrqId;
-use rocev2::transport::wr::{CqId, RecvWr, SendWr, WcStatus, WorkCompletion};
+use rocev2::transport::wqe::{RecvWqe, SendWqe};
+use rocev2::transport::wr::{CqId, WcStatus, WorkCompletion};
 
 /// A QP's send and receive rings plus its doorbell flag.
 pub struct QpRings {
@@ -20,10 +21,11 @@ pub struct QpRings {
     pub send_cq: CqId,
     /// CQ of receive completions.
     pub recv_cq: CqId,
-    /// Send WRs posted by the application, not yet taken by the datapath.
-    pub send: ArrayQueue<SendWr>,
+    /// Send WRs posted by the application, not yet taken by the datapath
+    /// (each copied into its slot: SGEs and inline data in place).
+    pub send: ArrayQueue<SendWqe>,
     /// Receive WRs posted by the application (QPs without an SRQ).
-    pub recv: ArrayQueue<RecvWr>,
+    pub recv: ArrayQueue<RecvWqe>,
     /// Set while the QP's QPN sits in the device doorbell queue.
     pub(crate) rung: AtomicBool,
 }
@@ -47,7 +49,7 @@ pub struct SrqRing {
     /// The SRQ.
     pub id: SrqId,
     /// Receive WRs posted by the application.
-    pub recv: ArrayQueue<RecvWr>,
+    pub recv: ArrayQueue<RecvWqe>,
     pub(crate) rung: AtomicBool,
 }
 
@@ -234,11 +236,19 @@ impl CqRing {
 
     /// Application side: take up to `out.len()` completions (`ibv_poll_cq`).
     pub fn poll(&self, out: &mut [WorkCompletion]) -> usize {
+        self.poll_with(out.len(), |i, wc| out[i] = *wc)
+    }
+
+    /// Application side: hand up to `max` completions, oldest first, to
+    /// `f(index, completion)` without an intermediate buffer (the C
+    /// `ibv_poll_cq` writes each straight into the caller's `ibv_wc` array).
+    /// Returns how many.
+    pub fn poll_with(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> usize {
         let mut n = 0;
-        while n < out.len() {
+        while n < max {
             match self.ring.pop() {
                 Some(wc) => {
-                    out[n] = wc;
+                    f(n, &wc);
                     n += 1;
                 }
                 None => break,

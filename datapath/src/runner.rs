@@ -31,6 +31,10 @@ impl Default for IdlePolicy {
     }
 }
 
+/// How long a datapath thread sleeps at a time while an application
+/// thread drives the datapath (it looks again after each).
+const DRIVEN_PARK: Duration = Duration::from_micros(100);
+
 /// A running datapath thread. Stops (and joins) on drop.
 pub struct Runner {
     stop: Arc<AtomicBool>,
@@ -66,6 +70,7 @@ impl Runner {
     }
 
     fn spawn_with(nic: Arc<Nic>, shard: Option<usize>, core: Option<usize>, idle: IdlePolicy) -> std::io::Result<Runner> {
+        let owner = nic.clone();
         let stop = Arc::new(AtomicBool::new(false));
         let flag = stop.clone();
         let name = match shard {
@@ -77,8 +82,19 @@ impl Runner {
                 // Not fatal: the loop works unpinned, only slower.
                 let _ = pin_current_thread(c);
             }
+            // Short sleeps (standing back, idle backoff) wake on time, not
+            // up to the default 50 us of timer slack later.
+            // SAFETY: PR_SET_TIMERSLACK takes an integer, no pointers.
+            let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
             let mut idle_polls: u32 = 0;
             while !flag.load(Ordering::Relaxed) {
+                // An application thread is driving the datapath itself
+                // (`Nic::drive`): stand back, off the cores it needs, until
+                // it stops (`Nic::stop_driving` unparks us) or goes quiet.
+                if nic.app_driving() {
+                    std::thread::park_timeout(DRIVEN_PARK);
+                    continue;
+                }
                 let work = match shard {
                     Some(i) => nic.poll_shard(i),
                     None => nic.poll(),
@@ -102,6 +118,7 @@ impl Runner {
                 }
             }
         })?;
+        owner.add_runner(thread.thread().clone());
         Ok(Runner { stop, thread: Some(thread) })
     }
 }
@@ -110,6 +127,7 @@ impl Drop for Runner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         if let Some(t) = self.thread.take() {
+            t.thread().unpark();
             let _ = t.join();
         }
     }

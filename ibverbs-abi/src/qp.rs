@@ -9,7 +9,8 @@ use std::ptr;
 use std::sync::atomic::Ordering;
 
 use rocev2::transport::attr::AddressVector;
-use urnic::{AhAttr, Payload, QpAttrMask, QpCaps, QpState, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest};
+use rocev2::transport::wqe::{PayloadRef, RecvWrRef, SendWrRef, WQE_INLINE_BYTES};
+use urnic::{AhAttr, QpAttrMask, QpCaps, QpState, QpType, RemoteAddr, SendFlags, SendOp, Sge, UdDest};
 
 use crate::cq::ucq;
 use crate::ctx::{register, uctx, unregister};
@@ -331,20 +332,36 @@ pub unsafe extern "C" fn ibv_qp_to_qp_ex(_qp: *mut ibv_qp) -> *mut ibv_qp_ex {
     ptr::null_mut()
 }
 
-unsafe fn sges(list: *mut ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+// `ibv_sge` and urnic's `Sge` have one layout: a program's SGE array is
+// read in place, without a copy (checked here at compile time; the field
+// layout of `ibv_sge` itself is checked against the system header).
+const _: () = {
+    assert!(std::mem::size_of::<Sge>() == std::mem::size_of::<ibv_sge>());
+    assert!(std::mem::align_of::<Sge>() == std::mem::align_of::<ibv_sge>());
+    assert!(std::mem::offset_of!(Sge, addr) == std::mem::offset_of!(ibv_sge, addr));
+    assert!(std::mem::offset_of!(Sge, length) == std::mem::offset_of!(ibv_sge, length));
+    assert!(std::mem::offset_of!(Sge, lkey) == std::mem::offset_of!(ibv_sge, lkey));
+};
+
+/// A C SGE array as urnic SGEs, in place.
+///
+/// # Safety
+/// `list` points to `n` readable `ibv_sge`s that stay unchanged for `'a`
+/// (the call's duration: ibv_post_send(3) lets the program reuse them once
+/// the call returns, and urnic copies them into the WQE before that).
+unsafe fn sges<'a>(list: *const ibv_sge, n: c_int) -> Result<&'a [Sge], c_int> {
     if n < 0 || (n > 0 && list.is_null()) {
         return Err(libc::EINVAL);
     }
-    Ok((0..n as usize)
-        .map(|i| {
-            let s = &*list.add(i);
-            Sge { addr: s.addr, length: s.length, lkey: s.lkey }
-        })
-        .collect())
+    if n == 0 {
+        return Ok(&[]);
+    }
+    // SAFETY: same layout (asserted above); the caller vouches for `list`.
+    Ok(std::slice::from_raw_parts(list.cast::<Sge>(), n as usize))
 }
 
-/// One C send WR as urnic's.
-unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
+/// One C send WR's operation and flags as urnic's.
+unsafe fn send_op(w: &ibv_send_wr) -> Result<(SendOp, SendFlags), c_int> {
     let f = w.send_flags;
     let mut flags = SendFlags::empty();
     if f & IBV_SEND_FENCE as c_uint != 0 {
@@ -355,6 +372,9 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
     }
     if f & IBV_SEND_SOLICITED as c_uint != 0 {
         flags |= SendFlags::SOLICITED;
+    }
+    if f & IBV_SEND_INLINE as c_uint != 0 {
+        flags |= SendFlags::INLINE;
     }
     let rdma = || RemoteAddr { addr: w.wr.rdma.remote_addr, rkey: w.wr.rdma.rkey };
     let imm = u32::from_be(w.__bindgen_anon_1.imm_data);
@@ -393,42 +413,58 @@ unsafe fn send_wr(w: &ibv_send_wr) -> Result<SendWr, c_int> {
         }
         _ => return Err(libc::EINVAL),
     };
-    let payload = if f & IBV_SEND_INLINE as c_uint != 0 {
-        // Inline data is read from the program's buffers now; no lkey.
-        let mut data = Vec::new();
-        for s in sges(w.sg_list, w.num_sge)? {
-            if s.length > 0 && s.addr == 0 {
-                return Err(libc::EINVAL);
-            }
-            data.extend_from_slice(std::slice::from_raw_parts(s.addr as *const u8, s.length as usize));
-        }
-        flags |= SendFlags::INLINE;
-        Payload::Inline(data)
-    } else {
-        Payload::Sgl(sges(w.sg_list, w.num_sge)?)
-    };
-    Ok(SendWr { wr_id: w.wr_id, op, payload, flags, ud: None })
+    Ok((op, flags))
 }
 
-/// `ops.post_send` (the inline `ibv_post_send`).
+/// Post one C send WR. Inline data is read from the program's buffers now
+/// (no lkey) into a stack buffer as large as any WQE's inline area; more
+/// than that exceeds every QP's `max_inline_data` and goes to the same
+/// check on the heap (it refuses it, with its message).
+unsafe fn post_one_send(q: &UQp, qp_type: ibv_qp_type, w: &ibv_send_wr) -> Result<(), c_int> {
+    let (op, flags) = send_op(w)?;
+    let sgl = sges(w.sg_list, w.num_sge)?;
+    let ud = if qp_type == IBV_QPT_UD {
+        let ud = &w.wr.ud;
+        if ud.ah.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let ah = &*(ud.ah as *const UAh);
+        Some(UdDest { av: *ah.inner.address_vector(), remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey })
+    } else {
+        None
+    };
+    let post = |payload| q.inner.post_send_ref(&SendWrRef { wr_id: w.wr_id, op, payload, flags, ud }).map_err(|e| errno_of(&e));
+    if !flags.contains(SendFlags::INLINE) {
+        return post(PayloadRef::Sgl(sgl));
+    }
+    if sgl.iter().any(|s| s.length > 0 && s.addr == 0) {
+        return Err(libc::EINVAL);
+    }
+    let piece = |s: &Sge| std::slice::from_raw_parts(s.addr as *const u8, s.length as usize);
+    let total: u64 = sgl.iter().map(|s| u64::from(s.length)).sum();
+    if total <= WQE_INLINE_BYTES as u64 {
+        let mut buf = [0u8; WQE_INLINE_BYTES];
+        let mut at = 0;
+        for s in sgl {
+            buf[at..at + s.length as usize].copy_from_slice(piece(s));
+            at += s.length as usize;
+        }
+        post(PayloadRef::Inline(&buf[..at]))
+    } else {
+        let data: Vec<u8> = sgl.iter().flat_map(|s| piece(s).iter().copied()).collect();
+        post(PayloadRef::Inline(&data))
+    }
+}
+
+/// `ops.post_send` (the inline `ibv_post_send`): no allocation, no lock.
 unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut *mut ibv_send_wr) -> c_int {
     guard("ibv_post_send", libc::EIO, || {
         let Some(q) = uqp(qp) else { return libc::EINVAL };
+        let qp_type = (*qp).qp_type;
         let mut cur = wr;
         while !cur.is_null() {
             let w = &*cur;
-            let r = send_wr(w).and_then(|mut s| {
-                if (*qp).qp_type == IBV_QPT_UD {
-                    let ud = &w.wr.ud;
-                    if ud.ah.is_null() {
-                        return Err(libc::EINVAL);
-                    }
-                    let ah = &*(ud.ah as *const UAh);
-                    s.ud = Some(UdDest { av: *ah.inner.address_vector(), remote_qpn: ud.remote_qpn, remote_qkey: ud.remote_qkey });
-                }
-                q.inner.post_send(&s).map_err(|e| errno_of(&e))
-            });
-            if let Err(e) = r {
+            if let Err(e) = post_one_send(q, qp_type, w) {
                 if !bad.is_null() {
                     *bad = cur;
                 }
@@ -440,17 +476,14 @@ unsafe extern "C" fn post_send(qp: *mut ibv_qp, wr: *mut ibv_send_wr, bad: *mut 
     })
 }
 
-unsafe fn recv_wr(w: &ibv_recv_wr) -> Result<RecvWr, c_int> {
-    Ok(RecvWr { wr_id: w.wr_id, sgl: sges(w.sg_list, w.num_sge)? })
-}
-
 /// Post a C list of receive WRs through `post`, stopping at the first
 /// failure with `*bad` set to it, as providers do.
-unsafe fn post_recv_list(wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr, post: impl Fn(&RecvWr) -> urnic::Result<()>) -> c_int {
+unsafe fn post_recv_list(wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr, post: impl Fn(&RecvWrRef<'_>) -> urnic::Result<()>) -> c_int {
     let mut cur = wr;
     while !cur.is_null() {
         let w = &*cur;
-        if let Err(e) = recv_wr(w).and_then(|r| post(&r).map_err(|e| errno_of(&e))) {
+        let r = sges(w.sg_list, w.num_sge).and_then(|sgl| post(&RecvWrRef { wr_id: w.wr_id, sgl }).map_err(|e| errno_of(&e)));
+        if let Err(e) = r {
             if !bad.is_null() {
                 *bad = cur;
             }
@@ -464,7 +497,7 @@ unsafe fn post_recv_list(wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr, post:
 /// `ops.post_recv` (the inline `ibv_post_recv`).
 unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     guard("ibv_post_recv", libc::EIO, || match uqp(qp) {
-        Some(q) => post_recv_list(wr, bad, |r| q.inner.post_recv(r)),
+        Some(q) => post_recv_list(wr, bad, |r| q.inner.post_recv_ref(r)),
         None => libc::EINVAL,
     })
 }
@@ -472,7 +505,7 @@ unsafe extern "C" fn post_recv(qp: *mut ibv_qp, wr: *mut ibv_recv_wr, bad: *mut 
 /// `ops.post_srq_recv` (the inline `ibv_post_srq_recv`).
 unsafe extern "C" fn post_srq_recv(srq: *mut ibv_srq, wr: *mut ibv_recv_wr, bad: *mut *mut ibv_recv_wr) -> c_int {
     guard("ibv_post_srq_recv", libc::EIO, || match usrq(srq) {
-        Some(s) => post_recv_list(wr, bad, |r| s.inner.post_recv(r)),
+        Some(s) => post_recv_list(wr, bad, |r| s.inner.post_recv_ref(r)),
         None => libc::EINVAL,
     })
 }

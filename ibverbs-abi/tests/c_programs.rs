@@ -141,6 +141,46 @@ fn ud_multicast_through_the_library() {
     println!("{}", run_c_check("mcast_loop", "cmc", 11));
 }
 
+/// `tests/c/no_alloc.c`: posting and polling through the library's ops
+/// (the verbs.h inline calls) make no heap allocation on the program's
+/// thread, counted by the program's own malloc, which every allocation of
+/// the process (the library's included) goes through.
+#[test]
+fn posting_and_polling_from_c_allocate_nothing() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates network namespaces and attaches XDP programs: run it as root");
+    require_c_toolchain();
+    let lib = lib_dir();
+    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("no_alloc-{}", std::process::id()));
+    let src = root().join("ibverbs-abi/tests/c/no_alloc.c");
+    // -rdynamic: the program's malloc is the one the library binds to.
+    cc(&src.to_string_lossy(), None, &exe, &["-rdynamic".into(), format!("-L{}", lib.display()), "-l:libibverbs.so.1".into()]);
+    let pair = VethPair::create("cnoal", 1500).expect("veth pair in two namespaces (needs root and iproute2)");
+    // Wait for the carrier (see bad_arguments_get_libibverbs_answers): a hang guard.
+    let start = Instant::now();
+    loop {
+        let out = Command::new("ip").args(["-n", &pair.ns[0], "-o", "link", "show", &pair.ifname[0]]).output().expect("ip link");
+        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = Command::new("ip")
+        .args(["netns", "exec", &pair.ns[0], "env"])
+        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
+        .arg(format!("URNIC_DEVICES={}", pair.ifname[0]))
+        .arg("URNIC_STATS=0")
+        .arg(&exe)
+        .output()
+        .expect("run no_alloc");
+    let _ = std::fs::remove_file(&exe);
+    let out = text(&o);
+    assert!(o.status.success(), "no_alloc failed ({}):\n{out}", o.status);
+    assert!(out.contains("ok   0 heap allocations") && !out.contains("FAIL"), "{out}");
+    println!("{out}");
+}
+
 /// One compared quantity: its C expression and the library's value.
 struct Item {
     c: String,

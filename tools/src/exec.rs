@@ -42,7 +42,7 @@ pub struct ExecArgs {
 /// The directory holding urnic's libibverbs.so.1: `$URNIC_LIB_DIR`, or
 /// `urnic-lib` next to this executable (`target/<profile>/urnic-lib` beside
 /// `target/<profile>/urnic`).
-fn lib_dir() -> Result<PathBuf> {
+pub(crate) fn lib_dir() -> Result<PathBuf> {
     let (dir, how) = match std::env::var_os("URNIC_LIB_DIR").filter(|v| !v.is_empty()) {
         Some(d) => (PathBuf::from(d), "URNIC_LIB_DIR"),
         None => {

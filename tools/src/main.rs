@@ -159,6 +159,12 @@ enum Cmd {
         /// `urnic demo`.
         #[arg(long, value_name = "MTU", conflicts_with = "report", value_parser = ["1024", "4096"])]
         ceiling_only: Option<String>,
+        /// Only the C path's rows: Debian's ib_write_bw (64 B message rate,
+        /// 64 KiB bandwidth) and ib_send_lat -s 8 on urnic's libibverbs.so.1
+        /// (`bash ibverbs-abi/link.sh release`) against `urnic perf` with the
+        /// same parameters, bracketed C, Rust, Rust, C; ratios C / Rust.
+        #[arg(long, conflicts_with_all = ["report", "ceiling_only"])]
+        c_path: bool,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -363,6 +369,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::RcPingpong(a) => run_pingpong(a, true),
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
+        Cmd::Bench { runs, c_path: true, .. } => bench::c_path_only(runs as usize),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),

@@ -82,8 +82,15 @@ impl Cq {
     /// An overrun CQ (more completions than capacity) reports an error, as a
     /// hardware CQ in error state would.
     pub fn poll(&self, wc: &mut [WorkCompletion]) -> Result<usize> {
+        self.poll_with(wc.len(), |i, w| wc[i] = *w)
+    }
+
+    /// [`Cq::poll`] handing each completion, oldest first, to `f(index,
+    /// completion)` instead of filling a slice: no buffer to initialise
+    /// (the C `ibv_poll_cq` converts each straight into the caller's array).
+    pub fn poll_with(&self, max: usize, f: impl FnMut(usize, &WorkCompletion)) -> Result<usize> {
         let ring = self.ring.load();
-        let n = ring.poll(wc);
+        let n = ring.poll_with(max, f);
         if n == 0 && ring.overflowed() {
             return Err(Error::new(ErrorKind::NoResources, format!("CQ {} overran: completions were lost", self.id())));
         }
@@ -98,6 +105,10 @@ impl Cq {
     /// Arm the CQ (`ibv_req_notify_cq`): the next completion (or next solicited
     /// or error completion if `solicited_only`) signals the channel once.
     pub fn req_notify(&self, solicited_only: bool) {
+        // The application is about to sleep on the channel: if it was
+        // driving the datapath (`Context::drive`), the datapath threads
+        // take over now.
+        self.ctx.inner.nic.stop_driving();
         self.ring.load().req_notify(solicited_only);
     }
 

@@ -581,6 +581,19 @@ impl Context {
         self.inner.nic.poll()
     }
 
+    /// Drive the datapath from an application thread that is polling for
+    /// completions anyway (what the C library's `ibv_poll_cq` does when the
+    /// CQ is empty): one iteration of every shard no datapath thread is in
+    /// right now, and the datapath threads stand back while the application
+    /// keeps driving, so a spinning application and a spinning datapath
+    /// thread do not share the cores (urnic_datapath's `DRIVE_WINDOW`
+    /// after the last call; arming a CQ, [`Cq::req_notify`](crate::Cq::req_notify),
+    /// hands the work back at once). Lock-free for the caller: it never
+    /// waits for a datapath thread.
+    pub fn drive(&self) -> usize {
+        self.inner.nic.drive()
+    }
+
     /// Next asynchronous event, if any (non-blocking `ibv_get_async_event`).
     pub fn poll_async_event(&self) -> Option<AsyncEvent> {
         self.inner.nic.poll_async_event()

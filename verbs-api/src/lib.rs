@@ -99,6 +99,7 @@ pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
 pub use rocev2::transport::memory::{Access, MwType};
 pub use rocev2::transport::stats::QpStats;
+pub use rocev2::transport::wqe::{PayloadRef, RecvWrRef, SendWrRef};
 pub use rocev2::transport::wr::{Payload, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, Sge, UdDest, WcOpcode, WcStatus, WorkCompletion};
 pub use rocev2::Psn;
 pub use urnic_datapath::{xdp, BindMode, Faults, IdlePolicy, Impairments, MemHub, XskConfig};

@@ -26,7 +26,11 @@
 //! Posting a WR checks its SGEs with the memory table's own checker
 //! ([`MemoryTable::local_check_sgl`]), the one the datapath runs before it
 //! moves a byte: a WR is refused at post time exactly when the datapath
-//! would refuse it at that moment. A region registered with
+//! would refuse it at that moment. Each QP and SRQ keeps a memo of the
+//! checker's verdicts on its recent lkeys, valid while the table is
+//! unchanged ([`MemoryTable::local_check_sgl_cached`]), so a post takes no
+//! lock another queue or the datapath uses; every refusal still comes from
+//! the checker itself. A region registered with
 //! [`Access::ZERO_BASED`] is addressed by offsets from 0 ([`Mr::iova`] is
 //! 0; [`Mr::sge`] makes such SGEs), not by its host address.
 //! `Drop` cannot return the error: a dropped region with windows still bound
@@ -41,7 +45,7 @@ use std::mem::ManuallyDrop;
 use std::ptr::NonNull;
 
 use memmap2::MmapMut;
-use rocev2::transport::memory::{Access, MemoryTable, MwType, PdId, RegError};
+use rocev2::transport::memory::{Access, LkeyCache, MemoryTable, MwType, PdId, RegError};
 use rocev2::transport::wr::Sge;
 
 use crate::backing::{Backing, Owner};
@@ -54,9 +58,22 @@ use crate::error::{Error, ErrorKind, Result};
 /// exactly when the datapath would refuse it now (same keys, PD, state,
 /// rights, and bounds in the region's address space: the IOVA, or offsets
 /// from 0 for ZERO_BASED regions). `ibv_post_send` / `ibv_post_recv`: EINVAL.
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn check_sgl(memory: &MemoryTable, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
     let needed = if need_local_write { Access::LOCAL_WRITE } else { Access::empty() };
-    memory.local_check_sgl(pd, sgl, needed).map_err(|e| Error::with_source(ErrorKind::InvalidArgument, e.to_string(), e))
+    memory.local_check_sgl(pd, sgl, needed).map_err(sge_error)
+}
+
+/// [`check_sgl`] as the post paths run it: `cache` is the posting queue's
+/// memo of the checker's verdicts, which answers without the table's lock
+/// while the table is unchanged; same result, same errors.
+pub(crate) fn check_sgl_cached(memory: &MemoryTable, cache: &LkeyCache, pd: PdId, sgl: &[Sge], need_local_write: bool) -> Result<()> {
+    let needed = if need_local_write { Access::LOCAL_WRITE } else { Access::empty() };
+    memory.local_check_sgl_cached(cache, pd, sgl, needed).map_err(sge_error)
+}
+
+fn sge_error(e: rocev2::transport::memory::SgeError) -> Error {
+    Error::with_source(ErrorKind::InvalidArgument, e.to_string(), e)
 }
 
 /// The verbs error for a failed registration-side call of the memory table,

@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rocev2::transport::attr::{AddressVector, Mtu, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
-use rocev2::transport::memory::Access;
-use rocev2::transport::wr::{Payload, RecvWr, SendOp, SendWr};
+use rocev2::transport::memory::{Access, LkeyCache};
+use rocev2::transport::wqe::{PayloadRef, RecvWqe, RecvWrRef, SendWqe, SendWrRef};
+use rocev2::transport::wr::{RecvWr, SendOp, SendWr};
 use urnic_datapath::queues::{QpRings, SrqRing};
 
 use crate::cq::Cq;
@@ -118,6 +119,9 @@ pub struct Qp {
     /// The state as last set by modify (the engine may move to ERR on its own;
     /// posting in ERR is allowed and flushes).
     state: AtomicU8,
+    /// The checker's verdicts on this QP's recent lkeys (post-time SGE
+    /// checks without the memory table's lock).
+    lkeys: LkeyCache,
 }
 
 /// Arguments of [`Pd::create_qp`].
@@ -181,7 +185,16 @@ impl Pd {
         };
         let rings = Arc::new(QpRings::new(qpn, attr.send_cq, attr.recv_cq, c.max_send_wr as usize, c.max_recv_wr.max(1) as usize));
         inner.nic.attach_qp(rings.clone());
-        Ok(Qp { pd: self.clone(), qpn, qp_type: init.qp_type, caps: c, rings, srq: attr.srq, state: AtomicU8::new(state_code(QpState::Reset)) })
+        Ok(Qp {
+            pd: self.clone(),
+            qpn,
+            qp_type: init.qp_type,
+            caps: c,
+            rings,
+            srq: attr.srq,
+            state: AtomicU8::new(state_code(QpState::Reset)),
+            lkeys: LkeyCache::new(),
+        })
     }
 
     /// `ibv_create_ah`: resolve a path (neighbour lookup) for UD sends.
@@ -209,7 +222,7 @@ impl Pd {
         };
         let ring = Arc::new(SrqRing::new(id, max_wr as usize));
         inner.nic.attach_srq(ring.clone());
-        Ok(Srq { pd: self.clone(), id, ring, max_sge })
+        Ok(Srq { pd: self.clone(), id, ring, max_sge, lkeys: LkeyCache::new() })
     }
 }
 
@@ -340,12 +353,25 @@ impl Qp {
 
     /// `ibv_post_send`. Arguments are checked before anything is queued: a bad
     /// WR returns an error and leaves the queue untouched. SGEs are checked
-    /// by the memory table's checker, the datapath's own (under its shared
-    /// read lock, which waits only while a registration changes); the queue
-    /// itself is lock-free.
+    /// by the memory table's checker, the datapath's own, answered from this
+    /// QP's memo of its verdicts while the table is unchanged
+    /// ([`MemoryTable::local_check_sgl_cached`](rocev2::transport::memory::MemoryTable::local_check_sgl_cached));
+    /// the queue itself is lock-free. The WR is copied into its ring slot.
     pub fn post_send(&self, wr: &SendWr) -> Result<()> {
+        self.post_send_ref(&wr.borrowed())
+    }
+
+    /// [`Qp::post_send`] over borrowed SGEs / inline bytes. Takes no lock
+    /// and allocates nothing for WRs of up to
+    /// [`SEND_WQE_SGES`](rocev2::transport::wqe::SEND_WQE_SGES) SGEs (any
+    /// inline WR the QP accepts fits its slot): the post path of the C
+    /// library.
+    pub fn post_send_ref(&self, wr: &SendWrRef<'_>) -> Result<()> {
         self.check_send(wr)?;
-        self.rings.send.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
+        self.rings
+            .send
+            .push(SendWqe::from(wr))
+            .map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }
@@ -353,8 +379,9 @@ impl Qp {
     /// Post several send WRs; stops at the first bad one, returning its index.
     pub fn post_send_list(&self, wrs: &[SendWr]) -> core::result::Result<(), (usize, Error)> {
         for (i, wr) in wrs.iter().enumerate() {
-            self.check_send(wr).map_err(|e| (i, e))?;
-            if self.rings.send.push(wr.clone()).is_err() {
+            let wr = wr.borrowed();
+            self.check_send(&wr).map_err(|e| (i, e))?;
+            if self.rings.send.push(SendWqe::from(&wr)).is_err() {
                 self.ctx().inner.nic.ring_qp(&self.rings);
                 return Err((i, Error::new(ErrorKind::NoResources, "send queue full")));
             }
@@ -363,21 +390,21 @@ impl Qp {
         Ok(())
     }
 
-    fn check_send(&self, wr: &SendWr) -> Result<()> {
+    fn check_send(&self, wr: &SendWrRef<'_>) -> Result<()> {
         let st = self.state();
         if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
             return Err(Error::new(ErrorKind::InvalidState, format!("post_send on a QP in {st:?} (needs RTS)")));
         }
         let lim = self.ctx().inner.limits;
-        match &wr.payload {
-            Payload::Sgl(sgl) => {
+        match wr.payload {
+            PayloadRef::Sgl(sgl) => {
                 if sgl.len() > self.caps.max_send_sge as usize {
                     return Err(Error::invalid(format!("{} SGEs > max_send_sge {}", sgl.len(), self.caps.max_send_sge)));
                 }
                 let need_write = matches!(wr.op, SendOp::Read { .. } | SendOp::CmpSwap { .. } | SendOp::FetchAdd { .. });
-                crate::mr::check_sgl(&self.ctx().inner.memory, self.pd.id, sgl, need_write)?;
+                crate::mr::check_sgl_cached(&self.ctx().inner.memory, &self.lkeys, self.pd.id, sgl, need_write)?;
             }
-            Payload::Inline(data) => {
+            PayloadRef::Inline(data) => {
                 if data.len() > self.caps.max_inline_data as usize {
                     return Err(Error::invalid(format!("{} inline bytes > max_inline_data {}", data.len(), self.caps.max_inline_data)));
                 }
@@ -431,6 +458,12 @@ impl Qp {
     /// `ibv_post_recv`. SGEs are checked as in [`Qp::post_send`]; the queue
     /// is lock-free.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_ref(&wr.borrowed())
+    }
+
+    /// [`Qp::post_recv`] over a borrowed SGE list: no lock, and no
+    /// allocation for up to [`RECV_WQE_SGES`](rocev2::transport::wqe::RECV_WQE_SGES) SGEs.
+    pub fn post_recv_ref(&self, wr: &RecvWrRef<'_>) -> Result<()> {
         if self.srq.is_some() {
             return Err(Error::invalid("QP uses an SRQ: post receives with Srq::post_recv"));
         }
@@ -441,8 +474,11 @@ impl Qp {
         if wr.sgl.len() > self.caps.max_recv_sge as usize {
             return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
         }
-        crate::mr::check_sgl(&self.ctx().inner.memory, self.pd.id, &wr.sgl, true)?;
-        self.rings.recv.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
+        crate::mr::check_sgl_cached(&self.ctx().inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
+        self.rings
+            .recv
+            .push(RecvWqe::from(wr))
+            .map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }
@@ -464,17 +500,25 @@ pub struct Srq {
     id: SrqId,
     ring: Arc<SrqRing>,
     max_sge: u32,
+    /// As [`Qp`]'s: the checker's verdicts on recent lkeys.
+    lkeys: LkeyCache,
 }
 
 impl Srq {
     /// `ibv_post_srq_recv`. SGEs are checked as in [`Qp::post_send`]; the
     /// queue is lock-free.
     pub fn post_recv(&self, wr: &RecvWr) -> Result<()> {
+        self.post_recv_ref(&wr.borrowed())
+    }
+
+    /// [`Srq::post_recv`] over a borrowed SGE list (no lock, no allocation
+    /// as for [`Qp::post_recv_ref`]).
+    pub fn post_recv_ref(&self, wr: &RecvWrRef<'_>) -> Result<()> {
         if wr.sgl.len() > self.max_sge as usize {
             return Err(Error::invalid(format!("{} SGEs > SRQ max_sge {}", wr.sgl.len(), self.max_sge)));
         }
-        crate::mr::check_sgl(&self.pd.ctx.inner.memory, self.pd.id, &wr.sgl, true)?;
-        self.ring.recv.push(wr.clone()).map_err(|_| Error::new(ErrorKind::NoResources, "SRQ is full"))?;
+        crate::mr::check_sgl_cached(&self.pd.ctx.inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
+        self.ring.recv.push(RecvWqe::from(wr)).map_err(|_| Error::new(ErrorKind::NoResources, "SRQ is full"))?;
         self.pd.ctx.inner.nic.ring_srq(&self.ring);
         Ok(())
     }

@@ -10,7 +10,8 @@ use std::time::Duration;
 use crate::psn::Psn;
 use crate::time::Instant;
 use crate::transport::requester::{local_timeout, Kind, Requester, RequesterCtx, SqFatal};
-use crate::transport::wr::{Payload, WcStatus};
+use crate::transport::wqe::WqePayload;
+use crate::transport::wr::WcStatus;
 use crate::wire::rnr_timer_nanos;
 use crate::wire::{AckSyndrome, NakCode};
 use crate::wire::{Opcode, ParsedFrame};
@@ -285,7 +286,7 @@ impl Requester {
             ctx.stats.req_bad_responses += 1;
             return self.fail_at(Some(i), WcStatus::BadRespErr, ctx);
         }
-        if let Payload::Sgl(sgl) = &w.wr.payload {
+        if let WqePayload::Sgl(sgl) = &w.wr.payload {
             if ctx.memory.local_scatter(ctx.pd, sgl, w.read_done, payload).is_err() {
                 return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
             }
@@ -314,7 +315,7 @@ impl Requester {
         }
         let orig = frame.repr.transport.atomic_ack.unwrap_or(0);
         // The result lands in host byte order, as the target's atomics are.
-        if let Payload::Sgl(sgl) = &w.wr.payload {
+        if let WqePayload::Sgl(sgl) = &w.wr.payload {
             if ctx.memory.local_scatter(ctx.pd, sgl, 0, &orig.to_ne_bytes()).is_err() {
                 return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
             }

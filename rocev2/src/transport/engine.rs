@@ -62,7 +62,8 @@ use crate::transport::recv::RecvQueue;
 use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, RecvWr, SendWr, WcOpcode};
+use crate::transport::wqe::{RecvWqe, SendWqe};
+use crate::transport::wr::{Completion, WcOpcode};
 use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
 
 /// Engine configuration.
@@ -369,7 +370,9 @@ impl Engine {
 
     /// `ibv_post_send`. Posting on a QP in ERR completes the WR at once with
     /// `WR_FLUSH_ERR`, as ibverbs providers do.
-    pub fn post_send(&mut self, qpn: u32, wr: SendWr) -> Result<(), EngineError> {
+    /// Takes a [`SendWr`](crate::transport::wr::SendWr) or a ready [`SendWqe`].
+    pub fn post_send(&mut self, qpn: u32, wr: impl Into<SendWqe>) -> Result<(), EngineError> {
+        let wr = wr.into();
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         match qp.state {
             QpState::Rts | QpState::Sqd => {}
@@ -379,7 +382,7 @@ impl Engine {
             }
             s => return Err(EngineError::WrongState(s)),
         }
-        if let crate::transport::wr::Payload::Sgl(sgl) = &wr.payload {
+        if let crate::transport::wqe::WqePayload::Sgl(sgl) = &wr.payload {
             if sgl.len() > qp.init.cap.max_send_sge as usize {
                 return Err(EngineError::BadWr("more SGEs than max_send_sge"));
             }
@@ -397,7 +400,9 @@ impl Engine {
     }
 
     /// `ibv_post_recv`. In ERR the WR completes at once with `WR_FLUSH_ERR`.
-    pub fn post_recv(&mut self, qpn: u32, wr: RecvWr) -> Result<(), EngineError> {
+    /// Takes a [`RecvWr`](crate::transport::wr::RecvWr) or a ready [`RecvWqe`].
+    pub fn post_recv(&mut self, qpn: u32, wr: impl Into<RecvWqe>) -> Result<(), EngineError> {
+        let wr = wr.into();
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         if qp.state == QpState::Reset {
             return Err(EngineError::WrongState(QpState::Reset));
@@ -412,7 +417,7 @@ impl Engine {
     }
 
     /// `ibv_post_srq_recv`.
-    pub fn post_srq_recv(&mut self, srq: SrqId, wr: RecvWr) -> Result<(), EngineError> {
+    pub fn post_srq_recv(&mut self, srq: SrqId, wr: impl Into<RecvWqe>) -> Result<(), EngineError> {
         let q = self.srqs.get_mut(&srq).ok_or(EngineError::NoSuchSrq(srq))?;
         q.post(wr).map_err(|_| EngineError::QueueFull)
     }

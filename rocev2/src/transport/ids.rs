@@ -40,8 +40,10 @@ pub struct CqId(pub u32);
 pub struct SrqId(pub u32);
 
 /// One scatter/gather element: `length` bytes at local address `addr` of the
-/// memory region whose local key is `lkey` (`struct ibv_sge`).
+/// memory region whose local key is `lkey` (`struct ibv_sge`, with its
+/// layout: the C library views a program's `ibv_sge` array as `[Sge]`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Address in the region's address space (the registered IOVA).
     pub addr: u64,

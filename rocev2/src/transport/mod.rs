@@ -20,4 +20,5 @@ pub mod recv;
 pub mod requester;
 pub mod responder;
 pub mod stats;
+pub mod wqe;
 pub mod wr;

@@ -1,6 +1,6 @@
 //! Receive queues: a QP's own receive queue, or a shared receive queue (SRQ).
 //!
-//! A FIFO of posted [`RecvWr`]s with a depth and an SGE limit. The responder
+//! A FIFO of posted receive WQEs ([`RecvWqe`]) with a depth and an SGE limit. The responder
 //! takes the head WQE when a SEND (or RDMA WRITE with immediate) starts.
 //!
 //! SRQs also have a limit (`ibv_modify_srq` with `IBV_SRQ_LIMIT`): once armed
@@ -11,14 +11,14 @@
 //! The queue records the event; whoever consumed the WQE collects it with
 //! [`RecvQueue::take_limit_event`] and raises the async event.
 //!
-//! Depth is fixed at creation (storage is allocated once: posting never allocates
-//! beyond the WR's own SGE vector).
+//! Depth is fixed at creation (storage is allocated once: posting never allocates;
+//! a WQE holds its SGEs in place up to [`RECV_WQE_SGES`](crate::transport::wqe::RECV_WQE_SGES)).
 
 use std::collections::vec_deque::Drain;
 use std::collections::VecDeque;
 
 use crate::transport::ids::{PdId, SrqId};
-use crate::transport::wr::RecvWr;
+use crate::transport::wqe::RecvWqe;
 
 /// Why a receive-queue operation was refused (nothing was changed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, thiserror::Error)]
@@ -52,7 +52,7 @@ pub struct RecvQueue {
     pd: PdId,
     max_wr: u32,
     max_sge: u32,
-    wrs: VecDeque<RecvWr>,
+    wrs: VecDeque<RecvWqe>,
     srq: Option<SrqLimit>,
 }
 
@@ -103,7 +103,9 @@ impl RecvQueue {
     }
 
     /// Post a WR at the tail. On error nothing is queued.
-    pub fn post(&mut self, wr: RecvWr) -> Result<(), RecvQueueError> {
+    /// Takes a [`RecvWr`](crate::transport::wr::RecvWr) or a ready [`RecvWqe`].
+    pub fn post(&mut self, wr: impl Into<RecvWqe>) -> Result<(), RecvQueueError> {
+        let wr = wr.into();
         if wr.sgl.len() > self.max_sge as usize {
             return Err(RecvQueueError::TooManySge);
         }
@@ -115,13 +117,13 @@ impl RecvQueue {
     }
 
     /// The WR the next message will consume.
-    pub fn front(&self) -> Option<&RecvWr> {
+    pub fn front(&self) -> Option<&RecvWqe> {
         self.wrs.front()
     }
 
     /// Consume the head WR. For an armed SRQ whose count drops below the
     /// limit, records a limit event and disarms.
-    pub fn pop(&mut self) -> Option<RecvWr> {
+    pub fn pop(&mut self) -> Option<RecvWqe> {
         let wr = self.wrs.pop_front()?;
         let count = self.wrs.len();
         if let Some(s) = self.srq.as_mut() {
@@ -138,7 +140,7 @@ impl RecvQueue {
     /// the next one, as rxe's class D1 handling resets it). It goes back to the
     /// head, so completion order is unchanged.
     #[allow(dead_code)] // used by the responder, which the engine drives
-    pub(crate) fn requeue_front(&mut self, wr: RecvWr) {
+    pub(crate) fn requeue_front(&mut self, wr: RecvWqe) {
         self.wrs.push_front(wr);
     }
 
@@ -183,7 +185,7 @@ impl RecvQueue {
 
     /// Remove every posted WR, oldest first (the QP entered ERR: each becomes
     /// a `WR_FLUSH_ERR` completion).
-    pub fn flush(&mut self) -> Drain<'_, RecvWr> {
+    pub fn flush(&mut self) -> Drain<'_, RecvWqe> {
         self.wrs.drain(..)
     }
 }
@@ -191,7 +193,7 @@ impl RecvQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::wr::Sge;
+    use crate::transport::wr::{RecvWr, Sge};
 
     fn wr(id: u64, sges: usize) -> RecvWr {
         RecvWr { wr_id: id, sgl: vec![Sge { addr: 0, length: 8, lkey: 0x100 }; sges] }

@@ -22,7 +22,8 @@ use crate::transport::ids::{Access, CqId, PdId};
 use crate::transport::memory::MemoryTable;
 use crate::transport::path::PathHeaders;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, Payload, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion};
+use crate::transport::wqe::{SendWqe, WqePayload};
+use crate::transport::wr::{Completion, SendFlags, SendOp, WcStatus, WorkCompletion};
 use crate::wire::{crc, sport, Opcode};
 use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
 
@@ -47,7 +48,7 @@ pub(super) enum Kind {
 
 #[derive(Debug)]
 pub(super) struct Wqe {
-    pub(super) wr: SendWr,
+    pub(super) wr: SendWqe,
     pub(super) kind: Kind,
     pub(super) len: u64,
     /// PSN of the first packet; `None` until the requester first sends it.
@@ -180,7 +181,7 @@ impl Requester {
     }
 
     /// Queue a WR. `Err` when the send queue is full (nothing queued).
-    pub(crate) fn post(&mut self, wr: SendWr, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
+    pub(crate) fn post(&mut self, wr: SendWqe, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
         if self.wqes.len() >= self.max_wr {
             return Err(QueueFull);
         }
@@ -331,7 +332,7 @@ impl Requester {
                 // Local checks before the first packet (ConnectX/rxe: a bad lkey
                 // completes with LOC_PROT_ERR and the QP enters ERR).
                 let needed = if w.is_rd_atomic() { Access::LOCAL_WRITE } else { Access::empty() };
-                if let Payload::Sgl(sgl) = &w.wr.payload {
+                if let WqePayload::Sgl(sgl) = &w.wr.payload {
                     if ctx.memory.local_check(ctx.pd, sgl, needed).is_err() {
                         let i = self.cur;
                         return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
@@ -477,11 +478,11 @@ impl Requester {
         let payload = &w.wr.payload;
         // The payload is copied and the ICRC continued over it in one pass.
         let res = path.emit_with_crc(t, payload_len, buf, |dst, crc| match payload {
-            Payload::Inline(data) => {
+            WqePayload::Inline(data) => {
                 let s = payload_off as usize;
                 crc::copy_update(crc, data.get(s..).unwrap_or_default(), dst)
             }
-            Payload::Sgl(sgl) => memory.local_gather_crc(pd, sgl, payload_off, dst, crc).unwrap_or_else(|_| {
+            WqePayload::Sgl(sgl) => memory.local_gather_crc(pd, sgl, payload_off, dst, crc).unwrap_or_else(|_| {
                 dst.fill(0);
                 gather_failed = true;
                 crc

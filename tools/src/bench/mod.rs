@@ -16,6 +16,11 @@
 //!   (iperf3), 8-byte ping-pong latency (our echo over TCP_NODELAY);
 //! - kernel UDP: 8-byte ping-pong latency.
 //!
+//! And the C path's cost: Debian's unmodified `ib_write_bw` / `ib_send_lat`
+//! on urnic's libibverbs.so.1 against `urnic perf` with the same parameters
+//! ([`c_path`]; `--c-path` runs only these). Without the library (or
+//! perftest) those rows say why they were not measured.
+//!
 //! Bandwidth against the ceiling is measured at the same footing on both
 //! sides: each after a 200 ms warm-up, for about a second, and next to each
 //! other in the order urnic, ceiling, ceiling, urnic (the host's speed drifts
@@ -25,12 +30,13 @@
 //! 1024 and 4096; one and two cores) and writes report.md, sweep.csv,
 //! bandwidth_{write,read,send}.png and latency.png (distributions).
 //!
-//! Modules: [`urnic_runs`] (urnic's measurements), [`raw_xdp`] (the raw
+//! Modules: [`c_path`] (the C library against `urnic perf`), [`urnic_runs`] (urnic's measurements), [`raw_xdp`] (the raw
 //! AF_XDP ceiling and ping-pong), [`baselines`] (kernel TCP and UDP),
 //! [`metrics`] (/proc, getrusage, quantiles), [`report`] (table, markdown,
 //! plots).
 
 mod baselines;
+mod c_path;
 mod metrics;
 mod raw_xdp;
 mod report;
@@ -42,6 +48,8 @@ use anyhow::{Context as _, Result};
 use urnic_datapath::netns::VethPair;
 
 use self::baselines::{iperf3, tcp_pingpong, udp_pingpong};
+pub use self::c_path::run_only as c_path_only;
+use self::c_path::CPathRun;
 use self::metrics::median;
 use self::raw_xdp::{raw_afxdp, raw_afxdp_pingpong, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
@@ -130,12 +138,17 @@ struct Run {
     tcp_lat: Vec<f64>,
     /// Raw AF_XDP ping-pong one-way µs, [cores].
     raw_lat: [Vec<f64>; 2],
+    /// The C library against `urnic perf` (None: not measured, see
+    /// `c_path_skipped`).
+    c_path: Option<CPathRun>,
+    /// Why the C path was not measured.
+    c_path_skipped: Option<String>,
 }
 
 /// Progress steps in one [`one_run`].
-const RUN_STEPS: u64 = 2 * 11 + 7;
+const RUN_STEPS: u64 = 2 * 11 + 7 + c_path::STEPS;
 
-fn one_run(p: &Progress) -> Result<Run> {
+fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) -> Result<Run> {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("bench", 1500).context("namespaces (root)")?;
     let pair9k = VethPair::create("bench", 9000).context("namespaces (root)")?;
@@ -189,13 +202,26 @@ fn one_run(p: &Progress) -> Result<Run> {
     r.udp_lat = udp_pingpong(&pair, 3000)?;
     p.step("kernel TCP: 8-byte ping-pong latency");
     r.tcp_lat = tcp_pingpong(&pair, 3000)?;
+    match lib {
+        Ok(lib) => r.c_path = Some(c_path::c_path(&pair, lib, p)?),
+        Err(why) => {
+            for _ in 0..c_path::STEPS {
+                p.step("C path: not measured");
+            }
+            r.c_path_skipped = Some(why.clone());
+        }
+    }
     Ok(r)
 }
 
 fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
+    let lib = c_path::ready().map_err(|e| format!("{e:#}"));
+    if let Err(why) = &lib {
+        p.println(format!("C path rows not measured: {why}"));
+    }
     let mut out = Vec::new();
     for i in 0..n.max(1) {
-        let r = one_run(p)?;
+        let r = one_run(p, &lib)?;
         p.println(format!(
             "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; \
              TCP {:.0} MB/s; UDP p50 {:.1} us",

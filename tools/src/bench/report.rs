@@ -4,6 +4,7 @@
 
 use std::fmt::Write as _;
 
+use super::c_path::CPathRun;
 use super::metrics::{median, pct};
 use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
@@ -128,6 +129,15 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     );
     let mem = med(&|r| r.mem_per_qp);
     let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
+    let c_runs: Vec<CPathRun> = runs.iter().filter_map(|r| r.c_path).collect();
+    if c_runs.len() == runs.len() && !runs.is_empty() {
+        for r in c_path_rows(&c_runs) {
+            row(&mut t, r.measure, r.c, r.rust, r.ratio);
+        }
+    } else {
+        let why = runs.iter().find_map(|r| r.c_path_skipped.clone()).unwrap_or_else(|| "not measured in every run".into());
+        let _ = writeln!(t, "| C path (Debian's ib_write_bw / ib_send_lat on urnic's libibverbs.so.1 vs urnic perf) | not measured: {why} | | |");
+    }
     let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
     let latency = vec![
         ("URNIC SEND, 1 CORE".to_string(), pool(&|r| &r.urnic[0].send_lat)),
@@ -140,6 +150,63 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
         ("KERNEL TCP".to_string(), pool(&|r| &r.tcp_lat)),
     ];
     Summary { table: t, latency }
+}
+
+/// One C-path row: the C program's figure, urnic perf's, and the per-run
+/// C / Rust ratios (median, lowest, highest).
+pub(super) struct CPathRow {
+    pub(super) measure: String,
+    pub(super) c: String,
+    pub(super) rust: String,
+    pub(super) ratio: f64,
+    pub(super) range: (f64, f64),
+    /// The target: at least (bandwidth) or at most (latency).
+    pub(super) target: &'static str,
+}
+
+/// The three C-path rows over `runs` (medians; ratios paired run by run).
+pub(super) fn c_path_rows(runs: &[CPathRun]) -> Vec<CPathRow> {
+    let med = |f: &dyn Fn(&CPathRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let range = |f: &dyn Fn(&CPathRun) -> f64| {
+        let v: Vec<f64> = runs.iter().map(f).collect();
+        (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+    };
+    let mk = |measure: &str, f: &dyn Fn(&CPathRun) -> (f64, f64), fmt: &dyn Fn(f64) -> String, target| {
+        let ratio = |r: &CPathRun| f(r).0 / f(r).1;
+        CPathRow {
+            measure: measure.to_string(),
+            c: fmt(med(&|r| f(r).0)),
+            rust: fmt(med(&|r| f(r).1)),
+            ratio: med(&ratio),
+            range: range(&ratio),
+            target,
+        }
+    };
+    vec![
+        mk(
+            "C path: ib_write_bw -s 64 (Debian's perftest on urnic's libibverbs.so.1) vs urnic perf write-bw -s 64, message rate",
+            &|r| r.rate,
+            &|v| format!("{:.3} M/s", v / 1e6),
+            ">= 0.9",
+        ),
+        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MB/s"), ">= 0.9"),
+        mk("C path: ib_send_lat -s 8 vs urnic perf send-lat -s 8, p50 (t_typical, one-way)", &|r| r.lat_p50, &|v| format!("{v:.2} us"), "<= 1.1"),
+    ]
+}
+
+/// The table of `urnic bench --c-path`.
+pub(super) fn c_path_table(runs: &[CPathRun]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| measure (medians of {} runs, same veth, C and Rust bracketed C-R-R-C) | C (perftest) | Rust (urnic perf) | C / Rust (median of per-run ratios) | range | target |",
+        runs.len()
+    );
+    t.push_str("|---|---|---|---|---|---|\n");
+    for r in c_path_rows(runs) {
+        let _ = writeln!(t, "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {} |", r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1, r.target);
+    }
+    t
 }
 
 fn size_label(s: usize) -> String {
@@ -303,6 +370,23 @@ pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn c_path_rows_pair_c_with_rust_run_by_run_or_say_why_they_are_missing() {
+        // C / Rust per run: 0.9, 1.0, 0.5 -> median 0.9, range 0.50..1.00.
+        let mk = |c: f64, rust: f64| CPathRun { rate: (c * 1e6, rust * 1e6), bw: (c * 100.0, rust * 100.0), lat_p50: (2.0 * c, 2.0 * rust) };
+        let t = c_path_table(&[mk(0.9, 1.0), mk(1.0, 1.0), mk(0.5, 1.0)]);
+        let rate = t.lines().find(|l| l.contains("message rate")).expect("rate row");
+        assert!(rate.ends_with("| 0.900 M/s | 1.000 M/s | 0.90 | 0.50..1.00 | >= 0.9 |"), "{rate}");
+        let lat = t.lines().find(|l| l.contains("ib_send_lat")).expect("latency row");
+        assert!(lat.ends_with("| 1.80 us | 2.00 us | 0.90 | 0.50..1.00 | <= 1.1 |"), "{lat}");
+        let with = Run { c_path: Some(mk(1.0, 1.0)), ..Run::default() };
+        assert!(summarize(&[with])
+            .table
+            .contains("| C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth | 100 MB/s | 100 MB/s | 1.00 |"));
+        let without = Run { c_path_skipped: Some("libibverbs.so.1 is not built".into()), ..Run::default() };
+        assert!(summarize(&[without]).table.contains("not measured: libibverbs.so.1 is not built"));
+    }
 
     #[test]
     fn ratios_pair_urnic_with_its_baseline_run_by_run() {

@@ -41,11 +41,13 @@
 //! has been polled (ibverbs rules), and the table never creates Rust references
 //! to registered memory; it copies with raw pointers.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::transport::ids::Sge;
 pub use crate::transport::ids::{Access, PdId};
 
+mod cache;
 mod check;
 mod dma;
 mod keys;
@@ -53,6 +55,7 @@ mod object;
 mod region;
 mod window;
 
+pub use cache::{LkeyCache, LKEY_CACHE_ENTRIES};
 pub use dma::sgl_len;
 use keys::{key_of, Table, MAX_INDEX};
 use object::Object;
@@ -171,6 +174,9 @@ fn os_seed() -> u64 {
 #[derive(Debug)]
 pub struct MemoryTable {
     inner: RwLock<Table>,
+    /// Bumped by every writer before it changes the table (starts at 1):
+    /// what [`LkeyCache`] verdicts are valid for.
+    generation: AtomicU64,
 }
 
 impl Default for MemoryTable {
@@ -200,7 +206,7 @@ impl MemoryTable {
     }
 
     fn build(max: u32, seed: u64) -> MemoryTable {
-        MemoryTable { inner: RwLock::new(Table::new(max.min(MAX_INDEX), seed)) }
+        MemoryTable { inner: RwLock::new(Table::new(max.min(MAX_INDEX), seed)), generation: AtomicU64::new(1) }
     }
 
     fn read(&self) -> RwLockReadGuard<'_, Table> {
@@ -209,7 +215,10 @@ impl MemoryTable {
     }
 
     fn write(&self) -> RwLockWriteGuard<'_, Table> {
-        self.inner.write().unwrap_or_else(|e| e.into_inner())
+        let t = self.inner.write().unwrap_or_else(|e| e.into_inner());
+        // Before any change: a memo taken earlier no longer answers (cache.rs).
+        self.generation.fetch_add(1, Ordering::AcqRel);
+        t
     }
 
     fn check_reg_args(addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<(), RegError> {

@@ -43,12 +43,7 @@ impl Region {
 
     /// Byte offset of `[va, va + len)` within the region. Overflow-safe.
     pub(super) fn offset_of(&self, va: u64, len: u64) -> Result<u64, AccessError> {
-        let off = va.checked_sub(self.base()).ok_or(AccessError::OutOfBounds)?;
-        let end = off.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if end > self.len {
-            return Err(AccessError::OutOfBounds);
-        }
-        Ok(off)
+        range_offset(self.base(), self.len, va, len)
     }
 
     /// Host pointer to byte `off` (`off <= len`, checked by `offset_of`).
@@ -56,4 +51,15 @@ impl Region {
         // `wrapping_add` needs no unsafe; `off <= len <= isize::MAX` keeps it in the region.
         self.ptr.0.wrapping_add(off as usize)
     }
+}
+
+/// Byte offset of `[va, va + len)` within the address space
+/// `[base, base + space)`. Overflow-safe. (rxe_mr.c `mr_check_range`.)
+pub(super) fn range_offset(base: u64, space: u64, va: u64, len: u64) -> Result<u64, AccessError> {
+    let off = va.checked_sub(base).ok_or(AccessError::OutOfBounds)?;
+    let end = off.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+    if end > space {
+        return Err(AccessError::OutOfBounds);
+    }
+    Ok(off)
 }

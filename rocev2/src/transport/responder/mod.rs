@@ -29,7 +29,8 @@ use crate::transport::ids::{Access, CqId, PdId};
 use crate::transport::memory::MemoryTable;
 use crate::transport::recv::RecvQueue;
 use crate::transport::stats::QpStats;
-use crate::transport::wr::{Completion, RecvWr, WcOpcode, WcStatus};
+use crate::transport::wqe::RecvWqe;
+use crate::transport::wr::{Completion, WcOpcode, WcStatus};
 use crate::wire::{AckSyndrome, IpRepr, NakCode};
 use crate::wire::{Opcode, ParsedFrame, Segment, Service};
 
@@ -108,7 +109,7 @@ enum MsgState {
     Idle,
     /// A SEND: its receive WQE (taken at FIRST) and the bytes placed so far.
     Send {
-        wr: RecvWr,
+        wr: RecvWqe,
         offset: u64,
     },
     /// An RDMA WRITE: target checked at FIRST for the whole DMA length.

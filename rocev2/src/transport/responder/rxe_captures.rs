@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use super::*;
 use crate::transport::attr::AddressVector;
 use crate::transport::path::PathHeaders;
-use crate::transport::wr::Sge;
+use crate::transport::wr::{RecvWr, Sge};
 use crate::wire::parse_frame;
 use crate::wire::{AethRepr, TransportRepr};
 
