@@ -112,6 +112,41 @@ pub struct ConnectResponse {
     rnr_retry_count: u8,
 }
 
+/// Private data a UD resolution carries for the consumer: the SIDR_REQ's 216
+/// bytes less RDMA-CM's IP header (librdmacm: 180 for `RDMA_PS_UDP`).
+pub const MAX_UD_PRIVATE_DATA: usize = 216 - rocev2::cm::cma::CMA_HDR_LEN;
+
+/// A UD request for one of our UDP-space listeners (SIDR_REQ,
+/// `RDMA_CM_EVENT_CONNECT_REQUEST` on a `RDMA_PS_UDP` id): answer with
+/// [`CmChannel::accept_ud`] or [`CmChannel::reject`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdRequest {
+    /// The new id.
+    pub id: CmId,
+    /// The requester's address and port (RDMA-CM's IP header).
+    pub src: SocketAddr,
+    /// The address and port it asked for.
+    pub dst: SocketAddr,
+    /// The consumer's private data.
+    pub private_data: Vec<u8>,
+}
+
+/// The answer to our UD resolution (SIDR_REP with status 0): what
+/// librdmacm reports as `RDMA_CM_EVENT_ESTABLISHED` with `param.ud`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdResolved {
+    /// The id.
+    pub id: CmId,
+    /// The peer's UD QPN.
+    pub qpn: u32,
+    /// Its Q_Key.
+    pub qkey: u32,
+    /// The peer's private data.
+    pub private_data: Vec<u8>,
+    /// The address vector that reaches it (for an AH).
+    pub ah: AhAttr,
+}
+
 /// An event of the CM channel (`struct rdma_cm_event`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {
@@ -124,7 +159,12 @@ pub enum CmEvent {
         /// The id.
         id: CmId,
     },
-    /// `RDMA_CM_EVENT_REJECTED` (reason: `rocev2::cm::msg::reason`).
+    /// A UD request (SIDR_REQ) for a UDP-space listener.
+    UdRequest(Box<UdRequest>),
+    /// Our UD resolution was answered (SIDR_REP, status 0).
+    UdResolved(Box<UdResolved>),
+    /// `RDMA_CM_EVENT_REJECTED` (reason: `rocev2::cm::msg::reason`; for a
+    /// UD resolution the SIDR_REP's status, `rocev2::cm::msg::sidr_status`).
     Rejected {
         /// The id.
         id: CmId,
@@ -189,6 +229,12 @@ fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     h.finish() as u32
+}
+
+/// An ephemeral port (Linux's default range 32768..60999), as the kernel's
+/// CM binds one for an id without a port.
+pub fn ephemeral_port() -> u16 {
+    32768 + (random_u32() % 28232) as u16
 }
 
 fn gid_of(ip: IpAddr) -> Gid {
@@ -263,6 +309,13 @@ impl CmChannel {
     /// for `dst` in the TCP port space with `qp` (RC or UC, in RESET or
     /// INIT; moved to INIT here). Answers come as events.
     pub fn connect(&self, qp: &Qp, dst: SocketAddr, param: &ConnParam) -> Result<CmId> {
+        self.connect_from(qp, None, dst, param)
+    }
+
+    /// [`CmChannel::connect`] from source port `src_port` (what
+    /// `rdma_bind_addr` or `rdma_resolve_addr` chose; `None`: an ephemeral
+    /// port, as the kernel's CM binds one).
+    pub fn connect_from(&self, qp: &Qp, src_port: Option<u16>, dst: SocketAddr, param: &ConnParam) -> Result<CmId> {
         if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
             return Err(Error::invalid(format!("private data of {} bytes (at most {MAX_CONNECT_PRIVATE_DATA})", param.private_data.len())));
         }
@@ -283,8 +336,7 @@ impl CmChannel {
             };
             qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
         }
-        // An ephemeral source port, as the kernel's CM binds one.
-        let src_port = 32768 + (random_u32() % 28232) as u16;
+        let src_port = src_port.unwrap_or_else(ephemeral_port);
         let src = SocketAddr::new(ip_of(&local_gid), src_port);
         let mut private_data = CmaHeader { src_port, src: src.ip(), dst: dst.ip() }.emit().to_vec();
         private_data.extend_from_slice(&param.private_data);
@@ -407,6 +459,15 @@ impl CmChannel {
         self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
     }
 
+    /// Active side, after [`CmEvent::ConnectResponse`], when the consumer
+    /// moved its QP itself (`rdma_establish` after `rdma_init_qp_attr`):
+    /// only the RTU.
+    pub fn ready_to_use(&self, rep: &ConnectResponse) -> Result<()> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&rep.id);
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
+    }
+
     #[allow(clippy::too_many_arguments)]
     fn bring_up(
         &self,
@@ -458,11 +519,71 @@ impl CmChannel {
         qp.modify(&a, m)
     }
 
+    /// `rdma_connect` on a `RDMA_PS_UDP` id: resolve `dst`'s UDP-space
+    /// service to a UD QPN and Q_Key with a SIDR_REQ (IBTA 12.11) carrying
+    /// RDMA-CM's IP header and `private_data`; the answer comes as
+    /// [`CmEvent::UdResolved`], [`CmEvent::Rejected`] (the SIDR status) or
+    /// [`CmEvent::Unreachable`].
+    pub fn resolve_ud(&self, src_port: Option<u16>, dst: SocketAddr, private_data: &[u8]) -> Result<CmId> {
+        if private_data.len() > MAX_UD_PRIVATE_DATA {
+            return Err(Error::invalid(format!("private data of {} bytes (at most {MAX_UD_PRIVATE_DATA})", private_data.len())));
+        }
+        let remote_gid = gid_of(dst.ip());
+        let sgid_index = self.sgid_index_for(&remote_gid)?;
+        let local_gid = self.ctx.inner.gids[usize::from(sgid_index)];
+        let dmac = self.ctx.resolve_mac(&remote_gid)?;
+        let src_port = src_port.unwrap_or_else(ephemeral_port);
+        let mut data = CmaHeader { src_port, src: ip_of(&local_gid), dst: dst.ip() }.emit().to_vec();
+        data.extend_from_slice(private_data);
+        let now = self.ctx.inner.nic.now();
+        let service_id = PortSpace::Udp.service_id(dst.port());
+        let id = self
+            .ctx
+            .inner
+            .nic
+            .with_gsi(|g| {
+                g.set_peer_mac(remote_gid, dmac);
+                g.cm.sidr_request(now, service_id, local_gid, remote_gid, &data)
+            })
+            .ok_or_else(|| Error::new(ErrorKind::InvalidState, "the device's CM is not running"))?
+            .map_err(cm_err)?;
+        let p = Pending {
+            remote_gid,
+            sgid_index,
+            sq_psn: 0,
+            path_mtu: self.ctx.inner.active_mtu,
+            flow_label: rocev2::cm::cma::roce_flow_label(src_port, dst.port()),
+            param_retry: 0,
+            rd_atomic: 0,
+        };
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, p);
+        Ok(id)
+    }
+
+    /// `rdma_accept` of a [`UdRequest`]: a SIDR_REP (status 0) naming our UD
+    /// QP `qpn` and its `qkey` (RDMA-CM's is `rocev2::cm::cma::RDMA_UDP_QKEY`).
+    pub fn accept_ud(&self, req: &UdRequest, qpn: u32, qkey: u32, private_data: &[u8]) -> Result<()> {
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.sidr_reply(now, req.id, rocev2::cm::msg::sidr_status::SUCCESS, qpn, qkey, private_data))
+    }
+
+    /// `rdma_reject` of a [`UdRequest`]: SIDR_REP status 2 "rejected".
+    pub fn reject_ud(&self, id: CmId, private_data: &[u8]) -> Result<()> {
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.sidr_reply(now, id, rocev2::cm::msg::sidr_status::REJECTED, 0, 0, private_data))
+    }
+
     /// `rdma_reject`: REJ "consumer defined" with `private_data`.
     pub fn reject(&self, id: CmId, private_data: &[u8]) -> Result<()> {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.reject(now, id, private_data))
+    }
+
+    /// Passive side: send the RTU-less establishment (traffic arrived
+    /// first; `rdma_establish` / IBTA 12.9.5.3).
+    pub fn establish(&self, id: CmId) -> Result<()> {
+        self.with_cm(|cm| cm.establish(id))
     }
 
     /// `rdma_disconnect`: `qp` (if given) to ERR, flushing its WRs, and a
@@ -582,13 +703,42 @@ impl CmChannel {
             }
             E::Disconnected { id } => CmEvent::Disconnected { id },
             E::TimewaitExit { id } => CmEvent::TimewaitExit { id },
-            // UD ids (SIDR) are not offered by this channel yet: refuse.
-            E::SidrRequest { id, .. } => {
-                let now = self.ctx.inner.nic.now();
-                let _ = self.with_cm(|cm| cm.sidr_reply(now, id, rocev2::cm::msg::sidr_status::SID_NOT_SUPPORTED, 0, 0, &[]));
-                return None;
+            E::SidrRequest { id, service_id, req, .. } => {
+                let refuse = |status| {
+                    let now = self.ctx.inner.nic.now();
+                    let _ = self.with_cm(|cm| cm.sidr_reply(now, id, status, 0, 0, &[]));
+                };
+                let Some((_, port)) = PortSpace::from_service_id(service_id).filter(|(s, _)| s.has_ip_header()) else {
+                    refuse(rocev2::cm::msg::sidr_status::SID_NOT_SUPPORTED);
+                    return None;
+                };
+                match CmaHeader::parse(&req.private_data) {
+                    Ok(h) => CmEvent::UdRequest(Box::new(UdRequest {
+                        id,
+                        src: SocketAddr::new(h.src, h.src_port),
+                        dst: SocketAddr::new(h.dst, port),
+                        private_data: req.private_data[rocev2::cm::cma::CMA_HDR_LEN..].to_vec(),
+                    })),
+                    Err(_) => {
+                        // Not RDMA-CM's: the kernel's CMA rejects it.
+                        refuse(rocev2::cm::msg::sidr_status::REJECTED);
+                        return None;
+                    }
+                }
             }
-            E::SidrReply { .. } => return None,
+            E::SidrReply { id, rep } => {
+                let p = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)?;
+                if rep.status != rocev2::cm::msg::sidr_status::SUCCESS {
+                    return Some(CmEvent::Rejected { id, reason: u16::from(rep.status), private_data: rep.private_data.clone() });
+                }
+                CmEvent::UdResolved(Box::new(UdResolved {
+                    id,
+                    qpn: rep.qpn,
+                    qkey: rep.qkey,
+                    private_data: rep.private_data.clone(),
+                    ah: AhAttr { dgid: p.remote_gid, sgid_index: p.sgid_index, port_num: 1, flow_label: p.flow_label, hop_limit: 64, ..AhAttr::default() },
+                }))
+            }
         })
     }
 }
