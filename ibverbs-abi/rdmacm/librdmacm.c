@@ -47,6 +47,11 @@ int P(rdma_reject)(struct rdma_cm_id *, const void *, uint8_t);
 int P(rdma_resolve_addr)(struct rdma_cm_id *, struct sockaddr *, struct sockaddr *, int);
 int P(rdma_resolve_route)(struct rdma_cm_id *, int);
 int P(rdma_set_option)(struct rdma_cm_id *, int, int, void *, size_t);
+void P(rdma_fini)(void);
+
+/* At exit: the CM agent runs in this process, so let it send what it owes
+ * (DREQ/DREP/REJ) and flush a URNIC_PCAP capture before the process goes. */
+__attribute__((destructor)) static void urnic_librdmacm_fini(void) { P(rdma_fini)(); }
 
 int rdma_accept(struct rdma_cm_id *id, struct rdma_conn_param *p) { return P(rdma_accept)(id, p); }
 int rdma_ack_cm_event(struct rdma_cm_event *e) { return P(rdma_ack_cm_event)(e); }

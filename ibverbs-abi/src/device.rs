@@ -206,6 +206,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             }
         };
         xsk.xdp.impairments.faults.loss = env.drop;
+        if let Some(ctx) = crate::ctx::share_open(&d.ifname) {
+            return context_for(dev, ctx);
+        }
         let ctx = match urnic::open_af_xdp(None, &name, &xsk, mode) {
             Ok(c) => c,
             Err(e) => {
@@ -222,6 +225,14 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             eprintln!("urnic: {msg}");
             return null_err(libc::EINVAL);
         }
+        crate::ctx::record_open(&d.ifname, &ctx);
+        context_for(dev, ctx)
+    })
+}
+
+/// The `ibv_context` (a new `verbs_context`) over an open urnic context.
+unsafe fn context_for(dev: *mut ibv_device, ctx: urnic::Context) -> *mut ibv_context {
+    {
         let async_fd = ctx.async_event_fd();
         let mut vctx: verbs_context = std::mem::zeroed();
         vctx.sz = std::mem::size_of::<verbs_context>();
@@ -238,7 +249,7 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
         crate::mr::install_ops(&mut c.ops);
         let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
         &mut (*u).vctx.context
-    })
+    }
 }
 
 #[no_mangle]
@@ -247,6 +258,9 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         if uctx(ctx).is_none() {
             set_errno(libc::EINVAL);
             return -1;
+        }
+        if let Some(d) = udevice((*ctx).device) {
+            crate::ctx::release_open(&d.ifname);
         }
         let off = std::mem::offset_of!(verbs_context, context);
         drop(Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext));

@@ -604,6 +604,29 @@ impl CmChannel {
         self.with_cm(|cm| cm.destroy(now, id))
     }
 
+    /// Wait (at most `max`) until every MAD the agent queued has been handed
+    /// to the port, then a moment for the port to put it on the wire: a
+    /// process about to exit owes its peers the DREQ, DREP or REJ it just
+    /// queued (the agent lives in the process, not in a kernel that
+    /// outlives it). True if everything went out.
+    pub fn drain(&self, max: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let done = self.ctx.inner.nic.with_gsi(|g| {
+                let s = g.stats();
+                g.cm.stats().tx_mads <= s.tx_mads + s.tx_no_mac
+            });
+            if done != Some(false) {
+                std::thread::sleep(Duration::from_millis(2));
+                return true;
+            }
+            if start.elapsed() >= max {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
     /// The next event, waiting up to `timeout` (`None`: not at all).
     pub fn get_event(&self, timeout: Option<Duration>) -> Result<Option<CmEvent>> {
         loop {

@@ -128,12 +128,16 @@ pub unsafe extern "C" fn urnic_rdma_destroy_event_channel(ch: *mut rdma_event_ch
         if ch.is_null() {
             return;
         }
-        let any = super::with_cma(|c| c.ids.keys().any(|&i| (*(i as *mut UCmId)).id.channel == ch));
-        if any {
-            // librdmacm would wait forever for those ids; keep the channel.
-            eprintln!("urnic librdmacm: rdma_destroy_event_channel with ids still on it; channel kept");
-            return;
-        }
+        // librdmacm frees the channel whatever ids still name it (qperf
+        // leaves its listening id): those ids report no more events.
+        super::with_cma(|c| {
+            for &i in c.ids.keys() {
+                let id = i as *mut UCmId;
+                if (*id).id.channel == ch {
+                    (*id).id.channel = ptr::null_mut();
+                }
+            }
+        });
         let b = Box::from_raw(ch as *mut UEventChannel);
         libc::close(b.ch.fd);
     })

@@ -733,9 +733,12 @@ pub unsafe extern "C" fn urnic_rdma_create_ep(
                 return -1;
             }
             if !qp_init_attr.is_null() {
+                // librdmacm: the QP type is the address info's.
+                let mut a = *qp_init_attr;
+                a.qp_type = qpt;
                 with_cma(|c| {
                     if let Some(s) = st(c, cid) {
-                        s.ep_qp_attr = Some(*qp_init_attr);
+                        s.ep_qp_attr = Some(a);
                     }
                 });
             }
@@ -747,8 +750,11 @@ pub unsafe extern "C" fn urnic_rdma_create_ep(
             if done(urnic_rdma_resolve_route(cid, 2000)) != 0 {
                 return -1;
             }
-            if !qp_init_attr.is_null() && done(super::qp::urnic_rdma_create_qp(cid, pd, qp_init_attr)) != 0 {
-                return -1;
+            if !qp_init_attr.is_null() {
+                (*qp_init_attr).qp_type = qpt;
+                if done(super::qp::urnic_rdma_create_qp(cid, pd, qp_init_attr)) != 0 {
+                    return -1;
+                }
             }
         }
         *id = cid;

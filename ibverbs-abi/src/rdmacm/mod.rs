@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::cmffi::*;
 use crate::ffi::*;
-use crate::lock;
+use crate::{guard, lock};
 
 pub use event::*;
 pub use id::*;
@@ -128,4 +128,36 @@ pub(crate) fn fail(e: i32) -> i32 {
 /// The errno of an urnic error.
 pub(crate) fn errno(e: &urnic::Error) -> i32 {
     crate::errno_of(e)
+}
+
+/// At process exit (librdmacm.so's destructor): release the ids the program
+/// left, let each device's CM agent put what it owes (a DREP, a DREQ, a
+/// REJ) on the wire, and flush the
+/// capture of `URNIC_PCAP`, since RDMA-CM keeps its devices open for the
+/// life of the process and no `ibv_close_device` does it.
+#[no_mangle]
+pub extern "C" fn urnic_rdma_fini() {
+    guard("librdmacm fini", (), || {
+        // What the kernel does when a process's ucma file closes: every id
+        // still connected or connecting is destroyed, which sends what the
+        // protocol owes (DREP to a DREQ, DREQ, REJ to a pending request).
+        let devs: Vec<(Arc<urnic::cm::CmChannel>, *mut ibv_context)> = with_cma(|c| {
+            for s in c.ids.values_mut() {
+                if let (Some(d), Some(cm)) = (s.dev, s.cm.take()) {
+                    let _ = c.devs[d].chan.destroy_id(cm);
+                }
+            }
+            c.by_cm.clear();
+            c.devs.iter().map(|d| (d.chan.clone(), d.verbs)).collect()
+        });
+        for (chan, verbs) in devs {
+            chan.drain(std::time::Duration::from_millis(500));
+            // SAFETY: RDMA-CM's contexts are never closed.
+            if let Some(u) = unsafe { crate::ctx::uctx(verbs) } {
+                if std::env::var_os("URNIC_PCAP").is_some() {
+                    let _ = u.ctx.nic().set_capture(None);
+                }
+            }
+        }
+    })
 }
