@@ -259,6 +259,11 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
             set_errno(libc::EINVAL);
             return -1;
         }
+        if crate::rdmacm::owns_context(ctx) {
+            // RDMA-CM's own context (a program closing `rdma_cm_id.verbs`,
+            // as perftest -R does on cleanup): it stays open for RDMA-CM.
+            return 0;
+        }
         if let Some(d) = udevice((*ctx).device) {
             crate::ctx::release_open(&d.ifname);
         }

@@ -183,7 +183,8 @@ pub unsafe extern "C" fn urnic_rdma_free_devices(list: *mut *mut ibv_context) {
     libc::free(list.cast());
 }
 
-/// One address from `getaddrinfo` (numeric or a host name).
+/// One address from `getaddrinfo` (numeric or a host name); the EAI code
+/// on failure.
 unsafe fn lookup(node: *const c_char, service: *const c_char, passive: bool, numeric: bool, family: c_int) -> Result<Vec<SocketAddr>, c_int> {
     let mut hints: libc::addrinfo = std::mem::zeroed();
     hints.ai_family = family;
@@ -192,8 +193,7 @@ unsafe fn lookup(node: *const c_char, service: *const c_char, passive: bool, num
     let mut res: *mut libc::addrinfo = ptr::null_mut();
     let rc = libc::getaddrinfo(node, service, &hints, &mut res);
     if rc != 0 {
-        // librdmacm returns getaddrinfo's code; errno says what it can.
-        return Err(if rc == libc::EAI_SYSTEM { std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO) } else { libc::EADDRNOTAVAIL });
+        return Err(rc);
     }
     let mut out = vec![];
     let mut p = res;
@@ -206,7 +206,7 @@ unsafe fn lookup(node: *const c_char, service: *const c_char, passive: bool, num
         p = (*p).ai_next;
     }
     libc::freeaddrinfo(res);
-    out.first().copied().map(|a| vec![a]).ok_or(libc::EADDRNOTAVAIL)
+    out.first().copied().map(|a| vec![a]).ok_or(libc::EAI_NONAME)
 }
 
 unsafe fn sa_box(a: SocketAddr) -> (*mut sockaddr, socklen_t) {
@@ -217,7 +217,8 @@ unsafe fn sa_box(a: SocketAddr) -> (*mut sockaddr, socklen_t) {
     (p, n as socklen_t)
 }
 
-/// `rdma_getaddrinfo`: `node`/`service` (host names or numeric) as
+/// `rdma_getaddrinfo` (0, or getaddrinfo's EAI_* code as librdmacm
+/// returns it): `node`/`service` (host names or numeric) as
 /// librdmacm resolves them for RDMA_PS_TCP/UDP/IB: with RAI_PASSIVE the
 /// result's source address (the wildcard if `node` is NULL), else the
 /// destination plus the source address that routes to it.
@@ -229,7 +230,7 @@ pub unsafe extern "C" fn urnic_rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard("rdma_getaddrinfo", -1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() {
             return fail(libc::EINVAL);
         }
         let h = if hints.is_null() { rdma_addrinfo::default() } else { *hints };
@@ -244,9 +245,11 @@ pub unsafe extern "C" fn urnic_rdma_getaddrinfo(
             IBV_QPT_RC as c_int
         };
         let family = if h.ai_family != 0 { h.ai_family } else { libc::AF_UNSPEC };
+        // As librdmacm: getaddrinfo's EAI_* code is the answer (programs
+        // print gai_strerror of it).
         let addr = match lookup(node, service, passive, numeric, family) {
             Ok(v) => v[0],
-            Err(e) => return fail(e),
+            Err(eai) => return eai,
         };
         let ai = libc::calloc(1, std::mem::size_of::<rdma_addrinfo>()) as *mut rdma_addrinfo;
         if ai.is_null() {

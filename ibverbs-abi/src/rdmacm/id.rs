@@ -85,7 +85,9 @@ pub unsafe extern "C" fn urnic_rdma_create_id(channel: *mut rdma_event_channel, 
             RDMA_PS_TCP => IBV_QPT_RC,
             RDMA_PS_UDP => IBV_QPT_UD,
             // RDMA_PS_IB (no IP header) and IPoIB: not offered.
-            _ => return fail(libc::EPROTONOSUPPORT),
+            RDMA_PS_IB | RDMA_PS_IPOIB => return fail(libc::EPROTONOSUPPORT),
+            // The kernel's ucma_get_qp_type: any other port space is EINVAL.
+            _ => return fail(libc::EINVAL),
         };
         create_id(channel, id, context, ps, qp_type)
     })

@@ -119,6 +119,12 @@ pub(crate) struct UCmId {
     pub(crate) id: rdma_cm_id,
 }
 
+/// Whether `ctx` is a context RDMA-CM opened (it keeps them for the life of
+/// the process: ids, the CM agent and QPN allocation depend on them).
+pub(crate) fn owns_context(ctx: *mut ibv_context) -> bool {
+    lock(&CMA).as_ref().is_some_and(|c| c.devs.iter().any(|d| d.verbs == ctx))
+}
+
 /// Fail with -1 and errno `e` (librdmacm's convention).
 pub(crate) fn fail(e: i32) -> i32 {
     crate::set_errno(e);
