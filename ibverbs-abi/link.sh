@@ -20,21 +20,21 @@ mkdir -p "$out"
 # whole archive: libbpf is bundled twice (libbpf-sys and libxdp's build).
 undefs=$(sed -n 's/^\t\t\([A-Za-z_0-9]*\);$/-Wl,--undefined=\1/p' ibverbs-abi/libibverbs.map)
 # shellcheck disable=SC2086
-cc -shared -o "$out/libibverbs.so.1.tmp" \
+cc -shared -o "$out/libibverbs.so.1.tmp.$$" \
   -Wl,-soname,libibverbs.so.1 \
   -Wl,--version-script=ibverbs-abi/libibverbs.map \
   -Wl,-z,now -Wl,--gc-sections \
   $undefs "$target/$profile/liburnic_ibverbs.a" \
   -lelf -lz -lpthread -ldl -lm -lgcc_s
-mv "$out/libibverbs.so.1.tmp" "$out/libibverbs.so.1"
+mv "$out/libibverbs.so.1.tmp.$$" "$out/libibverbs.so.1"
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
 # librdmacm.so.1: forwarders into the RDMA-CM of the libibverbs.so.1 above
 # (one copy of the device state; see ibverbs-abi/src/rdmacm/mod.rs).
-cc -shared -fPIC -O2 -Wall -Werror -o "$out/librdmacm.so.1.tmp" \
+cc -shared -fPIC -O2 -Wall -Werror -o "$out/librdmacm.so.1.tmp.$$" \
   -Wl,-soname,librdmacm.so.1 \
   -Wl,--version-script=ibverbs-abi/rdmacm/librdmacm.map \
   -Wl,-z,now -Wl,--no-undefined \
   ibverbs-abi/rdmacm/librdmacm.c -L"$out" -l:libibverbs.so.1
-mv "$out/librdmacm.so.1.tmp" "$out/librdmacm.so.1"
+mv "$out/librdmacm.so.1.tmp.$$" "$out/librdmacm.so.1"
 ln -sf librdmacm.so.1 "$out/librdmacm.so"
 echo "$out"

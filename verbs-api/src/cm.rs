@@ -759,7 +759,14 @@ impl CmChannel {
                     qpn: rep.qpn,
                     qkey: rep.qkey,
                     private_data: rep.private_data.clone(),
-                    ah: AhAttr { dgid: p.remote_gid, sgid_index: p.sgid_index, port_num: 1, flow_label: p.flow_label, hop_limit: 64, ..AhAttr::default() },
+                    ah: AhAttr {
+                        dgid: p.remote_gid,
+                        sgid_index: p.sgid_index,
+                        port_num: 1,
+                        flow_label: p.flow_label,
+                        hop_limit: 64,
+                        ..AhAttr::default()
+                    },
                 }))
             }
         })

@@ -8,7 +8,7 @@ use std::os::raw::{c_char, c_int};
 use std::ptr;
 use std::sync::Arc;
 
-use super::{fail, with_cma, Cma, CmDev};
+use super::{fail, with_cma, CmDev, Cma};
 use crate::cmffi::*;
 use crate::ffi::*;
 use crate::guard;
@@ -25,12 +25,7 @@ pub(crate) unsafe fn sa_to_std(sa: *const sockaddr) -> Option<SocketAddr> {
         }
         libc::AF_INET6 => {
             let s = &*(sa as *const libc::sockaddr_in6);
-            Some(SocketAddr::V6(SocketAddrV6::new(
-                Ipv6Addr::from(s.sin6_addr.s6_addr),
-                u16::from_be(s.sin6_port),
-                s.sin6_flowinfo,
-                s.sin6_scope_id,
-            )))
+            Some(SocketAddr::V6(SocketAddrV6::new(Ipv6Addr::from(s.sin6_addr.s6_addr), u16::from_be(s.sin6_port), s.sin6_flowinfo, s.sin6_scope_id)))
         }
         _ => None,
     }
@@ -270,7 +265,8 @@ pub unsafe extern "C" fn urnic_rdma_getaddrinfo(
             a.ai_dst_len = n;
             // The source that routes there, if one of urnic's devices has it
             // (librdmacm asks the kernel the same; without, no source).
-            let src = if !h.ai_src_addr.is_null() { sa_to_std(h.ai_src_addr) } else { route_to(addr.ip()).ok().map(|(ip, _)| SocketAddr::new(ip, 0)) };
+            let src =
+                if !h.ai_src_addr.is_null() { sa_to_std(h.ai_src_addr) } else { route_to(addr.ip()).ok().map(|(ip, _)| SocketAddr::new(ip, 0)) };
             if let Some(s) = src {
                 let (p, n) = sa_box(s);
                 a.ai_src_addr = p;

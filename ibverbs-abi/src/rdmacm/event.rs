@@ -47,16 +47,7 @@ pub(crate) struct NewEvent {
 
 impl NewEvent {
     pub(crate) fn new(id: *mut UCmId, event: rdma_cm_event_type, status: c_int) -> NewEvent {
-        NewEvent {
-            id,
-            listen_id: ptr::null_mut(),
-            event,
-            status,
-            data: vec![],
-            data_len: 0,
-            conn: rdma_conn_param::default(),
-            ud: None,
-        }
+        NewEvent { id, listen_id: ptr::null_mut(), event, status, data: vec![], data_len: 0, conn: rdma_conn_param::default(), ud: None }
     }
 
     /// Private data padded to `len` bytes, as the kernel hands it up.
@@ -203,31 +194,31 @@ pub unsafe extern "C" fn urnic_rdma_ack_cm_event(event: *mut rdma_cm_event) -> c
     })
 }
 
-const EVENT_STR: [&[u8]; 16] = [
-    b"RDMA_CM_EVENT_ADDR_RESOLVED\0",
-    b"RDMA_CM_EVENT_ADDR_ERROR\0",
-    b"RDMA_CM_EVENT_ROUTE_RESOLVED\0",
-    b"RDMA_CM_EVENT_ROUTE_ERROR\0",
-    b"RDMA_CM_EVENT_CONNECT_REQUEST\0",
-    b"RDMA_CM_EVENT_CONNECT_RESPONSE\0",
-    b"RDMA_CM_EVENT_CONNECT_ERROR\0",
-    b"RDMA_CM_EVENT_UNREACHABLE\0",
-    b"RDMA_CM_EVENT_REJECTED\0",
-    b"RDMA_CM_EVENT_ESTABLISHED\0",
-    b"RDMA_CM_EVENT_DISCONNECTED\0",
-    b"RDMA_CM_EVENT_DEVICE_REMOVAL\0",
-    b"RDMA_CM_EVENT_MULTICAST_JOIN\0",
-    b"RDMA_CM_EVENT_MULTICAST_ERROR\0",
-    b"RDMA_CM_EVENT_ADDR_CHANGE\0",
-    b"RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
+const EVENT_STR: [&std::ffi::CStr; 16] = [
+    c"RDMA_CM_EVENT_ADDR_RESOLVED",
+    c"RDMA_CM_EVENT_ADDR_ERROR",
+    c"RDMA_CM_EVENT_ROUTE_RESOLVED",
+    c"RDMA_CM_EVENT_ROUTE_ERROR",
+    c"RDMA_CM_EVENT_CONNECT_REQUEST",
+    c"RDMA_CM_EVENT_CONNECT_RESPONSE",
+    c"RDMA_CM_EVENT_CONNECT_ERROR",
+    c"RDMA_CM_EVENT_UNREACHABLE",
+    c"RDMA_CM_EVENT_REJECTED",
+    c"RDMA_CM_EVENT_ESTABLISHED",
+    c"RDMA_CM_EVENT_DISCONNECTED",
+    c"RDMA_CM_EVENT_DEVICE_REMOVAL",
+    c"RDMA_CM_EVENT_MULTICAST_JOIN",
+    c"RDMA_CM_EVENT_MULTICAST_ERROR",
+    c"RDMA_CM_EVENT_ADDR_CHANGE",
+    c"RDMA_CM_EVENT_TIMEWAIT_EXIT",
 ];
 
 /// `rdma_event_str`: the event's name ("UNKNOWN EVENT" outside the enum).
 #[no_mangle]
 pub extern "C" fn urnic_rdma_event_str(event: rdma_cm_event_type) -> *const c_char {
     match EVENT_STR.get(event as usize) {
-        Some(s) => s.as_ptr() as *const c_char,
-        None => b"UNKNOWN EVENT\0".as_ptr() as *const c_char,
+        Some(s) => s.as_ptr(),
+        None => c"UNKNOWN EVENT".as_ptr(),
     }
 }
 

@@ -62,7 +62,13 @@ pub(crate) unsafe fn fill_route(id: *mut rdma_cm_id, src: Option<SocketAddr>, ds
 }
 
 /// A new id on `channel` (its C struct boxed, its state registered).
-pub(crate) unsafe fn new_id(c: &mut Cma, channel: *mut rdma_event_channel, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type) -> *mut UCmId {
+pub(crate) unsafe fn new_id(
+    c: &mut Cma,
+    channel: *mut rdma_event_channel,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: ibv_qp_type,
+) -> *mut UCmId {
     let mut cid: rdma_cm_id = std::mem::zeroed();
     cid.channel = channel;
     cid.context = context;
@@ -76,7 +82,12 @@ pub(crate) unsafe fn new_id(c: &mut Cma, channel: *mut rdma_event_channel, conte
 /// `rdma_create_id`: RDMA_PS_TCP (RC) or RDMA_PS_UDP (UD); a NULL channel
 /// makes a synchronous id.
 #[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id, context: *mut c_void, ps: rdma_port_space) -> c_int {
+pub unsafe extern "C" fn urnic_rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+) -> c_int {
     guard("rdma_create_id", -1, || {
         if id.is_null() {
             return fail(libc::EINVAL);
@@ -93,7 +104,13 @@ pub unsafe extern "C" fn urnic_rdma_create_id(channel: *mut rdma_event_channel, 
     })
 }
 
-unsafe fn create_id(channel: *mut rdma_event_channel, id: *mut *mut rdma_cm_id, context: *mut c_void, ps: rdma_port_space, qp_type: ibv_qp_type) -> c_int {
+unsafe fn create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: rdma_port_space,
+    qp_type: ibv_qp_type,
+) -> c_int {
     let (ch, own) = if channel.is_null() {
         let ch = super::event::urnic_rdma_create_event_channel();
         if ch.is_null() {
@@ -169,7 +186,7 @@ unsafe fn bind(c: &mut Cma, id: *mut rdma_cm_id, addr: SocketAddr) -> Result<(),
     let port = if addr.port() == 0 {
         loop {
             let p = urnic::cm::ephemeral_port();
-            if !c.bound.get(&(ps, p)).is_some_and(|v| !v.is_empty()) {
+            if c.bound.get(&(ps, p)).is_none_or(|v| v.is_empty()) {
                 break p;
             }
         }
@@ -714,7 +731,13 @@ pub unsafe extern "C" fn urnic_rdma_create_ep(
         }
         let r = &*res;
         let ps = if r.ai_port_space != 0 { r.ai_port_space as rdma_port_space } else { RDMA_PS_TCP };
-        let qpt = if r.ai_qp_type != 0 { r.ai_qp_type as ibv_qp_type } else if ps == RDMA_PS_UDP { IBV_QPT_UD } else { IBV_QPT_RC };
+        let qpt = if r.ai_qp_type != 0 {
+            r.ai_qp_type as ibv_qp_type
+        } else if ps == RDMA_PS_UDP {
+            IBV_QPT_UD
+        } else {
+            IBV_QPT_RC
+        };
         if space_of(ps).is_none() {
             return fail(libc::EPROTONOSUPPORT);
         }
