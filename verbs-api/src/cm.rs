@@ -195,7 +195,9 @@ pub enum CmEvent {
 struct Pending {
     remote_gid: Gid,
     sgid_index: u8,
-    sq_psn: u32,
+    /// The PSN our REQ announced: the one we expect the peer's first packet
+    /// to carry (our RQ PSN).
+    rq_psn: u32,
     path_mtu: Mtu,
     flow_label: u32,
     param_retry: u8,
@@ -341,14 +343,19 @@ impl CmChannel {
         let mut private_data = CmaHeader { src_port, src: src.ip(), dst: dst.ip() }.emit().to_vec();
         private_data.extend_from_slice(&param.private_data);
         let path_mtu = self.ctx.inner.active_mtu;
-        let sq_psn = random_u32() & 0x00ff_ffff;
+        // RDMA-CM's convention (the kernel's rdma_init_qp_attr sets the RTR
+        // rq_psn to the id's own seq_num, the PSN its REQ or REP carries):
+        // a CM message's starting PSN is what its sender expects to
+        // receive; each side sends from the peer's. rxe's rping capture
+        // shows it: the active side's first SEND has the REP's PSN.
+        let rq_psn = random_u32() & 0x00ff_ffff;
         let flow_label = rocev2::cm::cma::roce_flow_label(src_port, dst.port());
         let params = ConnectParams {
             service_id: PortSpace::Tcp.service_id(dst.port()),
             local_gid,
             remote_gid,
             qpn: qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             transport,
             responder_resources: param.responder_resources,
             initiator_depth: param.initiator_depth,
@@ -374,7 +381,7 @@ impl CmChannel {
             .ok_or_else(|| Error::new(ErrorKind::InvalidState, "the device's CM is not running"))?
             .map_err(cm_err)?;
         let p =
-            Pending { remote_gid, sgid_index, sq_psn, path_mtu, flow_label, param_retry: param.retry_count.min(7), rd_atomic: param.initiator_depth };
+            Pending { remote_gid, sgid_index, rq_psn, path_mtu, flow_label, param_retry: param.retry_count.min(7), rd_atomic: param.initiator_depth };
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, p);
         Ok(id)
     }
@@ -395,7 +402,9 @@ impl CmChannel {
             .map(|i| i as u8)
             .ok_or_else(|| Error::invalid("request for a GID this device no longer has"))?;
         let mtu = Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu);
-        let sq_psn = random_u32() & 0x00ff_ffff;
+        // Our REP's starting PSN is our RQ PSN; we send from the REQ's
+        // (RDMA-CM's convention, see `connect_from`).
+        let rq_psn = random_u32() & 0x00ff_ffff;
         // rdma_accept: our READ depth is bounded by what the peer accepts and
         // the peer's by what we accept.
         let responder = param.responder_resources.min(req.initiator_depth.max(1));
@@ -407,8 +416,8 @@ impl CmChannel {
             req.flow_label,
             mtu,
             req.remote_qpn,
+            rq_psn,
             req.starting_psn,
-            sq_psn,
             responder,
             initiator,
             req.retry_count,
@@ -417,7 +426,7 @@ impl CmChannel {
         )?;
         let p = AcceptParams {
             qpn: qp.qp_num(),
-            starting_psn: sq_psn,
+            starting_psn: rq_psn,
             responder_resources: responder,
             initiator_depth: initiator,
             target_ack_delay: 15,
@@ -447,8 +456,8 @@ impl CmChannel {
             p.flow_label,
             p.path_mtu,
             rep.remote_qpn,
+            p.rq_psn,
             rep.starting_psn,
-            p.sq_psn,
             responder,
             initiator,
             p.param_retry,
@@ -550,7 +559,7 @@ impl CmChannel {
         let p = Pending {
             remote_gid,
             sgid_index,
-            sq_psn: 0,
+            rq_psn: 0,
             path_mtu: self.ctx.inner.active_mtu,
             flow_label: rocev2::cm::cma::roce_flow_label(src_port, dst.port()),
             param_retry: 0,
