@@ -232,24 +232,22 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
 
 /// The `ibv_context` (a new `verbs_context`) over an open urnic context.
 unsafe fn context_for(dev: *mut ibv_device, ctx: urnic::Context) -> *mut ibv_context {
-    {
-        let async_fd = ctx.async_event_fd();
-        let mut vctx: verbs_context = std::mem::zeroed();
-        vctx.sz = std::mem::size_of::<verbs_context>();
-        vctx.query_port = Some(vctx_query_port);
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = -1;
-        c.async_fd = async_fd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = VERBS_ABI_IS_EXTENDED;
-        libc::pthread_mutex_init(&mut c.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
-        crate::cq::install_ops(&mut c.ops);
-        crate::qp::install_ops(&mut c.ops);
-        crate::mr::install_ops(&mut c.ops);
-        let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
-        &mut (*u).vctx.context
-    }
+    let async_fd = ctx.async_event_fd();
+    let mut vctx: verbs_context = std::mem::zeroed();
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    vctx.query_port = Some(vctx_query_port);
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = -1;
+    c.async_fd = async_fd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = VERBS_ABI_IS_EXTENDED;
+    libc::pthread_mutex_init(&mut c.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
+    crate::cq::install_ops(&mut c.ops);
+    crate::qp::install_ops(&mut c.ops);
+    crate::mr::install_ops(&mut c.ops);
+    let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
+    &mut (*u).vctx.context
 }
 
 #[no_mangle]

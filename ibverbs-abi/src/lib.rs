@@ -18,6 +18,13 @@
 //! NULL in `verbs_context`, so verbs.h's helpers answer EOPNOTSUPP as
 //! libibverbs does for a provider without them.
 //!
+//! The crate also holds RDMA-CM (module [`rdmacm`]): its calls are
+//! exported as `urnic_rdma_*` under the private version node
+//! `URNIC_PRIVATE_1`, and `librdmacm.so.1` (built by `link.sh` from
+//! `rdmacm/librdmacm.c`) forwards rdma-core's `rdma_*` names to them, so
+//! the CM ids, contexts and QPs share this library's one copy of the
+//! device state.
+//!
 //! No exported function unwinds into C: each body runs under
 //! `catch_unwind`, and a panic (a bug) becomes an error return with errno
 //! EIO and one line on stderr.

@@ -44,6 +44,12 @@ use crate::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
 /// TCP-space REQ is 56).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 92 - rocev2::cm::cma::CMA_HDR_LEN;
 
+/// The local ACK timeout RDMA-CM uses on RoCE, in the REQ and for both QPs:
+/// the kernel's CMA sets a RoCE path's packet lifetime to 18
+/// (`CMA_IBOE_PACKET_LIFETIME`) and the timeout to one more, 4.096 µs × 2^19
+/// ≈ 2.1 s (rxe's rping REQ carries 19).
+pub const ROCE_LOCAL_ACK_TIMEOUT: u8 = 19;
+
 /// `struct rdma_conn_param`: what the consumer chooses for a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnParam {
@@ -362,7 +368,7 @@ impl CmChannel {
             path_mtu: path_mtu as u8,
             retry_count: param.retry_count.min(7),
             rnr_retry_count: param.rnr_retry_count.min(7),
-            local_ack_timeout: 14,
+            local_ack_timeout: ROCE_LOCAL_ACK_TIMEOUT,
             hop_limit: 64,
             traffic_class: 0,
             flow_label,
@@ -462,7 +468,7 @@ impl CmChannel {
             initiator,
             p.param_retry,
             rep.rnr_retry_count,
-            14,
+            ROCE_LOCAL_ACK_TIMEOUT,
         )?;
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
