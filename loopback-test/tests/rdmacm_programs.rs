@@ -227,6 +227,22 @@ fn rping_ten_pings_verbose() {
     lab.check_captures("rping", RC_EXCHANGE);
 }
 
+/// `rping -q`: each side creates its own QP, moves it with
+/// `rdma_init_qp_attr` (the active side on CONNECT_RESPONSE, then
+/// `rdma_establish`), as librdmacm leaves a program's own QP to it.
+#[test]
+fn rping_with_its_own_qps() {
+    let lab = Lab::new("cm-rpingq");
+    let p = program("rping", "rdmacm-utils");
+    let sip = lab.ip(1);
+    let (c, s) = lab.run("rping-q", &[p, "-s", "-q", "-a", &sip, "-v", "-C", "5"], &[p, "-c", "-q", "-a", &sip, "-v", "-C", "5"]);
+    for i in 0..5 {
+        assert!(c.contains(&format!("ping data: rdma-ping-{i}: ")), "client ping {i}:\n{c}");
+        assert!(s.contains(&format!("server ping data: rdma-ping-{i}: ")), "server ping {i}:\n{s}");
+    }
+    lab.check_captures("rping-q", RC_EXCHANGE);
+}
+
 #[test]
 fn ucmatose_four_connections() {
     let lab = Lab::new("cm-ucma");

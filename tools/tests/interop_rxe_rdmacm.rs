@@ -8,8 +8,9 @@
 //! direction; the guest's tap is captured and every RoCE frame (the CM MADs
 //! on QP1 included) must pass our parser (ICRC) and tshark's dissection.
 //!
-//! The cases: rping -v -C 10, ucmatose with 4 connections, udaddy (UD ids
-//! through SIDR), ib_send_bw -R. The guest image has no qperf.
+//! The cases: rping -v -C 10, rping -q (each side's own QP moved with
+//! rdma_init_qp_attr), ucmatose with 4 connections, udaddy (UD ids through
+//! SIDR), ib_send_bw -R. The guest image has no qperf.
 //!
 //! The library is built by `ibverbs-abi/link.sh release`; `URNIC_LIB_DIR`
 //! points elsewhere. Nothing is timed: loops have hang guards.
@@ -47,6 +48,8 @@ struct Case {
 
 const CASES: &[Case] = &[
     Case { name: "rping", server: "rping -s -a {S} -v -C 10", client: "rping -c -a {S} -v -C 10", done: "rdma-ping-9: " },
+    // Each side's own QP, moved with rdma_init_qp_attr.
+    Case { name: "rping_own_qp", server: "rping -s -q -a {S} -v -C 5", client: "rping -c -q -a {S} -v -C 5", done: "rdma-ping-4: " },
     Case { name: "ucmatose", server: "ucmatose -c 4", client: "ucmatose -s {S} -c 4", done: "return status 0" },
     Case { name: "udaddy", server: "udaddy", client: "udaddy -s {S}", done: "return status 0" },
     Case { name: "send_bw_cm", server: "ib_send_bw -F -R -n 50 -s 16384", client: "ib_send_bw -F -R -n 50 -s 16384 {S}", done: "16384" },

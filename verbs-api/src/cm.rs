@@ -98,6 +98,9 @@ pub struct ConnectRequest {
     retry_count: u8,
     local_ack_timeout: u8,
     flow_label: u32,
+    /// The starting PSN our REP will carry (our RQ PSN), drawn when the
+    /// request arrives so `qp_attr_for_request` and `accept` agree.
+    rq_psn: u32,
 }
 
 /// The REP to our connect (`RDMA_CM_EVENT_CONNECT_RESPONSE`): finish with
@@ -208,6 +211,77 @@ struct Pending {
     flow_label: u32,
     param_retry: u8,
     rd_atomic: u8,
+}
+
+/// A connection's path and parameters, from which its QP's INIT, RTR and
+/// RTS attributes follow (what the kernel's `rdma_init_qp_attr` answers).
+#[derive(Clone, Copy, Debug)]
+struct Path {
+    dgid: Gid,
+    sgid_index: u8,
+    flow_label: u32,
+    mtu: Mtu,
+    remote_qpn: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    responder: u8,
+    initiator: u8,
+    retry: u8,
+    rnr_retry: u8,
+    timeout: u8,
+}
+
+impl Path {
+    fn check_state(state: QpState) -> Result<()> {
+        match state {
+            QpState::Init | QpState::Rtr | QpState::Rts => Ok(()),
+            s => Err(Error::invalid(format!("no CM attributes for {s:?}"))),
+        }
+    }
+
+    /// The attributes and mask for `state` (INIT, RTR or RTS) of an RC or UC QP.
+    fn attrs(&self, state: QpState, qp_type: QpType) -> (QpAttr, QpAttrMask) {
+        let rc = qp_type == QpType::Rc;
+        let mut a = QpAttr { qp_state: state, ..QpAttr::default() };
+        match state {
+            QpState::Init => {
+                a.qp_access_flags = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+                (a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+            }
+            QpState::Rtr => {
+                a.path_mtu = self.mtu;
+                a.dest_qp_num = self.remote_qpn;
+                a.rq_psn = rocev2::Psn::new(self.rq_psn);
+                a.max_dest_rd_atomic = self.responder;
+                a.min_rnr_timer = 12;
+                a.ah_attr = Some(AhAttr {
+                    dgid: self.dgid,
+                    sgid_index: self.sgid_index,
+                    port_num: 1,
+                    flow_label: self.flow_label,
+                    hop_limit: 64,
+                    ..AhAttr::default()
+                });
+                let mut m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+                if rc {
+                    m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+                }
+                (a, m)
+            }
+            _ => {
+                a.sq_psn = rocev2::Psn::new(self.sq_psn);
+                a.timeout = self.timeout.clamp(1, 31);
+                a.retry_cnt = self.retry.min(7);
+                a.rnr_retry = self.rnr_retry.min(7);
+                a.max_rd_atomic = self.initiator;
+                let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+                if rc {
+                    m |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+                }
+                (a, m)
+            }
+        }
+    }
 }
 
 /// An RDMA-CM event channel on one device (`rdma_create_event_channel` plus
@@ -392,13 +466,9 @@ impl CmChannel {
         Ok(id)
     }
 
-    /// `rdma_accept`: move `qp` to RTS for the request's peer and answer
-    /// with a REP. [`CmEvent::Established`] follows with the peer's RTU.
-    pub fn accept(&self, req: &ConnectRequest, qp: &Qp, param: &ConnParam) -> Result<()> {
-        let want = if req.qp_type == QpType::Uc { QpType::Uc } else { QpType::Rc };
-        if qp.qp_type() != want {
-            return Err(Error::invalid(format!("the request is for a {want:?} QP")));
-        }
+    /// The path and parameters of the connection `req` asks for, as we
+    /// accept it with `param`.
+    fn passive_path(&self, req: &ConnectRequest, param: &ConnParam) -> Result<Path> {
         let sgid_index = self
             .ctx
             .inner
@@ -407,34 +477,81 @@ impl CmChannel {
             .position(|g| *g == req.local_gid)
             .map(|i| i as u8)
             .ok_or_else(|| Error::invalid("request for a GID this device no longer has"))?;
-        let mtu = Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu);
-        // Our REP's starting PSN is our RQ PSN; we send from the REQ's
-        // (RDMA-CM's convention, see `connect_from`).
-        let rq_psn = random_u32() & 0x00ff_ffff;
-        // rdma_accept: our READ depth is bounded by what the peer accepts and
-        // the peer's by what we accept.
-        let responder = param.responder_resources.min(req.initiator_depth.max(1));
-        let initiator = param.initiator_depth.min(req.responder_resources);
-        self.bring_up(
-            qp,
-            req.remote_gid,
+        Ok(Path {
+            dgid: req.remote_gid,
             sgid_index,
-            req.flow_label,
-            mtu,
-            req.remote_qpn,
-            rq_psn,
-            req.starting_psn,
-            responder,
-            initiator,
-            req.retry_count,
-            param.rnr_retry_count,
-            req.local_ack_timeout,
-        )?;
+            flow_label: req.flow_label,
+            mtu: Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu),
+            remote_qpn: req.remote_qpn,
+            // Our REP's starting PSN is our RQ PSN; we send from the REQ's
+            // (RDMA-CM's convention, see `connect_from`).
+            rq_psn: req.rq_psn,
+            sq_psn: req.starting_psn,
+            // rdma_accept: our READ depth is bounded by what the peer accepts
+            // and the peer's by what we accept.
+            responder: param.responder_resources.min(req.initiator_depth.max(1)),
+            initiator: param.initiator_depth.min(req.responder_resources),
+            retry: req.retry_count,
+            rnr_retry: param.rnr_retry_count,
+            timeout: req.local_ack_timeout,
+        })
+    }
+
+    /// The path of our connect answered by `rep`.
+    fn active_path(&self, rep: &ConnectResponse) -> Result<Path> {
+        let p = *self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&rep.id)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no connect pending on id {:#x}", rep.id)))?;
+        Ok(Path {
+            dgid: p.remote_gid,
+            sgid_index: p.sgid_index,
+            flow_label: p.flow_label,
+            mtu: p.path_mtu,
+            remote_qpn: rep.remote_qpn,
+            rq_psn: p.rq_psn,
+            sq_psn: rep.starting_psn,
+            responder: p.rd_atomic.min(rep.initiator_depth.max(1)),
+            initiator: p.rd_atomic.min(rep.responder_resources),
+            retry: p.param_retry,
+            rnr_retry: rep.rnr_retry_count,
+            timeout: ROCE_LOCAL_ACK_TIMEOUT,
+        })
+    }
+
+    /// `rdma_accept`: move `qp` to RTS for the request's peer and answer
+    /// with a REP. [`CmEvent::Established`] follows with the peer's RTU.
+    pub fn accept(&self, req: &ConnectRequest, qp: &Qp, param: &ConnParam) -> Result<()> {
+        let want = if req.qp_type == QpType::Uc { QpType::Uc } else { QpType::Rc };
+        if qp.qp_type() != want {
+            return Err(Error::invalid(format!("the request is for a {want:?} QP")));
+        }
+        let path = self.passive_path(req, param)?;
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            if state == QpState::Init && qp.query()?.qp_state != QpState::Reset {
+                continue;
+            }
+            let (a, m) = path.attrs(state, qp.qp_type());
+            qp.modify(&a, m)?;
+        }
+        self.send_rep(req, qp.qp_num(), &path, param)
+    }
+
+    /// `rdma_accept` for a QP the consumer moved itself (with
+    /// [`CmChannel::qp_attr_for_request`]): only the REP, naming `qpn`.
+    pub fn accept_qpn(&self, req: &ConnectRequest, qpn: u32, param: &ConnParam) -> Result<()> {
+        let path = self.passive_path(req, param)?;
+        self.send_rep(req, qpn, &path, param)
+    }
+
+    fn send_rep(&self, req: &ConnectRequest, qpn: u32, path: &Path, param: &ConnParam) -> Result<()> {
         let p = AcceptParams {
-            qpn: qp.qp_num(),
-            starting_psn: rq_psn,
-            responder_resources: responder,
-            initiator_depth: initiator,
+            qpn,
+            starting_psn: path.rq_psn,
+            responder_resources: path.responder,
+            initiator_depth: path.initiator,
             target_ack_delay: 15,
             rnr_retry_count: param.rnr_retry_count.min(7),
             srq: false,
@@ -444,32 +561,33 @@ impl CmChannel {
         self.with_cm(|cm| cm.accept(now, req.id, &p))
     }
 
+    /// `rdma_init_qp_attr` on a request's id: the attributes (and mask) that
+    /// move a QP of type `qp_type` to `state` (INIT, RTR or RTS) for the
+    /// connection `req` asks for, accepted with `param`.
+    pub fn qp_attr_for_request(&self, req: &ConnectRequest, param: &ConnParam, state: QpState, qp_type: QpType) -> Result<(QpAttr, QpAttrMask)> {
+        Path::check_state(state)?;
+        Ok(self.passive_path(req, param)?.attrs(state, qp_type))
+    }
+
+    /// `rdma_init_qp_attr` on an active id after [`CmEvent::ConnectResponse`]
+    /// (then [`CmChannel::ready_to_use`] sends the RTU).
+    pub fn qp_attr_for_response(&self, rep: &ConnectResponse, state: QpState, qp_type: QpType) -> Result<(QpAttr, QpAttrMask)> {
+        Path::check_state(state)?;
+        Ok(self.active_path(rep)?.attrs(state, qp_type))
+    }
+
     /// Active side, after [`CmEvent::ConnectResponse`]: move `qp` to RTS
     /// and send the RTU (what librdmacm does before reporting ESTABLISHED).
     pub fn complete_connect(&self, rep: &ConnectResponse, qp: &Qp) -> Result<()> {
-        let p = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&rep.id)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no connect pending on id {:#x}", rep.id)))?;
-        let responder = p.rd_atomic.min(rep.initiator_depth.max(1));
-        let initiator = p.rd_atomic.min(rep.responder_resources);
-        self.bring_up(
-            qp,
-            p.remote_gid,
-            p.sgid_index,
-            p.flow_label,
-            p.path_mtu,
-            rep.remote_qpn,
-            p.rq_psn,
-            rep.starting_psn,
-            responder,
-            initiator,
-            p.param_retry,
-            rep.rnr_retry_count,
-            ROCE_LOCAL_ACK_TIMEOUT,
-        )?;
+        let path = self.active_path(rep)?;
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            if state == QpState::Init && qp.query()?.qp_state != QpState::Reset {
+                continue;
+            }
+            let (a, m) = path.attrs(state, qp.qp_type());
+            qp.modify(&a, m)?;
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&rep.id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
     }
@@ -481,57 +599,6 @@ impl CmChannel {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&rep.id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn bring_up(
-        &self,
-        qp: &Qp,
-        dgid: Gid,
-        sgid_index: u8,
-        flow_label: u32,
-        mtu: Mtu,
-        remote_qpn: u32,
-        rq_psn: u32,
-        sq_psn: u32,
-        responder: u8,
-        initiator: u8,
-        retry: u8,
-        rnr_retry: u8,
-        timeout: u8,
-    ) -> Result<()> {
-        let rc = qp.qp_type() == QpType::Rc;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ..QpAttr::default()
-        };
-        if qp.query()?.qp_state == QpState::Reset {
-            qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
-        }
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = mtu;
-        a.dest_qp_num = remote_qpn;
-        a.rq_psn = rocev2::Psn::new(rq_psn);
-        a.max_dest_rd_atomic = responder;
-        a.min_rnr_timer = 12;
-        a.ah_attr = Some(AhAttr { dgid, sgid_index, port_num: 1, flow_label, hop_limit: 64, ..AhAttr::default() });
-        let mut m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-        if rc {
-            m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-        }
-        qp.modify(&a, m)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = rocev2::Psn::new(sq_psn);
-        a.timeout = timeout.clamp(1, 31);
-        a.retry_cnt = retry.min(7);
-        a.rnr_retry = rnr_retry.min(7);
-        a.max_rd_atomic = initiator;
-        let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if rc {
-            m |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
-        qp.modify(&a, m)
     }
 
     /// `rdma_connect` on a `RDMA_PS_UDP` id: resolve `dst`'s UDP-space
@@ -717,6 +784,7 @@ impl CmChannel {
                     retry_count: req.retry_count,
                     local_ack_timeout: req.primary.local_ack_timeout,
                     flow_label: req.primary.flow_label,
+                    rq_psn: random_u32() & 0x00ff_ffff,
                 }))
             }
             E::ConnectReply { id, rep } => CmEvent::ConnectResponse(Box::new(ConnectResponse {

@@ -481,15 +481,27 @@ pub unsafe extern "C" fn urnic_rdma_accept(id: *mut rdma_cm_id, param: *mut rdma
                 return chan.accept_ud(&req, qpn, rocev2::cm::cma::RDMA_UDP_QKEY, &data).map_err(|e| errno(&e));
             }
             let req = s.req.take().ok_or(libc::EINVAL)?;
-            let Some((qp, cqp)) = qp_for(id, qpn) else {
-                st(c, id).ok_or(libc::EINVAL)?.req = Some(req);
-                return Err(libc::EINVAL);
-            };
             let mut cp = conn_param(id, param, REP_PRIVATE)?;
             if param.is_null() {
                 cp.responder_resources = req.initiator_depth;
                 cp.initiator_depth = req.responder_resources;
             }
+            if (*id).qp.is_null() {
+                // The program's own QP, moved by itself with
+                // rdma_init_qp_attr (as librdmacm leaves it): only the REP.
+                let r = match qpn {
+                    Some(n) if n != 0 => chan.accept_qpn(&req, n, &cp).map_err(|e| errno(&e)),
+                    _ => Err(libc::EINVAL),
+                };
+                if r.is_err() {
+                    st(c, id).ok_or(libc::EINVAL)?.req = Some(req);
+                }
+                return r;
+            }
+            let Some((qp, cqp)) = qp_for(id, None) else {
+                st(c, id).ok_or(libc::EINVAL)?.req = Some(req);
+                return Err(libc::EINVAL);
+            };
             match chan.accept(&req, qp, &cp) {
                 Ok(()) => {
                     (*cqp).state = IBV_QPS_RTS;
@@ -567,10 +579,9 @@ pub unsafe extern "C" fn urnic_rdma_establish(id: *mut rdma_cm_id) -> c_int {
             let (Some(dev), Some(cm)) = (s.dev, s.cm) else { return Err(libc::EINVAL) };
             let chan = c.devs[dev].chan.clone();
             match s.rep.take() {
-                Some(rep) => {
-                    s.hide_established = false;
-                    chan.ready_to_use(&rep).map_err(|e| errno(&e))
-                }
+                // The RTU; no ESTABLISHED follows (librdmacm reports none
+                // after rdma_establish: the program knows).
+                Some(rep) => chan.ready_to_use(&rep).map_err(|e| errno(&e)),
                 None => chan.establish(cm).map_err(|e| errno(&e)),
             }
         });

@@ -12,8 +12,7 @@ use crate::cmffi::*;
 use crate::ffi::*;
 use crate::guard;
 
-/// The attributes that move a fresh QP of `id` to `state` (INIT; for UD also
-/// RTR and RTS), with their mask.
+/// The attributes that move a QP of `id` to `state`, with their mask.
 unsafe fn init_attr(id: *mut rdma_cm_id, state: ibv_qp_state) -> Result<(ibv_qp_attr, c_int), c_int> {
     let mut a: ibv_qp_attr = std::mem::zeroed();
     a.qp_state = state;
@@ -35,15 +34,75 @@ unsafe fn init_attr(id: *mut rdma_cm_id, state: ibv_qp_state) -> Result<(ibv_qp_
             a.sq_psn = 0;
             IBV_QP_STATE | IBV_QP_SQ_PSN
         }
-        // RC/UC RTR and RTS carry what the REQ and REP negotiated: urnic's CM
-        // moves QPs made by rdma_create_qp itself; for a program's own QP
-        // this is not offered yet.
-        _ => return Err(libc::ENOSYS),
+        IBV_QPS_RTR | IBV_QPS_RTS => return negotiated(id, state),
+        _ => return Err(libc::EINVAL),
     };
     Ok((a, mask as c_int))
 }
 
-/// `rdma_init_qp_attr`: INIT for every id; RTR and RTS for UD ids.
+/// RC/UC RTR and RTS: what the REQ and REP negotiated, from the CM (a
+/// request not yet accepted, or a connect answered by CONNECT_RESPONSE).
+unsafe fn negotiated(id: *mut rdma_cm_id, state: ibv_qp_state) -> Result<(ibv_qp_attr, c_int), c_int> {
+    let st = if state == IBV_QPS_RTR { urnic::QpState::Rtr } else { urnic::QpState::Rts };
+    let ty = if (*id).qp_type == IBV_QPT_UC { urnic::QpType::Uc } else { urnic::QpType::Rc };
+    let r = super::with_cma(|c| -> Result<_, c_int> {
+        let s = c.ids.get(&(id as usize)).ok_or(libc::EINVAL)?;
+        let chan = &c.devs[s.dev.ok_or(libc::EINVAL)?].chan;
+        let r = if let Some(req) = &s.req {
+            // As librdmacm's ucma_modify_qp_rtr/rts on a request: the depths
+            // the request offers.
+            let p = urnic::cm::ConnParam {
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                ..urnic::cm::ConnParam::default()
+            };
+            chan.qp_attr_for_request(req, &p, st, ty)
+        } else if let Some(rep) = &s.rep {
+            chan.qp_attr_for_response(rep, st, ty)
+        } else {
+            return Err(libc::EINVAL);
+        };
+        r.map_err(|e| super::errno(&e))
+    })?;
+    Ok((ibv_attr(&r.0), r.1.bits() as c_int))
+}
+
+/// urnic's QP attributes as `ibv_qp_attr`.
+fn ibv_attr(a: &urnic::QpAttr) -> ibv_qp_attr {
+    // SAFETY: ibv_qp_attr is plain data; all-zero is valid.
+    let mut o: ibv_qp_attr = unsafe { std::mem::zeroed() };
+    o.qp_state = match a.qp_state {
+        urnic::QpState::Init => IBV_QPS_INIT,
+        urnic::QpState::Rtr => IBV_QPS_RTR,
+        urnic::QpState::Rts => IBV_QPS_RTS,
+        _ => IBV_QPS_RESET,
+    };
+    o.qp_access_flags = a.qp_access_flags.bits();
+    o.path_mtu = a.path_mtu as u32 as ibv_mtu;
+    o.dest_qp_num = a.dest_qp_num;
+    o.rq_psn = a.rq_psn.value();
+    o.sq_psn = a.sq_psn.value();
+    o.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    o.max_rd_atomic = a.max_rd_atomic;
+    o.min_rnr_timer = a.min_rnr_timer;
+    o.timeout = a.timeout;
+    o.retry_cnt = a.retry_cnt;
+    o.rnr_retry = a.rnr_retry;
+    o.port_num = 1;
+    if let Some(ah) = &a.ah_attr {
+        o.ah_attr.is_global = 1;
+        o.ah_attr.port_num = ah.port_num;
+        o.ah_attr.grh.dgid.raw = ah.dgid;
+        o.ah_attr.grh.sgid_index = ah.sgid_index;
+        o.ah_attr.grh.flow_label = ah.flow_label;
+        o.ah_attr.grh.hop_limit = ah.hop_limit;
+        o.ah_attr.grh.traffic_class = ah.traffic_class;
+    }
+    o
+}
+
+/// `rdma_init_qp_attr`: INIT for every id; RTR and RTS for UD ids, and for
+/// RC/UC ids with a request to accept or a CONNECT_RESPONSE to complete.
 #[no_mangle]
 pub unsafe extern "C" fn urnic_rdma_init_qp_attr(id: *mut rdma_cm_id, attr: *mut ibv_qp_attr, mask: *mut c_int) -> c_int {
     guard("rdma_init_qp_attr", -1, || {

@@ -145,14 +145,14 @@ int main(int argc, char **argv)
 	report(id->qp && id->qp->state == IBV_QPS_INIT && id->send_cq && id->recv_cq && id->pd, "rdma_create_qp: INIT, CQs, PD", NULL);
 	ERR(rdma_create_qp(id, NULL, &qpa), EINVAL); /* one QP per id */
 
-	/* rdma_init_qp_attr: NULL; INIT for an RC id; RTR for RC is not offered. */
+	/* rdma_init_qp_attr: NULL; INIT for an RC id; RTR before any request or response. */
 	ERR(rdma_init_qp_attr(id, NULL, &mask), EINVAL);
 	memset(&qattr, 0, sizeof qattr);
 	qattr.qp_state = IBV_QPS_INIT;
 	report(rdma_init_qp_attr(id, &qattr, &mask) == 0 && (mask & IBV_QP_STATE) && qattr.port_num == 1,
 	       "rdma_init_qp_attr INIT", NULL);
 	qattr.qp_state = IBV_QPS_RTR;
-	ERR(rdma_init_qp_attr(id, &qattr, &mask), ENOSYS);
+	ERR(rdma_init_qp_attr(id, &qattr, &mask), EINVAL); /* no request, no response yet */
 
 	/* rdma_set_option: NULL value, wrong length, unknown names; the common
 	 * ones are taken. */
