@@ -10,7 +10,8 @@
 //!
 //! The cases: rping -v -C 10, rping -q (each side's own QP moved with
 //! rdma_init_qp_attr), ucmatose with 4 connections, udaddy (UD ids through
-//! SIDR), ib_send_bw -R. The guest image has no qperf.
+//! SIDR), rdma_server / rdma_client, ib_send_bw -R. The guest image has no
+//! qperf.
 //!
 //! The library is built by `ibverbs-abi/link.sh release`; `URNIC_LIB_DIR`
 //! points elsewhere. Nothing is timed: loops have hang guards.
@@ -52,6 +53,8 @@ const CASES: &[Case] = &[
     Case { name: "rping_own_qp", server: "rping -s -q -a {S} -v -C 5", client: "rping -c -q -a {S} -v -C 5", done: "rdma-ping-4: " },
     Case { name: "ucmatose", server: "ucmatose -c 4", client: "ucmatose -s {S} -c 4", done: "return status 0" },
     Case { name: "udaddy", server: "udaddy", client: "udaddy -s {S}", done: "return status 0" },
+    // rdma_create_ep / rdma_get_request (synchronous ids), port 7471.
+    Case { name: "rdma_server_client", server: "rdma_server", client: "rdma_client -s {S}", done: "rdma_client: end 0" },
     Case { name: "send_bw_cm", server: "ib_send_bw -F -R -n 50 -s 16384", client: "ib_send_bw -F -R -n 50 -s 16384 {S}", done: "16384" },
 ];
 
@@ -176,7 +179,7 @@ fn rdmacm_programs_rxe_servers_urnic_clients() {
         let argv = c.argv(true, GUEST_IP);
         let start = Instant::now();
         let out = loop {
-            let o: Output = ours(&lab, &lib, &argv).output().expect("ip netns exec");
+            let o: Output = bounded(ours(&lab, &lib, &argv), c.name);
             let t = text(&o);
             if o.status.success() || !refused_before_connecting(&t) {
                 break o;
@@ -243,6 +246,24 @@ fn rdmacm_programs_urnic_servers_rxe_clients() {
         assert!(cm.contains(&format!("CM: {m}")), "no CM {m} in the capture:\n{cm}");
     }
     eprintln!("{frames} RoCE frames captured, every one parsed (ICRC checked) and dissected");
+}
+
+/// Run a urnic client to its end; a client still running after 300 s is
+/// killed and fails the case (a hang guard, not a timing check).
+fn bounded(mut cmd: Command, name: &str) -> Output {
+    let mut child = cmd.spawn().expect("ip netns exec");
+    let start = Instant::now();
+    loop {
+        if let Ok(Some(_)) = child.try_wait() {
+            return child.wait_with_output().expect("client output");
+        }
+        if start.elapsed() > Duration::from_secs(300) {
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("client output");
+            panic!("{name}: urnic's client did not finish:\n{}", text(&o));
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
 }
 
 fn wait_server(mut server: Child, guest: &mut GuestRun, name: &str, log: &Path) -> Output {
