@@ -290,9 +290,12 @@ fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
 /// perftest `-R` (4.5-0.17) syncs client and server over its first CM
 /// connection, then the server creates its listener for the test QPs while
 /// the client already connects them: a client that wins that race gets REJ
-/// "invalid service ID" (reason 8), and perftest's own retry then reuses the
-/// CM ids it has just destroyed (urnic answers EINVAL where librdmacm would
-/// touch freed memory) and the pair never finishes. A run that lost the race
+/// "invalid service ID" (reason 8), and perftest's own retry
+/// (`rdma_cm_client_connection` in v4.5-0.17) then calls `rdma_resolve_addr`
+/// on the ids, channel and nodes `rdma_cm_destroy_cma` has just destroyed
+/// and freed (later perftest versions fix it): urnic answers EINVAL for the
+/// dead ids, perftest then crashes on its freed nodes, and the pair never
+/// finishes. A run that lost the race
 /// (the client says so) is started again, server and client, a few times;
 /// any other failure fails the test.
 fn perftest_cm(run: &str, prog: &str) {
