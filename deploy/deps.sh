@@ -12,7 +12,7 @@ want_apt=()
 want_pip=()
 for g in "${groups[@]}"; do
   case "$g" in
-    build) want_apt+=(clang llvm libelf-dev zlib1g-dev m4 pkg-config make libbpf-dev libibverbs-dev) ;;
+    build) want_apt+=(clang llvm libelf-dev zlib1g-dev m4 pkg-config make libbpf-dev libibverbs-dev librdmacm-dev) ;;
     # g++: libfuzzer-sys compiles libFuzzer (C++) for the fuzz targets.
     # fonts-dejavu-core: the text of the figures (urnic bench --report, dcqcn-sim).
     test)  want_apt+=(iproute2 iputils-ping ethtool tcpdump tshark python3 iperf3 g++ ibverbs-utils ibverbs-providers perftest qperf rdmacm-utils fonts-dejavu-core); want_pip+=(scapy) ;;

@@ -27,4 +27,27 @@ fn main() {
         .expect("bindgen on <infiniband/verbs.h>")
         .write_to_file(&out)
         .expect("write verbs.rs");
+
+    // librdmacm's structs (librdmacm-dev), over the verbs types above.
+    println!("cargo:rerun-if-changed=/usr/include/rdma/rdma_cma.h");
+    let cma = "/usr/include/rdma/rdma_cma.h";
+    if !std::path::Path::new(cma).exists() {
+        panic!("{cma} is missing: install librdmacm-dev (deploy/deps.sh build does)");
+    }
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").unwrap()).join("rdma_cma.rs");
+    bindgen::Builder::default()
+        .header_contents("wrapper.h", "#include <rdma/rdma_cma.h>\n#include <rdma/rdma_verbs.h>\n")
+        .allowlist_type("rdma_.*")
+        .allowlist_var("RDMA_.*|RAI_.*")
+        .blocklist_type("ibv_.*|_ibv_.*|_compat_ibv_.*|verbs_.*|pthread_.*|__pthread.*")
+        .raw_line("use crate::ffi::*;")
+        .blocklist_function(".*")
+        .derive_default(true)
+        .derive_debug(false)
+        .prepend_enum_name(false)
+        .layout_tests(true)
+        .generate()
+        .expect("bindgen on <rdma/rdma_cma.h>")
+        .write_to_file(&out)
+        .expect("write rdma_cma.rs");
 }

@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Build urnic's libibverbs.so.1: the Rust static library (crate urnic-ibverbs)
+# Build urnic's libibverbs.so.1 and librdmacm.so.1: the Rust static library (crate urnic-ibverbs)
 # linked into a shared object with rdma-core's soname and symbol versions.
 # A Rust cdylib cannot carry symbol versions (rustc passes its own anonymous
 # version script), so the last step is a plain `cc -shared`.
 #   ibverbs-abi/link.sh [release|debug]     (default: release)
-# Prints the directory holding libibverbs.so.1 (for LD_LIBRARY_PATH).
+# Prints the directory holding libibverbs.so.1 and librdmacm.so.1 (for LD_LIBRARY_PATH).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 profile=${1:-release}
@@ -31,4 +31,13 @@ cc -shared -o "$tmp" \
   -lelf -lz -lpthread -ldl -lm -lgcc_s
 mv "$tmp" "$out/libibverbs.so.1"
 ln -sf libibverbs.so.1 "$out/libibverbs.so"
+# librdmacm.so.1: forwarders into the RDMA-CM of the libibverbs.so.1 above
+# (one copy of the device state; see ibverbs-abi/src/rdmacm/mod.rs).
+cc -shared -fPIC -O2 -Wall -Werror -o "$out/librdmacm.so.1.tmp.$$" \
+  -Wl,-soname,librdmacm.so.1 \
+  -Wl,--version-script=ibverbs-abi/rdmacm/librdmacm.map \
+  -Wl,-z,now -Wl,--no-undefined \
+  ibverbs-abi/rdmacm/librdmacm.c -L"$out" -l:libibverbs.so.1
+mv "$out/librdmacm.so.1.tmp.$$" "$out/librdmacm.so.1"
+ln -sf librdmacm.so.1 "$out/librdmacm.so"
 echo "$out"

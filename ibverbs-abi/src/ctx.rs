@@ -43,3 +43,34 @@ pub(crate) fn register(map: &Mutex<HashMap<u32, usize>>, n: u32, p: usize) {
 pub(crate) fn unregister(map: &Mutex<HashMap<u32, usize>>, n: u32) {
     lock(map).remove(&n);
 }
+
+/// The urnic contexts open in this process, by interface, with how many
+/// `ibv_context`s share each. A process opens an interface once (the
+/// datapath owns its AF_XDP socket); a second `ibv_open_device` of the
+/// same device — a program's own and RDMA-CM's, as perftest `-R` does —
+/// shares that context, as two opens of one kernel device share the HCA.
+static OPEN: Mutex<Vec<(String, urnic::Context, usize)>> = Mutex::new(Vec::new());
+
+/// A context already open on `ifname` (counted as one more user).
+pub(crate) fn share_open(ifname: &str) -> Option<urnic::Context> {
+    let mut v = lock(&OPEN);
+    let e = v.iter_mut().find(|e| e.0 == ifname)?;
+    e.2 += 1;
+    Some(e.1.clone())
+}
+
+/// Record a newly opened context of `ifname`.
+pub(crate) fn record_open(ifname: &str, ctx: &urnic::Context) {
+    lock(&OPEN).push((ifname.to_string(), ctx.clone(), 1));
+}
+
+/// One user of `ifname`'s context is gone; the last drops the shared handle.
+pub(crate) fn release_open(ifname: &str) {
+    let mut v = lock(&OPEN);
+    if let Some(i) = v.iter().position(|e| e.0 == ifname) {
+        v[i].2 -= 1;
+        if v[i].2 == 0 {
+            v.remove(i);
+        }
+    }
+}

@@ -206,6 +206,9 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             }
         };
         xsk.xdp.impairments.faults.loss = env.drop;
+        if let Some(ctx) = crate::ctx::share_open(&d.ifname) {
+            return context_for(dev, ctx);
+        }
         let ctx = match urnic::open_af_xdp(None, &name, &xsk, mode) {
             Ok(c) => c,
             Err(e) => {
@@ -222,23 +225,29 @@ pub unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_conte
             eprintln!("urnic: {msg}");
             return null_err(libc::EINVAL);
         }
-        let async_fd = ctx.async_event_fd();
-        let mut vctx: verbs_context = std::mem::zeroed();
-        vctx.sz = std::mem::size_of::<verbs_context>();
-        vctx.query_port = Some(vctx_query_port);
-        let c = &mut vctx.context;
-        c.device = dev;
-        c.cmd_fd = -1;
-        c.async_fd = async_fd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = VERBS_ABI_IS_EXTENDED;
-        libc::pthread_mutex_init(&mut c.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
-        crate::cq::install_ops(&mut c.ops);
-        crate::qp::install_ops(&mut c.ops);
-        crate::mr::install_ops(&mut c.ops);
-        let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
-        &mut (*u).vctx.context
+        crate::ctx::record_open(&d.ifname, &ctx);
+        context_for(dev, ctx)
     })
+}
+
+/// The `ibv_context` (a new `verbs_context`) over an open urnic context.
+unsafe fn context_for(dev: *mut ibv_device, ctx: urnic::Context) -> *mut ibv_context {
+    let async_fd = ctx.async_event_fd();
+    let mut vctx: verbs_context = std::mem::zeroed();
+    vctx.sz = std::mem::size_of::<verbs_context>();
+    vctx.query_port = Some(vctx_query_port);
+    let c = &mut vctx.context;
+    c.device = dev;
+    c.cmd_fd = -1;
+    c.async_fd = async_fd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = VERBS_ABI_IS_EXTENDED;
+    libc::pthread_mutex_init(&mut c.mutex as *mut _ as *mut libc::pthread_mutex_t, ptr::null());
+    crate::cq::install_ops(&mut c.ops);
+    crate::qp::install_ops(&mut c.ops);
+    crate::mr::install_ops(&mut c.ops);
+    let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
+    &mut (*u).vctx.context
 }
 
 #[no_mangle]
@@ -247,6 +256,14 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
         if uctx(ctx).is_none() {
             set_errno(libc::EINVAL);
             return -1;
+        }
+        if crate::rdmacm::owns_context(ctx) {
+            // RDMA-CM's own context (a program closing `rdma_cm_id.verbs`,
+            // as perftest -R does on cleanup): it stays open for RDMA-CM.
+            return 0;
+        }
+        if let Some(d) = udevice((*ctx).device) {
+            crate::ctx::release_open(&d.ifname);
         }
         let off = std::mem::offset_of!(verbs_context, context);
         drop(Box::from_raw((ctx as *mut u8).sub(off) as *mut UContext));

@@ -21,7 +21,7 @@ use crate::{errno_of, guard, null_err, set_errno};
 #[repr(C)]
 pub(crate) struct UQp {
     pub(crate) qp: ibv_qp,
-    inner: urnic::Qp,
+    pub(crate) inner: urnic::Qp,
     sq_sig_all: bool,
     cap: ibv_qp_cap,
 }
@@ -41,7 +41,7 @@ pub(crate) struct UAh {
     inner: urnic::Ah,
 }
 
-unsafe fn uqp<'a>(qp: *mut ibv_qp) -> Option<&'a UQp> {
+pub(crate) unsafe fn uqp<'a>(qp: *mut ibv_qp) -> Option<&'a UQp> {
     (!qp.is_null() && uctx((*qp).context).is_some()).then(|| &*(qp as *const UQp))
 }
 

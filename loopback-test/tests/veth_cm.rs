@@ -31,3 +31,9 @@ fn a_device_connects_to_itself() {
     setup();
     cm_cases::a_device_connects_to_itself();
 }
+
+#[test]
+fn ud_resolution_through_sidr() {
+    setup();
+    cm_cases::ud_resolution_through_sidr();
+}

@@ -44,6 +44,12 @@ use crate::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
 /// TCP-space REQ is 56).
 pub const MAX_CONNECT_PRIVATE_DATA: usize = 92 - rocev2::cm::cma::CMA_HDR_LEN;
 
+/// The local ACK timeout RDMA-CM uses on RoCE, in the REQ and for both QPs:
+/// the kernel's CMA sets a RoCE path's packet lifetime to 18
+/// (`CMA_IBOE_PACKET_LIFETIME`) and the timeout to one more, 4.096 µs × 2^19
+/// ≈ 2.1 s (rxe's rping REQ carries 19).
+pub const ROCE_LOCAL_ACK_TIMEOUT: u8 = 19;
+
 /// `struct rdma_conn_param`: what the consumer chooses for a connection.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConnParam {
@@ -92,6 +98,9 @@ pub struct ConnectRequest {
     retry_count: u8,
     local_ack_timeout: u8,
     flow_label: u32,
+    /// The starting PSN our REP will carry (our RQ PSN), drawn when the
+    /// request arrives so `qp_attr_for_request` and `accept` agree.
+    rq_psn: u32,
 }
 
 /// The REP to our connect (`RDMA_CM_EVENT_CONNECT_RESPONSE`): finish with
@@ -112,6 +121,41 @@ pub struct ConnectResponse {
     rnr_retry_count: u8,
 }
 
+/// Private data a UD resolution carries for the consumer: the SIDR_REQ's 216
+/// bytes less RDMA-CM's IP header (librdmacm: 180 for `RDMA_PS_UDP`).
+pub const MAX_UD_PRIVATE_DATA: usize = 216 - rocev2::cm::cma::CMA_HDR_LEN;
+
+/// A UD request for one of our UDP-space listeners (SIDR_REQ,
+/// `RDMA_CM_EVENT_CONNECT_REQUEST` on a `RDMA_PS_UDP` id): answer with
+/// [`CmChannel::accept_ud`] or [`CmChannel::reject`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdRequest {
+    /// The new id.
+    pub id: CmId,
+    /// The requester's address and port (RDMA-CM's IP header).
+    pub src: SocketAddr,
+    /// The address and port it asked for.
+    pub dst: SocketAddr,
+    /// The consumer's private data.
+    pub private_data: Vec<u8>,
+}
+
+/// The answer to our UD resolution (SIDR_REP with status 0): what
+/// librdmacm reports as `RDMA_CM_EVENT_ESTABLISHED` with `param.ud`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UdResolved {
+    /// The id.
+    pub id: CmId,
+    /// The peer's UD QPN.
+    pub qpn: u32,
+    /// Its Q_Key.
+    pub qkey: u32,
+    /// The peer's private data.
+    pub private_data: Vec<u8>,
+    /// The address vector that reaches it (for an AH).
+    pub ah: AhAttr,
+}
+
 /// An event of the CM channel (`struct rdma_cm_event`).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CmEvent {
@@ -124,7 +168,12 @@ pub enum CmEvent {
         /// The id.
         id: CmId,
     },
-    /// `RDMA_CM_EVENT_REJECTED` (reason: `rocev2::cm::msg::reason`).
+    /// A UD request (SIDR_REQ) for a UDP-space listener.
+    UdRequest(Box<UdRequest>),
+    /// Our UD resolution was answered (SIDR_REP, status 0).
+    UdResolved(Box<UdResolved>),
+    /// `RDMA_CM_EVENT_REJECTED` (reason: `rocev2::cm::msg::reason`; for a
+    /// UD resolution the SIDR_REP's status, `rocev2::cm::msg::sidr_status`).
     Rejected {
         /// The id.
         id: CmId,
@@ -155,12 +204,84 @@ pub enum CmEvent {
 struct Pending {
     remote_gid: Gid,
     sgid_index: u8,
-    /// The PSN we receive from (sent in the REQ: the passive side's first send PSN).
+    /// The PSN our REQ announced: the one we expect the peer's first packet
+    /// to carry (our RQ PSN).
     rq_psn: u32,
     path_mtu: Mtu,
     flow_label: u32,
     param_retry: u8,
     rd_atomic: u8,
+}
+
+/// A connection's path and parameters, from which its QP's INIT, RTR and
+/// RTS attributes follow (what the kernel's `rdma_init_qp_attr` answers).
+#[derive(Clone, Copy, Debug)]
+struct Path {
+    dgid: Gid,
+    sgid_index: u8,
+    flow_label: u32,
+    mtu: Mtu,
+    remote_qpn: u32,
+    rq_psn: u32,
+    sq_psn: u32,
+    responder: u8,
+    initiator: u8,
+    retry: u8,
+    rnr_retry: u8,
+    timeout: u8,
+}
+
+impl Path {
+    fn check_state(state: QpState) -> Result<()> {
+        match state {
+            QpState::Init | QpState::Rtr | QpState::Rts => Ok(()),
+            s => Err(Error::invalid(format!("no CM attributes for {s:?}"))),
+        }
+    }
+
+    /// The attributes and mask for `state` (INIT, RTR or RTS) of an RC or UC QP.
+    fn attrs(&self, state: QpState, qp_type: QpType) -> (QpAttr, QpAttrMask) {
+        let rc = qp_type == QpType::Rc;
+        let mut a = QpAttr { qp_state: state, ..QpAttr::default() };
+        match state {
+            QpState::Init => {
+                a.qp_access_flags = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+                (a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)
+            }
+            QpState::Rtr => {
+                a.path_mtu = self.mtu;
+                a.dest_qp_num = self.remote_qpn;
+                a.rq_psn = rocev2::Psn::new(self.rq_psn);
+                a.max_dest_rd_atomic = self.responder;
+                a.min_rnr_timer = 12;
+                a.ah_attr = Some(AhAttr {
+                    dgid: self.dgid,
+                    sgid_index: self.sgid_index,
+                    port_num: 1,
+                    flow_label: self.flow_label,
+                    hop_limit: 64,
+                    ..AhAttr::default()
+                });
+                let mut m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
+                if rc {
+                    m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
+                }
+                (a, m)
+            }
+            _ => {
+                a.sq_psn = rocev2::Psn::new(self.sq_psn);
+                a.timeout = self.timeout.clamp(1, 31);
+                a.retry_cnt = self.retry.min(7);
+                a.rnr_retry = self.rnr_retry.min(7);
+                a.max_rd_atomic = self.initiator;
+                let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
+                if rc {
+                    m |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
+                }
+                (a, m)
+            }
+        }
+    }
 }
 
 /// An RDMA-CM event channel on one device (`rdma_create_event_channel` plus
@@ -190,6 +311,12 @@ fn random_u32() -> u32 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
     h.finish() as u32
+}
+
+/// An ephemeral port (Linux's default range 32768..60999), as the kernel's
+/// CM binds one for an id without a port.
+pub fn ephemeral_port() -> u16 {
+    32768 + (random_u32() % 28232) as u16
 }
 
 fn gid_of(ip: IpAddr) -> Gid {
@@ -279,6 +406,13 @@ impl CmChannel {
     /// for `dst` in the TCP port space with `qp` (RC or UC, in RESET or
     /// INIT; moved to INIT here). Answers come as events.
     pub fn connect(&self, qp: &Qp, dst: SocketAddr, param: &ConnParam) -> Result<CmId> {
+        self.connect_from(qp, None, dst, param)
+    }
+
+    /// [`CmChannel::connect`] from source port `src_port` (what
+    /// `rdma_bind_addr` or `rdma_resolve_addr` chose; `None`: an ephemeral
+    /// port, as the kernel's CM binds one).
+    pub fn connect_from(&self, qp: &Qp, src_port: Option<u16>, dst: SocketAddr, param: &ConnParam) -> Result<CmId> {
         if param.private_data.len() > MAX_CONNECT_PRIVATE_DATA {
             return Err(Error::invalid(format!("private data of {} bytes (at most {MAX_CONNECT_PRIVATE_DATA})", param.private_data.len())));
         }
@@ -299,15 +433,16 @@ impl CmChannel {
             };
             qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
         }
-        // An ephemeral source port, as the kernel's CM binds one.
-        let src_port = 32768 + (random_u32() % 28232) as u16;
+        let src_port = src_port.unwrap_or_else(ephemeral_port);
         let src = SocketAddr::new(ip_of(&local_gid), src_port);
         let mut private_data = CmaHeader { src_port, src: src.ip(), dst: dst.ip() }.emit().to_vec();
         private_data.extend_from_slice(&param.private_data);
         let path_mtu = self.ctx.inner.active_mtu;
-        // IBTA 12.7.22 as Linux's cm.c reads it (and rxe's rping shows): the
-        // REQ's Starting PSN is the PSN the passive side sends with, i.e. our
-        // receive PSN; the REP's is the one we send with.
+        // RDMA-CM's convention (the kernel's rdma_init_qp_attr sets the RTR
+        // rq_psn to the id's own seq_num, the PSN its REQ or REP carries):
+        // a CM message's starting PSN is what its sender expects to
+        // receive; each side sends from the peer's. rxe's rping capture
+        // shows it: the active side's first SEND has the REP's PSN.
         let rq_psn = random_u32() & 0x00ff_ffff;
         let flow_label = rocev2::cm::cma::roce_flow_label(src_port, dst.port());
         let params = ConnectParams {
@@ -322,7 +457,7 @@ impl CmChannel {
             path_mtu: path_mtu as u8,
             retry_count: param.retry_count.min(7),
             rnr_retry_count: param.rnr_retry_count.min(7),
-            local_ack_timeout: 14,
+            local_ack_timeout: ROCE_LOCAL_ACK_TIMEOUT,
             hop_limit: 64,
             traffic_class: 0,
             flow_label,
@@ -346,13 +481,9 @@ impl CmChannel {
         Ok(id)
     }
 
-    /// `rdma_accept`: move `qp` to RTS for the request's peer and answer
-    /// with a REP. [`CmEvent::Established`] follows with the peer's RTU.
-    pub fn accept(&self, req: &ConnectRequest, qp: &Qp, param: &ConnParam) -> Result<()> {
-        let want = if req.qp_type == QpType::Uc { QpType::Uc } else { QpType::Rc };
-        if qp.qp_type() != want {
-            return Err(Error::invalid(format!("the request is for a {want:?} QP")));
-        }
+    /// The path and parameters of the connection `req` asks for, as we
+    /// accept it with `param`.
+    fn passive_path(&self, req: &ConnectRequest, param: &ConnParam) -> Result<Path> {
         let sgid_index = self
             .ctx
             .inner
@@ -361,33 +492,81 @@ impl CmChannel {
             .position(|g| *g == req.local_gid)
             .map(|i| i as u8)
             .ok_or_else(|| Error::invalid("request for a GID this device no longer has"))?;
-        let mtu = Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu);
-        // We send from the REQ's Starting PSN and receive from the REP's.
-        let rq_psn = random_u32() & 0x00ff_ffff;
-        // rdma_accept: our READ depth is bounded by what the peer accepts and
-        // the peer's by what we accept.
-        let responder = param.responder_resources.min(req.initiator_depth.max(1));
-        let initiator = param.initiator_depth.min(req.responder_resources);
-        self.bring_up(
-            qp,
-            req.remote_gid,
+        Ok(Path {
+            dgid: req.remote_gid,
             sgid_index,
-            req.flow_label,
-            mtu,
-            req.remote_qpn,
-            rq_psn,
-            req.starting_psn,
-            responder,
-            initiator,
-            req.retry_count,
-            param.rnr_retry_count,
-            req.local_ack_timeout,
-        )?;
+            flow_label: req.flow_label,
+            mtu: Mtu::from_ibv(req.path_mtu).unwrap_or(Mtu::Mtu1024).min(self.ctx.inner.active_mtu),
+            remote_qpn: req.remote_qpn,
+            // Our REP's starting PSN is our RQ PSN; we send from the REQ's
+            // (RDMA-CM's convention, see `connect_from`).
+            rq_psn: req.rq_psn,
+            sq_psn: req.starting_psn,
+            // rdma_accept: our READ depth is bounded by what the peer accepts
+            // and the peer's by what we accept.
+            responder: param.responder_resources.min(req.initiator_depth.max(1)),
+            initiator: param.initiator_depth.min(req.responder_resources),
+            retry: req.retry_count,
+            rnr_retry: param.rnr_retry_count,
+            timeout: req.local_ack_timeout,
+        })
+    }
+
+    /// The path of our connect answered by `rep`.
+    fn active_path(&self, rep: &ConnectResponse) -> Result<Path> {
+        let p = *self
+            .pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&rep.id)
+            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no connect pending on id {:#x}", rep.id)))?;
+        Ok(Path {
+            dgid: p.remote_gid,
+            sgid_index: p.sgid_index,
+            flow_label: p.flow_label,
+            mtu: p.path_mtu,
+            remote_qpn: rep.remote_qpn,
+            rq_psn: p.rq_psn,
+            sq_psn: rep.starting_psn,
+            responder: p.rd_atomic.min(rep.initiator_depth.max(1)),
+            initiator: p.rd_atomic.min(rep.responder_resources),
+            retry: p.param_retry,
+            rnr_retry: rep.rnr_retry_count,
+            timeout: ROCE_LOCAL_ACK_TIMEOUT,
+        })
+    }
+
+    /// `rdma_accept`: move `qp` to RTS for the request's peer and answer
+    /// with a REP. [`CmEvent::Established`] follows with the peer's RTU.
+    pub fn accept(&self, req: &ConnectRequest, qp: &Qp, param: &ConnParam) -> Result<()> {
+        let want = if req.qp_type == QpType::Uc { QpType::Uc } else { QpType::Rc };
+        if qp.qp_type() != want {
+            return Err(Error::invalid(format!("the request is for a {want:?} QP")));
+        }
+        let path = self.passive_path(req, param)?;
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            if state == QpState::Init && qp.query()?.qp_state != QpState::Reset {
+                continue;
+            }
+            let (a, m) = path.attrs(state, qp.qp_type());
+            qp.modify(&a, m)?;
+        }
+        self.send_rep(req, qp.qp_num(), &path, param)
+    }
+
+    /// `rdma_accept` for a QP the consumer moved itself (with
+    /// [`CmChannel::qp_attr_for_request`]): only the REP, naming `qpn`.
+    pub fn accept_qpn(&self, req: &ConnectRequest, qpn: u32, param: &ConnParam) -> Result<()> {
+        let path = self.passive_path(req, param)?;
+        self.send_rep(req, qpn, &path, param)
+    }
+
+    fn send_rep(&self, req: &ConnectRequest, qpn: u32, path: &Path, param: &ConnParam) -> Result<()> {
         let p = AcceptParams {
-            qpn: qp.qp_num(),
-            starting_psn: rq_psn,
-            responder_resources: responder,
-            initiator_depth: initiator,
+            qpn,
+            starting_psn: path.rq_psn,
+            responder_resources: path.responder,
+            initiator_depth: path.initiator,
             target_ack_delay: 15,
             rnr_retry_count: param.rnr_retry_count.min(7),
             srq: false,
@@ -397,85 +576,98 @@ impl CmChannel {
         self.with_cm(|cm| cm.accept(now, req.id, &p))
     }
 
+    /// `rdma_init_qp_attr` on a request's id: the attributes (and mask) that
+    /// move a QP of type `qp_type` to `state` (INIT, RTR or RTS) for the
+    /// connection `req` asks for, accepted with `param`.
+    pub fn qp_attr_for_request(&self, req: &ConnectRequest, param: &ConnParam, state: QpState, qp_type: QpType) -> Result<(QpAttr, QpAttrMask)> {
+        Path::check_state(state)?;
+        Ok(self.passive_path(req, param)?.attrs(state, qp_type))
+    }
+
+    /// `rdma_init_qp_attr` on an active id after [`CmEvent::ConnectResponse`]
+    /// (then [`CmChannel::ready_to_use`] sends the RTU).
+    pub fn qp_attr_for_response(&self, rep: &ConnectResponse, state: QpState, qp_type: QpType) -> Result<(QpAttr, QpAttrMask)> {
+        Path::check_state(state)?;
+        Ok(self.active_path(rep)?.attrs(state, qp_type))
+    }
+
     /// Active side, after [`CmEvent::ConnectResponse`]: move `qp` to RTS
     /// and send the RTU (what librdmacm does before reporting ESTABLISHED).
     pub fn complete_connect(&self, rep: &ConnectResponse, qp: &Qp) -> Result<()> {
-        let p = self
-            .pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(&rep.id)
-            .ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no connect pending on id {:#x}", rep.id)))?;
-        let responder = p.rd_atomic.min(rep.initiator_depth.max(1));
-        let initiator = p.rd_atomic.min(rep.responder_resources);
-        self.bring_up(
-            qp,
-            p.remote_gid,
-            p.sgid_index,
-            p.flow_label,
-            p.path_mtu,
-            rep.remote_qpn,
-            p.rq_psn,
-            rep.starting_psn,
-            responder,
-            initiator,
-            p.param_retry,
-            rep.rnr_retry_count,
-            14,
-        )?;
+        let path = self.active_path(rep)?;
+        for state in [QpState::Init, QpState::Rtr, QpState::Rts] {
+            if state == QpState::Init && qp.query()?.qp_state != QpState::Reset {
+                continue;
+            }
+            let (a, m) = path.attrs(state, qp.qp_type());
+            qp.modify(&a, m)?;
+        }
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&rep.id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn bring_up(
-        &self,
-        qp: &Qp,
-        dgid: Gid,
-        sgid_index: u8,
-        flow_label: u32,
-        mtu: Mtu,
-        remote_qpn: u32,
-        rq_psn: u32,
-        sq_psn: u32,
-        responder: u8,
-        initiator: u8,
-        retry: u8,
-        rnr_retry: u8,
-        timeout: u8,
-    ) -> Result<()> {
-        let rc = qp.qp_type() == QpType::Rc;
-        let mut a = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-            ..QpAttr::default()
+    /// Active side, after [`CmEvent::ConnectResponse`], when the consumer
+    /// moved its QP itself (`rdma_establish` after `rdma_init_qp_attr`):
+    /// only the RTU.
+    pub fn ready_to_use(&self, rep: &ConnectResponse) -> Result<()> {
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&rep.id);
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.ready_to_use(now, rep.id, &[]))
+    }
+
+    /// `rdma_connect` on a `RDMA_PS_UDP` id: resolve `dst`'s UDP-space
+    /// service to a UD QPN and Q_Key with a SIDR_REQ (IBTA 12.11) carrying
+    /// RDMA-CM's IP header and `private_data`; the answer comes as
+    /// [`CmEvent::UdResolved`], [`CmEvent::Rejected`] (the SIDR status) or
+    /// [`CmEvent::Unreachable`].
+    pub fn resolve_ud(&self, src_port: Option<u16>, dst: SocketAddr, private_data: &[u8]) -> Result<CmId> {
+        if private_data.len() > MAX_UD_PRIVATE_DATA {
+            return Err(Error::invalid(format!("private data of {} bytes (at most {MAX_UD_PRIVATE_DATA})", private_data.len())));
+        }
+        let remote_gid = gid_of(dst.ip());
+        let sgid_index = self.sgid_index_for(&remote_gid)?;
+        let local_gid = self.ctx.inner.gids[usize::from(sgid_index)];
+        let dmac = self.ctx.resolve_mac(&remote_gid)?;
+        let src_port = src_port.unwrap_or_else(ephemeral_port);
+        let mut data = CmaHeader { src_port, src: ip_of(&local_gid), dst: dst.ip() }.emit().to_vec();
+        data.extend_from_slice(private_data);
+        let now = self.ctx.inner.nic.now();
+        let service_id = PortSpace::Udp.service_id(dst.port());
+        let id = self
+            .ctx
+            .inner
+            .nic
+            .with_gsi(|g| {
+                g.set_peer_mac(remote_gid, dmac);
+                g.cm.sidr_request(now, service_id, local_gid, remote_gid, &data)
+            })
+            .ok_or_else(|| Error::new(ErrorKind::InvalidState, "the device's CM is not running"))?
+            .map_err(cm_err)?;
+        let p = Pending {
+            remote_gid,
+            sgid_index,
+            rq_psn: 0,
+            path_mtu: self.ctx.inner.active_mtu,
+            flow_label: rocev2::cm::cma::roce_flow_label(src_port, dst.port()),
+            param_retry: 0,
+            rd_atomic: 0,
         };
-        if qp.query()?.qp_state == QpState::Reset {
-            qp.modify(&a, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS)?;
-        }
-        a.qp_state = QpState::Rtr;
-        a.path_mtu = mtu;
-        a.dest_qp_num = remote_qpn;
-        a.rq_psn = rocev2::Psn::new(rq_psn);
-        a.max_dest_rd_atomic = responder;
-        a.min_rnr_timer = 12;
-        a.ah_attr = Some(AhAttr { dgid, sgid_index, port_num: 1, flow_label, hop_limit: 64, ..AhAttr::default() });
-        let mut m = QpAttrMask::STATE | QpAttrMask::AV | QpAttrMask::PATH_MTU | QpAttrMask::DEST_QPN | QpAttrMask::RQ_PSN;
-        if rc {
-            m |= QpAttrMask::MAX_DEST_RD_ATOMIC | QpAttrMask::MIN_RNR_TIMER;
-        }
-        qp.modify(&a, m)?;
-        a.qp_state = QpState::Rts;
-        a.sq_psn = rocev2::Psn::new(sq_psn);
-        a.timeout = timeout.clamp(1, 31);
-        a.retry_cnt = retry.min(7);
-        a.rnr_retry = rnr_retry.min(7);
-        a.max_rd_atomic = initiator;
-        let mut m = QpAttrMask::STATE | QpAttrMask::SQ_PSN;
-        if rc {
-            m |= QpAttrMask::TIMEOUT | QpAttrMask::RETRY_CNT | QpAttrMask::RNR_RETRY | QpAttrMask::MAX_QP_RD_ATOMIC;
-        }
-        qp.modify(&a, m)
+        self.pending.lock().unwrap_or_else(|e| e.into_inner()).insert(id, p);
+        Ok(id)
+    }
+
+    /// `rdma_accept` of a [`UdRequest`]: a SIDR_REP (status 0) naming our UD
+    /// QP `qpn` and its `qkey` (RDMA-CM's is `rocev2::cm::cma::RDMA_UDP_QKEY`).
+    pub fn accept_ud(&self, req: &UdRequest, qpn: u32, qkey: u32, private_data: &[u8]) -> Result<()> {
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.sidr_reply(now, req.id, rocev2::cm::msg::sidr_status::SUCCESS, qpn, qkey, private_data))
+    }
+
+    /// `rdma_reject` of a [`UdRequest`]: SIDR_REP status 2 "rejected".
+    pub fn reject_ud(&self, id: CmId, private_data: &[u8]) -> Result<()> {
+        let now = self.ctx.inner.nic.now();
+        self.with_cm(|cm| cm.sidr_reply(now, id, rocev2::cm::msg::sidr_status::REJECTED, 0, 0, private_data))
     }
 
     /// `rdma_reject`: REJ "consumer defined" with `private_data`.
@@ -483,6 +675,12 @@ impl CmChannel {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.reject(now, id, private_data))
+    }
+
+    /// Passive side: send the RTU-less establishment (traffic arrived
+    /// first; `rdma_establish` / IBTA 12.9.5.3).
+    pub fn establish(&self, id: CmId) -> Result<()> {
+        self.with_cm(|cm| cm.establish(id))
     }
 
     /// `rdma_disconnect`: `qp` (if given) to ERR, flushing its WRs, and a
@@ -501,6 +699,29 @@ impl CmChannel {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id);
         let now = self.ctx.inner.nic.now();
         self.with_cm(|cm| cm.destroy(now, id))
+    }
+
+    /// Wait (at most `max`) until every MAD the agent queued has been handed
+    /// to the port, then a moment for the port to put it on the wire: a
+    /// process about to exit owes its peers the DREQ, DREP or REJ it just
+    /// queued (the agent lives in the process, not in a kernel that
+    /// outlives it). True if everything went out.
+    pub fn drain(&self, max: Duration) -> bool {
+        let start = std::time::Instant::now();
+        loop {
+            let done = self.ctx.inner.nic.with_gsi(|g| {
+                let s = g.stats();
+                g.cm.stats().tx_mads <= s.tx_mads + s.tx_no_mac
+            });
+            if done != Some(false) {
+                std::thread::sleep(Duration::from_millis(2));
+                return true;
+            }
+            if start.elapsed() >= max {
+                return false;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
     }
 
     /// The next event, waiting up to `timeout` (`None`: not at all).
@@ -578,6 +799,7 @@ impl CmChannel {
                     retry_count: req.retry_count,
                     local_ack_timeout: req.primary.local_ack_timeout,
                     flow_label: req.primary.flow_label,
+                    rq_psn: random_u32() & 0x00ff_ffff,
                 }))
             }
             E::ConnectReply { id, rep } => CmEvent::ConnectResponse(Box::new(ConnectResponse {
@@ -602,13 +824,49 @@ impl CmChannel {
             }
             E::Disconnected { id } => CmEvent::Disconnected { id },
             E::TimewaitExit { id } => CmEvent::TimewaitExit { id },
-            // UD ids (SIDR) are not offered by this channel yet: refuse.
-            E::SidrRequest { id, .. } => {
-                let now = self.ctx.inner.nic.now();
-                let _ = self.with_cm(|cm| cm.sidr_reply(now, id, rocev2::cm::msg::sidr_status::SID_NOT_SUPPORTED, 0, 0, &[]));
-                return None;
+            E::SidrRequest { id, service_id, req, .. } => {
+                let refuse = |status| {
+                    let now = self.ctx.inner.nic.now();
+                    let _ = self.with_cm(|cm| cm.sidr_reply(now, id, status, 0, 0, &[]));
+                };
+                let Some((_, port)) = PortSpace::from_service_id(service_id).filter(|(s, _)| s.has_ip_header()) else {
+                    refuse(rocev2::cm::msg::sidr_status::SID_NOT_SUPPORTED);
+                    return None;
+                };
+                match CmaHeader::parse(&req.private_data) {
+                    Ok(h) => CmEvent::UdRequest(Box::new(UdRequest {
+                        id,
+                        src: SocketAddr::new(h.src, h.src_port),
+                        dst: SocketAddr::new(h.dst, port),
+                        private_data: req.private_data[rocev2::cm::cma::CMA_HDR_LEN..].to_vec(),
+                    })),
+                    Err(_) => {
+                        // Not RDMA-CM's: the kernel's CMA rejects it.
+                        refuse(rocev2::cm::msg::sidr_status::REJECTED);
+                        return None;
+                    }
+                }
             }
-            E::SidrReply { .. } => return None,
+            E::SidrReply { id, rep } => {
+                let p = self.pending.lock().unwrap_or_else(|e| e.into_inner()).remove(&id)?;
+                if rep.status != rocev2::cm::msg::sidr_status::SUCCESS {
+                    return Some(CmEvent::Rejected { id, reason: u16::from(rep.status), private_data: rep.private_data.clone() });
+                }
+                CmEvent::UdResolved(Box::new(UdResolved {
+                    id,
+                    qpn: rep.qpn,
+                    qkey: rep.qkey,
+                    private_data: rep.private_data.clone(),
+                    ah: AhAttr {
+                        dgid: p.remote_gid,
+                        sgid_index: p.sgid_index,
+                        port_num: 1,
+                        flow_label: p.flow_label,
+                        hop_limit: 64,
+                        ..AhAttr::default()
+                    },
+                }))
+            }
         })
     }
 }

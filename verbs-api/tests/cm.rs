@@ -18,3 +18,8 @@ fn reject_and_no_listener() {
 fn a_device_connects_to_itself() {
     cm_cases::a_device_connects_to_itself();
 }
+
+#[test]
+fn ud_resolution_through_sidr() {
+    cm_cases::ud_resolution_through_sidr();
+}

@@ -170,3 +170,72 @@ pub fn a_device_connects_to_itself() {
     ch.disconnect(req.id, Some(&qb)).unwrap();
     assert_eq!(next(&ch), CmEvent::Disconnected { id: ia });
 }
+
+/// A UD QP in RTS with RDMA-CM's Q_Key, as `rdma_create_qp` leaves one.
+fn cm_ud_qp(s: &Side) -> Qp {
+    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
+    let mut at = QpAttr { qp_state: QpState::Init, qkey: rocev2::cm::cma::RDMA_UDP_QKEY, ..QpAttr::default() };
+    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+    at.qp_state = QpState::Rtr;
+    qp.modify(&at, QpAttrMask::STATE).unwrap();
+    at.qp_state = QpState::Rts;
+    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    qp
+}
+
+/// UD ids (`RDMA_PS_UDP`): a SIDR_REQ resolves the listener's UD QPN and
+/// Q_Key (with private data both ways), a datagram goes through an AH made
+/// from what the resolution reported; a rejected resolution and one
+/// without listener come back as Rejected with the SIDR status (2, 1).
+pub fn ud_resolution_through_sidr() {
+    let (ca, cb) = devices(Impairments::default());
+    let (mut a, b) = (side(&ca, 1 << 16), side(&cb, 1 << 16));
+    let (cha, chb) = (CmChannel::new(&ca).unwrap(), CmChannel::new(&cb).unwrap());
+    chb.listen(PortSpace::Udp, PORT, 8).unwrap();
+    let (qa, qb) = (cm_ud_qp(&a), cm_ud_qp(&b));
+    let ia = cha.resolve_ud(Some(40000), addr(&b.ctx), b"who is there").unwrap();
+    let CmEvent::UdRequest(req) = next(&chb) else { panic!("expected a UD request") };
+    assert_eq!(req.dst, addr(&b.ctx));
+    assert_eq!(req.src, SocketAddr::new(addr(&a.ctx).ip(), 40000));
+    assert_eq!(&req.private_data[..12], b"who is there");
+    chb.accept_ud(&req, qb.qp_num(), rocev2::cm::cma::RDMA_UDP_QKEY, b"me").unwrap();
+    let CmEvent::UdResolved(r) = next(&cha) else { panic!("expected the UD resolution") };
+    assert_eq!((r.id, r.qpn, r.qkey), (ia, qb.qp_num(), rocev2::cm::cma::RDMA_UDP_QKEY));
+    assert_eq!(&r.private_data[..2], b"me");
+    assert_eq!(r.ah.dgid, b.ctx.query_gid(1, 1).unwrap());
+    // A datagram through what the resolution reported.
+    post_recv(&b, &qb, 5, 0, 40 + 1024);
+    let ah = a.pd.create_ah(&r.ah).unwrap();
+    fill(&mut a.mr, 0, 256, 4);
+    let wr = SendWr {
+        wr_id: 6,
+        op: SendOp::Send,
+        payload: Payload::Sgl(vec![a.mr.sge(0, 256)]),
+        flags: SendFlags::SIGNALED,
+        ud: Some(UdDest { av: *ah.address_vector(), remote_qpn: r.qpn, remote_qkey: r.qkey }),
+    };
+    qa.post_send(&wr).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    let w = wait(&b.cq, 1);
+    assert_eq!((w[0].status, w[0].byte_len, w[0].src_qp), (WcStatus::Success, 256 + 40, qa.qp_num()));
+    assert_eq!(bytes(&b.mr, 40..296), expected(256, 4));
+    // Rejected by the listener: SIDR status 2.
+    let ib = cha.resolve_ud(None, addr(&b.ctx), &[]).unwrap();
+    let CmEvent::UdRequest(req) = next(&chb) else { panic!("expected a UD request") };
+    chb.reject_ud(req.id, b"no").unwrap();
+    match next(&cha) {
+        CmEvent::Rejected { id, reason, .. } => assert_eq!((id, reason), (ib, u16::from(rocev2::cm::msg::sidr_status::REJECTED))),
+        e => panic!("expected Rejected, got {e:?}"),
+    }
+    // Nobody listens on the port: SIDR status 1.
+    let mut other = addr(&b.ctx);
+    other.set_port(PORT + 1);
+    let ic = cha.resolve_ud(None, other, &[]).unwrap();
+    match next(&cha) {
+        CmEvent::Rejected { id, reason, .. } => assert_eq!((id, reason), (ic, u16::from(rocev2::cm::msg::sidr_status::SID_NOT_SUPPORTED))),
+        e => panic!("expected Rejected, got {e:?}"),
+    }
+    // Private data over the SIDR_REQ's room is refused before sending.
+    let big = vec![0u8; urnic::cm::MAX_UD_PRIVATE_DATA + 1];
+    assert_eq!(cha.resolve_ud(None, addr(&b.ctx), &big).unwrap_err().kind(), ErrorKind::InvalidArgument);
+}
