@@ -293,7 +293,7 @@ fn ib_write_lat_send_lat_read_lat() {
 /// guest, rxe to rxe: "failed to modify QP to RTR: Invalid argument" for the
 /// four RC tests, "failed to create address handle: Invalid argument" for
 /// ud_lat), and the server goes on serving. The RC tests over `-cm1` (which
-/// rxe runs) need RDMA-CM: not yet (the next issue).
+/// rxe runs) go through RDMA-CM: rdmacm_programs.rs runs them.
 #[test]
 fn qperf_verbs_tests_without_rdma_cm_are_refused_as_on_every_roce_port() {
     let lab = Lab::new("prog-qperf");

@@ -19,9 +19,10 @@
 //! - qperf: its verbs tests address the peer by LID alone unless `-cm1`
 //!   (RDMA-CM) is given, and a RoCE port refuses a path without a GRH (the
 //!   kernel's rdma_check_ah_attr: rxe fails them at RTR too), so its RC tests
-//!   wait for RDMA-CM (the next issue) and `ud_lat` (never RDMA-CM) cannot run
-//!   on any RoCE device. The guest image has no qperf either.
-//! - perftest `-R` and rping: RDMA-CM, the next issue.
+//!   need `-cm1` (RDMA-CM: loopback-test's rdmacm_programs runs them between
+//!   urnic processes) and `ud_lat` (never RDMA-CM) cannot run on any RoCE
+//!   device. The guest image has no qperf either.
+//! - perftest `-R`, rping and the other RDMA-CM programs: interop_rxe_rdmacm.rs.
 //!
 //! The library is built by `ibverbs-abi/link.sh release` (deploy/test.sh
 //! does it first); `URNIC_LIB_DIR` points elsewhere. The guests run under

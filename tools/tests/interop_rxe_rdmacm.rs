@@ -58,6 +58,17 @@ const CASES: &[Case] = &[
     Case { name: "send_bw_cm", server: "ib_send_bw -F -R -n 50 -s 16384", client: "ib_send_bw -F -R -n 50 -s 16384 {S}", done: "16384" },
 ];
 
+/// The cases where rxe runs the server. Not `ib_send_bw -R` with urnic's
+/// client: perftest 4.5-0.17's client connects its second QP as soon as the
+/// first is up, before rxe's server listens again (REJ 8), and its retry then
+/// reuses the CM ids it has just destroyed (fixed in later perftest): about
+/// one run in three hangs, whatever the CM does. urnic's server with rxe's
+/// client runs it (the other test), as do two urnic processes
+/// (loopback-test rdmacm_programs, which restarts such a pair).
+fn rxe_server_cases() -> impl Iterator<Item = &'static Case> {
+    CASES.iter().filter(|c| c.name != "send_bw_cm")
+}
+
 impl Case {
     fn argv(&self, client: bool, server_ip: &str) -> Vec<String> {
         let t = if client { self.client } else { self.server };
@@ -133,22 +144,34 @@ fn wait_for_marker(log: &Path, marker: &str, guest: &mut GuestRun) {
     }
 }
 
-/// The guest's script: each case after a marker line, output in
-/// /host/NAME.out; clients retry while refused before connecting.
+/// The guest's script: each case after a marker line (a server's once it
+/// listens), output in /host/NAME.out; clients retry while refused before
+/// connecting.
 fn guest_script(clients: bool) -> String {
     let mut s = String::from(
         "retry() { for i in $(seq 60); do out=$(\"$@\" 2>&1); rc=$?; echo \"$out\"; [ $rc = 0 ] && return 0; \
          echo \"$out\" | grep -qE 'REJECTED|UNREACHABLE|bl blka [78]' || return $rc; sleep 1; done; return 1; }\n",
     );
-    for c in CASES {
+    let cases: Vec<&Case> = if clients { CASES.iter().collect() } else { rxe_server_cases().collect() };
+    for c in cases {
         let ip = if clients { OUR_IP } else { GUEST_IP };
         let cmd = c.argv(clients, ip).join(" ");
-        let cmd = if clients { format!("retry {cmd}") } else { cmd };
-        s.push_str(&format!(
-            "echo URNIC-CASE-{name}\n{cmd} >/host/{name}.out 2>&1; rc=$?\ncat /host/{name}.out\n\
-             [ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED {name} rc=$rc\"; exit $rc; }}\n",
-            name = c.name
-        ));
+        let run = if clients {
+            format!("echo URNIC-CASE-{name}\nretry {cmd} >/host/{name}.out 2>&1; rc=$?\n", name = c.name)
+        } else {
+            // The marker once the server's id listens (the kernel's own
+            // table of CM ids, `rdma resource show cm_id`): a client that
+            // comes earlier is refused (REJ 8), and perftest 4.5-0.17's -R
+            // pair does not recover from that (see the README).
+            format!(
+                "{cmd} >/host/{name}.out 2>&1 & pid=$!\n\
+                 for i in $(seq 1200); do rdma resource show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.1; done\n\
+                 echo URNIC-CASE-{name}\nwait $pid; rc=$?\n",
+                name = c.name
+            )
+        };
+        s.push_str(&run);
+        s.push_str(&format!("cat /host/{name}.out\n[ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED {name} rc=$rc\"; exit $rc; }}\n", name = c.name));
     }
     s
 }
@@ -174,12 +197,8 @@ fn rdmacm_programs_rxe_servers_urnic_clients() {
     let lib = lib_dir();
     let (mut guest, log, pcap, _share) = boot(&lab, "cm-rxe-servers", &guest_script(false));
     lab.wait_ready(&log);
-    for c in CASES {
+    for c in rxe_server_cases() {
         wait_for_marker(&log, &format!("URNIC-CASE-{}", c.name), &mut guest);
-        // Give rxe's server time to listen before the first attempt: a
-        // client refused before it listens is retried, and perftest
-        // 4.5-0.17's -R pair does not always survive that (see the README).
-        std::thread::sleep(Duration::from_secs(5));
         let argv = c.argv(true, GUEST_IP);
         let start = Instant::now();
         let out = loop {

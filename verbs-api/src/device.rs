@@ -148,12 +148,25 @@ impl DeviceConfig {
             ipv6: iface.ipv6.iter().map(|a| a.octets()).filter(|g| *g != ll).collect(),
             link_mtu,
             datapath: DatapathMode::Thread { core: None, idle: IdlePolicy::default() },
-            first_qpn: 0x11,
+            first_qpn: fresh_first_qpn(),
             limits: DeviceLimits::default(),
             dcqcn: Default::default(),
             mcast_ifindex: Some(iface.index),
         })
     }
+}
+
+/// Where a device on a real interface starts numbering QPs: a fresh place
+/// for every open, as an HCA's QPN space moves on across processes. Peers
+/// keep a closed connection's QPN in timewait (Linux's CM: a REQ naming
+/// that QPN from that address is stale, REJ 10, until timewait ends), so a
+/// program run twice must not start from 0x11 both times. Std's
+/// per-process random keys; below 0x800000, far from the 24-bit wrap.
+fn fresh_first_qpn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    0x11 + (h.finish() % 0x7f_0000) as u32
 }
 
 /// The verbs error for an AF_XDP port that would not open, with the
