@@ -12,6 +12,7 @@
 //! `ib_send_lat -s 8` as users run it (perftest inlines an 8-byte SEND)
 //! against `urnic perf send-lat -s 8`.
 
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use urnic_datapath::netns::VethPair;
 
+use super::metrics::median;
 use crate::progress::Progress;
 
 /// 64-byte WRITEs per message-rate measurement (about a second here).
@@ -266,8 +268,65 @@ pub fn run_only(n: usize) -> Result<()> {
         all.push(r);
     }
     drop(p);
-    crate::out::outln!("{}", super::report::c_path_table(&all))?;
+    crate::out::outln!("{}", c_path_table(&all))?;
     Ok(())
+}
+
+/// One C-path row: the C program's figure, urnic perf's, and the per-run
+/// C / Rust ratios (median, lowest, highest).
+pub(super) struct CPathRow {
+    pub(super) measure: String,
+    pub(super) c: String,
+    pub(super) rust: String,
+    pub(super) ratio: f64,
+    pub(super) range: (f64, f64),
+    /// The target: at least (bandwidth) or at most (latency).
+    pub(super) target: &'static str,
+}
+
+/// The three C-path rows over `runs` (medians; ratios paired run by run).
+pub(super) fn c_path_rows(runs: &[CPathRun]) -> Vec<CPathRow> {
+    let med = |f: &dyn Fn(&CPathRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
+    let range = |f: &dyn Fn(&CPathRun) -> f64| {
+        let v: Vec<f64> = runs.iter().map(f).collect();
+        (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+    };
+    let mk = |measure: &str, f: &dyn Fn(&CPathRun) -> (f64, f64), fmt: &dyn Fn(f64) -> String, target| {
+        let ratio = |r: &CPathRun| f(r).0 / f(r).1;
+        CPathRow {
+            measure: measure.to_string(),
+            c: fmt(med(&|r| f(r).0)),
+            rust: fmt(med(&|r| f(r).1)),
+            ratio: med(&ratio),
+            range: range(&ratio),
+            target,
+        }
+    };
+    vec![
+        mk(
+            "C path: ib_write_bw -s 64 (Debian's perftest on urnic's libibverbs.so.1) vs urnic perf write-bw -s 64, message rate",
+            &|r| r.rate,
+            &|v| format!("{:.3} M/s", v / 1e6),
+            ">= 0.9",
+        ),
+        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MB/s"), ">= 0.9"),
+        mk("C path: ib_send_lat -s 8 vs urnic perf send-lat -s 8, p50 (t_typical, one-way)", &|r| r.lat_p50, &|v| format!("{v:.2} us"), "<= 1.1"),
+    ]
+}
+
+/// The table of `urnic bench --c-path`.
+pub(super) fn c_path_table(runs: &[CPathRun]) -> String {
+    let mut t = String::new();
+    let _ = writeln!(
+        t,
+        "| measure (medians of {} runs, same veth, C and Rust bracketed C-R-R-C) | C (perftest) | Rust (urnic perf) | C / Rust (median of per-run ratios) | range | target |",
+        runs.len()
+    );
+    t.push_str("|---|---|---|---|---|---|\n");
+    for r in c_path_rows(runs) {
+        let _ = writeln!(t, "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {} |", r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1, r.target);
+    }
+    t
 }
 
 #[cfg(test)]
