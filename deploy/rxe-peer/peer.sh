@@ -45,7 +45,7 @@ ACCEL=${PEER_ACCEL:-tcg}
 RECIPE=4
 SUITE=bookworm
 KERNEL_META=linux-image-amd64   # we take the versioned package it depends on
-PKGS=kmod,iproute2,ibverbs-providers,ibverbs-utils,perftest,rdmacm-utils,iputils-ping,procps
+PKGS=kmod,iproute2,ibverbs-providers,ibverbs-utils,perftest,rdmacm-utils,qperf,iputils-ping,procps
 # Modules for the initramfs; modprobe resolves their dependencies.
 MODULES="virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm crc32_generic crc32-pclmul 9pnet_virtio 9p"
 
