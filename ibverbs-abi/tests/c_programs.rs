@@ -20,125 +20,31 @@
 //! source first (a no-op cargo build and one link when nothing changed), so
 //! the test never runs a stale library.
 
-use std::fmt::Write as _;
-use std::mem::{align_of, offset_of, size_of};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+#[macro_use]
+mod c_harness;
 
-use urnic_datapath::netns::VethPair;
+use std::mem::{align_of, offset_of, size_of};
+
+use c_harness::{check_layouts, compile_c, lib_dir, link_args, require_c_toolchain, require_root, run_c_check, run_in_namespace, text, Item};
 use urnic_ibverbs::ffi;
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 /// A C compiler and the verbs header, or a loud failure saying what to install.
-fn require_c_toolchain() {
-    assert!(Path::new(HEADER).exists(), "{HEADER} is missing: apt-get install libibverbs-dev (deploy/deps.sh build installs it)");
-    let cc = Command::new("cc").arg("--version").output();
-    assert!(cc.is_ok_and(|o| o.status.success()), "no C compiler `cc`: apt-get install gcc (deploy/deps.sh build installs it)");
-}
-
-/// Compile `src` (a C file or, with `stdin_src`, C text on stdin) into
-/// `out`, with `extra` arguments after the source; panics with cc's output.
-fn cc(src: &str, stdin_src: Option<&str>, out: &Path, extra: &[String]) {
-    let mut c = Command::new("cc");
-    c.args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"]).arg(out);
-    match stdin_src {
-        Some(_) => c.args(["-x", "c", "-"]),
-        None => c.arg(src),
-    };
-    c.args(extra).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().expect("run cc");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().expect("cc stdin");
-        if let Some(text) = stdin_src {
-            stdin.write_all(text.as_bytes()).expect("feed cc");
-        }
-    }
-    let o = child.wait_with_output().expect("cc output");
-    assert!(o.status.success(), "cc {src} failed ({}):\n{}", o.status, text(&o));
-}
-
-/// The directory holding urnic's libibverbs.so.1 (see the module docs).
-fn lib_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("URNIC_LIB_DIR").filter(|d| !d.is_empty()) {
-        let d = PathBuf::from(d);
-        assert!(d.join("libibverbs.so.1").exists(), "URNIC_LIB_DIR={} holds no libibverbs.so.1", d.display());
-        return d;
-    }
-    let o = Command::new("bash").arg(root().join("ibverbs-abi/link.sh")).arg("debug").current_dir(root()).output().expect("run ibverbs-abi/link.sh");
-    assert!(o.status.success(), "bash ibverbs-abi/link.sh debug failed ({}):\n{}", o.status, text(&o));
-    // link.sh prints the directory, relative to the workspace root.
-    let printed = String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_string();
-    let d = root().join(printed);
-    assert!(d.join("libibverbs.so.1").exists(), "link.sh reported {} but it holds no libibverbs.so.1:\n{}", d.display(), text(&o));
-    d
-}
-
-/// Compile `tests/c/<name>.c` against urnic's library, run it in a fresh
-/// namespace whose only interface (one end of a veth pair) is the one
-/// urnic device, and return its output after checking it passed: exit 0,
-/// no `FAIL`, a last line "N checks, 0 failed" with at least `min_checks`.
-fn run_c_check(name: &str, tag: &str, min_checks: usize) -> String {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates network namespaces and attaches XDP programs: run it as root");
-    require_c_toolchain();
-    let lib = lib_dir();
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));
-    let src = root().join(format!("ibverbs-abi/tests/c/{name}.c"));
-    // Linked against urnic's library itself: every symbol the program
-    // imports must exist there, with rdma-core's version.
-    cc(&src.to_string_lossy(), None, &exe, &[format!("-L{}", lib.display()), "-l:libibverbs.so.1".into()]);
-
-    let pair = VethPair::create(tag, 1500).expect("veth pair in two namespaces (needs root and iproute2)");
-    // The kernel reports a new veth's carrier a moment after it is set up
-    // (linkwatch); until then no device is eligible. A hang guard, not a
-    // timing assertion.
-    let start = Instant::now();
-    loop {
-        let out = Command::new("ip").args(["-n", &pair.ns[0], "-o", "link", "show", &pair.ifname[0]]).output().expect("ip link");
-        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = Command::new("ip")
-        .args(["netns", "exec", &pair.ns[0], "env"])
-        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
-        .arg(format!("URNIC_DEVICES={}", pair.ifname[0]))
-        // No live counters under /run: the test leaves nothing behind.
-        .arg("URNIC_STATS=0")
-        .arg(&exe)
-        .output()
-        .unwrap_or_else(|e| panic!("run {name}: {e}"));
-    let _ = std::fs::remove_file(&exe);
-    let out = text(&o);
-    assert!(o.status.success(), "{name} failed ({}):\n{out}", o.status);
-    assert!(!out.contains("FAIL") && !out.contains("internal error"), "{out}");
-    let summary = out.lines().find(|l| l.ends_with("failed")).unwrap_or("");
-    let checks: usize = summary.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
-    assert!(summary.ends_with(" 0 failed") && checks >= min_checks, "expected the full run ({min_checks}+ checks, none failed):\n{out}");
-    out
+fn require_verbs_toolchain() {
+    require_c_toolchain(HEADER, "libibverbs-dev");
 }
 
 #[test]
 fn bad_arguments_get_libibverbs_answers() {
-    println!("{}", run_c_check("bad_args", "cbad", 100));
+    require_verbs_toolchain();
+    println!("{}", run_c_check("bad_args", "cbad", &["libibverbs.so.1"], false, 100));
 }
 
 #[test]
 fn ud_multicast_through_the_library() {
-    println!("{}", run_c_check("mcast_loop", "cmc", 11));
+    require_verbs_toolchain();
+    println!("{}", run_c_check("mcast_loop", "cmc", &["libibverbs.so.1"], false, 11));
 }
 
 /// `tests/c/no_alloc.c`: posting and polling through the library's ops
@@ -147,67 +53,18 @@ fn ud_multicast_through_the_library() {
 /// the process (the library's included) goes through.
 #[test]
 fn posting_and_polling_from_c_allocate_nothing() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates network namespaces and attaches XDP programs: run it as root");
-    require_c_toolchain();
-    let lib = lib_dir();
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("no_alloc-{}", std::process::id()));
-    let src = root().join("ibverbs-abi/tests/c/no_alloc.c");
+    require_root();
+    require_verbs_toolchain();
+    let lib = lib_dir("libibverbs.so.1");
     // -rdynamic: the program's malloc is the one the library binds to.
-    cc(&src.to_string_lossy(), None, &exe, &["-rdynamic".into(), format!("-L{}", lib.display()), "-l:libibverbs.so.1".into()]);
-    let pair = VethPair::create("cnoal", 1500).expect("veth pair in two namespaces (needs root and iproute2)");
-    // Wait for the carrier (see bad_arguments_get_libibverbs_answers): a hang guard.
-    let start = Instant::now();
-    loop {
-        let out = Command::new("ip").args(["-n", &pair.ns[0], "-o", "link", "show", &pair.ifname[0]]).output().expect("ip link");
-        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-            break;
-        }
-        assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let o = Command::new("ip")
-        .args(["netns", "exec", &pair.ns[0], "env"])
-        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
-        .arg(format!("URNIC_DEVICES={}", pair.ifname[0]))
-        .arg("URNIC_STATS=0")
-        .arg(&exe)
-        .output()
-        .expect("run no_alloc");
-    let _ = std::fs::remove_file(&exe);
+    let mut args = vec!["-rdynamic".to_string()];
+    args.extend(link_args(&lib, &["libibverbs.so.1"]));
+    let exe = compile_c("no_alloc", &args);
+    let o = run_in_namespace("cnoal", &lib, &exe, &|_| Vec::new());
     let out = text(&o);
     assert!(o.status.success(), "no_alloc failed ({}):\n{out}", o.status);
     assert!(out.contains("ok   0 heap allocations") && !out.contains("FAIL"), "{out}");
     println!("{out}");
-}
-
-/// One compared quantity: its C expression and the library's value.
-struct Item {
-    c: String,
-    rust: usize,
-}
-
-/// `sizeof` and `_Alignof` of a C type against its bindgen translation.
-macro_rules! ty {
-    ($v:ident, $c:literal, $t:ident) => {
-        $v.push(Item { c: format!("sizeof({})", $c), rust: size_of::<ffi::$t>() });
-        $v.push(Item { c: format!("_Alignof({})", $c), rust: align_of::<ffi::$t>() });
-    };
-}
-
-/// `offsetof` of fields whose path is the same in C and Rust.
-macro_rules! at {
-    ($v:ident, $c:literal, $t:ident, $($($f:ident).+),+ $(,)?) => {
-        $( $v.push(Item { c: format!("offsetof({}, {})", $c, stringify!($($f).+)), rust: offset_of!(ffi::$t, $($f).+) }); )+
-    };
-}
-
-/// `offsetof` of a field bindgen names differently (anonymous unions, Rust
-/// keywords): its C path, then the Rust one.
-macro_rules! at_as {
-    ($v:ident, $c:literal, $t:ident, $cf:literal => $($f:ident).+) => {
-        $v.push(Item { c: format!("offsetof({}, {})", $c, $cf), rust: offset_of!(ffi::$t, $($f).+) });
-    };
 }
 
 /// Every struct the library reads or writes in memory a C program owns (or
@@ -421,28 +278,9 @@ fn items() -> Vec<Item> {
 
 #[test]
 fn struct_layouts_match_the_c_compiler() {
-    require_c_toolchain();
+    require_verbs_toolchain();
     let items = items();
-    let mut prog = String::from("#include <stddef.h>\n#include <stdio.h>\n#include <infiniband/verbs.h>\n\nint main(void)\n{\n");
-    for it in &items {
-        writeln!(prog, "\tprintf(\"%zu\\n\", (size_t)({}));", it.c).unwrap();
-    }
-    prog.push_str("\treturn 0;\n}\n");
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("layout-{}", std::process::id()));
-    cc("<generated layout program>", Some(&prog), &exe, &[]);
-    let o = Command::new(&exe).output().expect("run the layout program");
-    let _ = std::fs::remove_file(&exe);
-    assert!(o.status.success(), "layout program failed:\n{}", text(&o));
-    let c_values: Vec<usize> = String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().parse().expect("a number")).collect();
-    assert_eq!(c_values.len(), items.len(), "the layout program printed {} values for {} items", c_values.len(), items.len());
-    let mut table = String::new();
-    let mut wrong = 0;
-    for (it, c) in items.iter().zip(&c_values) {
-        let mark = if *c == it.rust { "" } else { "   <-- differs" };
-        wrong += usize::from(*c != it.rust);
-        writeln!(table, "{:<70} C {:>5}  urnic {:>5}{mark}", it.c, c, it.rust).unwrap();
-    }
-    assert_eq!(wrong, 0, "{wrong} of {} layout items differ between cc and urnic_ibverbs::ffi:\n{table}", items.len());
+    let table = check_layouts("infiniband/verbs.h", "urnic_ibverbs::ffi", &items);
     // The container_of in verbs_get_ctx (verbs.h) and in the library both
     // rely on `context` being the last field, right after `sz`.
     assert_eq!(offset_of!(ffi::verbs_context, context) + size_of::<ffi::ibv_context>(), size_of::<ffi::verbs_context>());

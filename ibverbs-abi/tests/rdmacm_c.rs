@@ -14,129 +14,26 @@
 //! The libraries are `$URNIC_LIB_DIR`'s when that is set; otherwise
 //! `bash ibverbs-abi/link.sh debug` builds them from the current source.
 
-use std::fmt::Write as _;
+#[macro_use]
+mod c_harness;
+
 use std::mem::{align_of, offset_of, size_of};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::Command;
 
-use urnic_datapath::netns::VethPair;
-use urnic_ibverbs::cmffi;
+use c_harness::{check_layouts, lib_dir, require_c_toolchain, run_c_check, text, Item};
+use urnic_ibverbs::cmffi as ffi;
 
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-fn require_c_toolchain() {
-    let h = "/usr/include/rdma/rdma_cma.h";
-    assert!(Path::new(h).exists(), "{h} is missing: apt-get install librdmacm-dev (deploy/deps.sh build installs it)");
-    let cc = Command::new("cc").arg("--version").output();
-    assert!(cc.is_ok_and(|o| o.status.success()), "no C compiler `cc`: apt-get install gcc");
-}
-
-fn cc(src: Option<&Path>, text_src: Option<&str>, out: &Path, extra: &[String]) {
-    let mut c = Command::new("cc");
-    c.args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"]).arg(out);
-    match src {
-        Some(p) => c.arg(p),
-        None => c.args(["-x", "c", "-"]),
-    };
-    c.args(extra).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = c.spawn().expect("run cc");
-    {
-        use std::io::Write;
-        let mut stdin = child.stdin.take().expect("cc stdin");
-        if let Some(t) = text_src {
-            stdin.write_all(t.as_bytes()).expect("feed cc");
-        }
-    }
-    let o = child.wait_with_output().expect("cc output");
-    assert!(o.status.success(), "cc failed ({}):\n{}", o.status, text(&o));
-}
-
-fn lib_dir() -> PathBuf {
-    if let Some(d) = std::env::var_os("URNIC_LIB_DIR").filter(|d| !d.is_empty()) {
-        let d = PathBuf::from(d);
-        assert!(d.join("librdmacm.so.1").exists(), "URNIC_LIB_DIR={} holds no librdmacm.so.1", d.display());
-        return d;
-    }
-    let o = Command::new("bash").arg(root().join("ibverbs-abi/link.sh")).arg("debug").current_dir(root()).output().expect("run ibverbs-abi/link.sh");
-    assert!(o.status.success(), "bash ibverbs-abi/link.sh debug failed ({}):\n{}", o.status, text(&o));
-    let printed = String::from_utf8_lossy(&o.stdout).lines().last().unwrap_or("").trim().to_string();
-    let d = root().join(printed);
-    assert!(d.join("librdmacm.so.1").exists(), "link.sh reported {} but it holds no librdmacm.so.1:\n{}", d.display(), text(&o));
-    d
+/// A C compiler and librdmacm's header, or a loud failure saying what to install.
+fn require_rdmacm_toolchain() {
+    require_c_toolchain("/usr/include/rdma/rdma_cma.h", "librdmacm-dev");
 }
 
 #[test]
 fn rdmacm_bad_arguments_get_librdmacm_answers() {
-    // SAFETY: geteuid has no preconditions.
-    assert_eq!(unsafe { libc::geteuid() }, 0, "this test creates network namespaces and attaches XDP programs: run it as root");
-    require_c_toolchain();
-    let lib = lib_dir();
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("rdmacm_bad_args-{}", std::process::id()));
-    let src = root().join("ibverbs-abi/tests/c/rdmacm_bad_args.c");
-    // Linked against urnic's libraries: every symbol it imports must be
-    // there with rdma-core's version.
-    cc(Some(&src), None, &exe, &[format!("-L{}", lib.display()), "-l:librdmacm.so.1".into(), "-l:libibverbs.so.1".into()]);
-
-    let pair = VethPair::create("cmbad", 1500).expect("veth pair in two namespaces (needs root and iproute2)");
-    let start = Instant::now();
-    loop {
-        let out = Command::new("ip").args(["-n", &pair.ns[0], "-o", "link", "show", &pair.ifname[0]]).output().expect("ip link");
-        if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-            break;
-        }
-        // A hang guard, not a timing assertion.
-        assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let a = pair.ipv4[0];
-    let o = Command::new("ip")
-        .args(["netns", "exec", &pair.ns[0], "env"])
-        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
-        .arg(format!("URNIC_DEVICES={}", pair.ifname[0]))
-        .arg("URNIC_STATS=0")
-        .arg(&exe)
-        .arg(format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3]))
-        .output()
-        .expect("run rdmacm_bad_args");
-    let _ = std::fs::remove_file(&exe);
-    let out = text(&o);
-    assert!(o.status.success(), "rdmacm_bad_args failed ({}):\n{out}", o.status);
-    assert!(!out.contains("FAIL") && !out.contains("internal error"), "{out}");
-    let summary = out.lines().find(|l| l.ends_with("failed")).unwrap_or("");
-    let checks: usize = summary.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
-    assert!(summary.ends_with(" 0 failed") && checks >= 50, "expected the full run (50+ checks, none failed):\n{out}");
-    println!("{out}");
-}
-
-struct Item {
-    c: String,
-    rust: usize,
-}
-
-macro_rules! ty {
-    ($v:ident, $c:literal, $t:ident) => {
-        $v.push(Item { c: format!("sizeof({})", $c), rust: size_of::<cmffi::$t>() });
-        $v.push(Item { c: format!("_Alignof({})", $c), rust: align_of::<cmffi::$t>() });
-    };
-}
-
-macro_rules! at {
-    ($v:ident, $c:literal, $t:ident, $($($f:ident).+),+ $(,)?) => {
-        $( $v.push(Item { c: format!("offsetof({}, {})", $c, stringify!($($f).+)), rust: offset_of!(cmffi::$t, $($f).+) }); )+
-    };
-}
-
-macro_rules! at_as {
-    ($v:ident, $c:literal, $t:ident, $cf:literal => $($f:ident).+) => {
-        $v.push(Item { c: format!("offsetof({}, {})", $c, $cf), rust: offset_of!(cmffi::$t, $($f).+) });
-    };
+    require_rdmacm_toolchain();
+    // Linked against urnic's libraries; the device's address is its argument.
+    println!("{}", run_c_check("rdmacm_bad_args", "cmbad", &["librdmacm.so.1", "libibverbs.so.1"], true, 50));
 }
 
 fn items() -> Vec<Item> {
@@ -217,28 +114,9 @@ fn items() -> Vec<Item> {
 
 #[test]
 fn rdmacm_struct_layouts_match_the_c_compiler() {
-    require_c_toolchain();
+    require_rdmacm_toolchain();
     let items = items();
-    let mut prog = String::from("#include <stddef.h>\n#include <stdio.h>\n#include <rdma/rdma_cma.h>\n\nint main(void)\n{\n");
-    for it in &items {
-        writeln!(prog, "\tprintf(\"%zu\\n\", (size_t)({}));", it.c).unwrap();
-    }
-    prog.push_str("\treturn 0;\n}\n");
-    let exe = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join(format!("cmlayout-{}", std::process::id()));
-    cc(None, Some(&prog), &exe, &[]);
-    let o = Command::new(&exe).output().expect("run the layout program");
-    let _ = std::fs::remove_file(&exe);
-    assert!(o.status.success(), "layout program failed:\n{}", text(&o));
-    let c_values: Vec<usize> = String::from_utf8_lossy(&o.stdout).lines().map(|l| l.trim().parse().expect("a number")).collect();
-    assert_eq!(c_values.len(), items.len());
-    let mut table = String::new();
-    let mut wrong = 0;
-    for (it, c) in items.iter().zip(&c_values) {
-        let mark = if *c == it.rust { "" } else { "   <-- differs" };
-        wrong += usize::from(*c != it.rust);
-        writeln!(table, "{:<60} C {:>5}  urnic {:>5}{mark}", it.c, c, it.rust).unwrap();
-    }
-    assert_eq!(wrong, 0, "{wrong} of {} layout items differ between cc and urnic_ibverbs::cmffi:\n{table}", items.len());
+    let table = check_layouts("rdma/rdma_cma.h", "urnic_ibverbs::cmffi", &items);
     println!("{} layout items agree:\n{table}", items.len());
 }
 
@@ -261,7 +139,7 @@ fn exports(lib: &Path) -> Vec<(String, String)> {
 fn librdmacm_exports_rdma_cores_versions() {
     let system = Path::new("/usr/lib/x86_64-linux-gnu/librdmacm.so.1");
     assert!(system.exists(), "Debian's librdmacm.so.1 is missing: apt-get install librdmacm1");
-    let ours = exports(&lib_dir().join("librdmacm.so.1"));
+    let ours = exports(&lib_dir("librdmacm.so.1").join("librdmacm.so.1"));
     let theirs = exports(system);
     assert!(theirs.len() > 60, "{theirs:?}");
     let missing: Vec<_> = theirs.iter().filter(|s| !ours.contains(s)).collect();

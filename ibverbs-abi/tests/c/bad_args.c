@@ -28,35 +28,7 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
-static int checks, failures;
-
-static void report(int ok, const char *what, const char *fmt, ...)
-{
-	va_list ap;
-
-	checks++;
-	if (!ok)
-		failures++;
-	printf("%s %s", ok ? "ok  " : "FAIL", what);
-	if (fmt) {
-		printf(": ");
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-	}
-	printf("\n");
-	fflush(stdout);
-}
-
-/* A fatal precondition (the device, a control object): stop here. */
-static void need(int ok, const char *what)
-{
-	if (!ok) {
-		printf("FAIL %s (errno %d %s): cannot go on\n", what, errno,
-		       strerror(errno));
-		exit(1);
-	}
-}
+#include "check.h"
 
 /* A verb that returns an object: NULL with errno `want`. */
 static void expect_null(const void *p, int err, int want, const char *what)
@@ -698,6 +670,5 @@ int main(void)
 	ibv_free_device_list(devs);
 	free(buf);
 
-	printf("%d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return summary();
 }

@@ -20,23 +20,11 @@
 #define SLOT 4096
 #define GRH 40
 
-static int checks, failures;
+#include "check.h"
 
 static void check(int ok, const char *what)
 {
-	checks++;
-	if (!ok)
-		failures++;
-	printf("%s %s\n", ok ? "ok  " : "FAIL", what);
-	fflush(stdout);
-}
-
-static void need(int ok, const char *what)
-{
-	if (!ok) {
-		printf("FAIL %s (errno %d %s): cannot go on\n", what, errno, strerror(errno));
-		exit(1);
-	}
+	report(ok, what, NULL);
 }
 
 static struct ibv_qp *ud_qp(struct ibv_pd *pd, struct ibv_cq *cq)
@@ -184,6 +172,5 @@ int main(void)
 	need(!ibv_close_device(ctx), "ibv_close_device");
 	ibv_free_device_list(devs);
 	free(buf);
-	printf("%d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return summary();
 }

@@ -25,33 +25,7 @@
 #include <rdma/rdma_cma.h>
 #include <rdma/rsocket.h>
 
-static int checks, failures;
-
-static void report(int ok, const char *what, const char *fmt, ...)
-{
-	va_list ap;
-
-	checks++;
-	if (!ok)
-		failures++;
-	printf("%s %s", ok ? "ok  " : "FAIL", what);
-	if (fmt) {
-		printf(": ");
-		va_start(ap, fmt);
-		vprintf(fmt, ap);
-		va_end(ap);
-	}
-	printf("\n");
-	fflush(stdout);
-}
-
-static void need(int ok, const char *what)
-{
-	if (!ok) {
-		printf("FAIL %s (errno %d %s): cannot go on\n", what, errno, strerror(errno));
-		exit(1);
-	}
-}
+#include "check.h"
 
 /* A call returning -1 with errno `want`. */
 #define ERR(call, want)                                                                  \
@@ -229,6 +203,5 @@ int main(int argc, char **argv)
 	report(rdma_destroy_id(udid) == 0 && rdma_destroy_id(id2) == 0 && rdma_destroy_id(id) == 0, "rdma_destroy_id", NULL);
 	rdma_destroy_event_channel(ch);
 
-	printf("%d checks, %d failed\n", checks, failures);
-	return failures ? 1 : 0;
+	return summary();
 }
