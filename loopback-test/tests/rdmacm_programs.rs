@@ -10,70 +10,36 @@
 //! The libraries are built by `ibverbs-abi/link.sh release` (deploy/test.sh
 //! runs it first); `URNIC_LIB_DIR` points elsewhere.
 
+mod programs;
 mod veth;
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use urnic_datapath::netns::VethPair;
+use programs::{drain, finish, perftest_rows, program, text};
 
-/// Where libibverbs.so.1 and librdmacm.so.1 are, or a loud failure saying
-/// how to make them.
-fn lib_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["release", "debug"] {
-        let d = root.join("target").join(profile).join("urnic-lib");
-        if d.join("librdmacm.so.1").exists() {
-            return d;
-        }
-    }
-    panic!("urnic's librdmacm.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
-}
-
-/// The Debian program, or a loud failure naming its package.
-fn program(name: &str, package: &str) -> &'static str {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success());
-    assert!(found, "{name} is missing: apt-get install {package} (deploy/deps.sh test installs it)");
-    Box::leak(name.to_string().into_boxed_str())
-}
-
+/// The programs' lab (programs::Lab) with urnic's librdmacm.so.1, and the
+/// directory of its runs' captures and counter files.
 struct Lab {
-    pair: VethPair,
-    lib: PathBuf,
-    /// Captures and counter files of this lab's runs.
+    lab: programs::Lab,
     dir: PathBuf,
+}
+
+impl std::ops::Deref for Lab {
+    type Target = programs::Lab;
+    fn deref(&self) -> &programs::Lab {
+        &self.lab
+    }
 }
 
 impl Lab {
     fn new(tag: &str) -> Lab {
-        veth::require_root();
-        let pair = VethPair::create(tag, 1500).expect("veth pair");
+        let lab = programs::Lab::new(tag, "librdmacm.so.1");
         let dir = std::env::temp_dir().join(format!("urnic-rdmacm-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("capture dir");
-        let lab = Lab { pair, lib: lib_dir(), dir };
-        for side in 0..2 {
-            let start = Instant::now();
-            loop {
-                let out =
-                    Command::new("ip").args(["-n", &lab.pair.ns[side], "-o", "link", "show", &lab.pair.ifname[side]]).output().expect("ip link");
-                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-                    break;
-                }
-                assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        lab
-    }
-
-    fn ip(&self, side: usize) -> String {
-        let a = self.pair.ipv4[side];
-        format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+        Lab { lab, dir }
     }
 
     fn pcap(&self, run: &str, side: usize) -> PathBuf {
@@ -88,16 +54,8 @@ impl Lab {
 
     /// `args` in namespace `side` (0 client, 1 server) on urnic, captured.
     fn command(&self, run: &str, side: usize, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.pair.ns[side], "env"])
-            .arg(format!("LD_LIBRARY_PATH={}", self.lib.display()))
-            .arg(format!("URNIC_DEVICES={}", self.pair.ifname[side]))
-            .arg(format!("URNIC_PCAP={}", self.pcap(run, side).display()))
-            .arg(format!("URNIC_STATS={}", self.stats_dir(run, side).display()))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
+        let env = [format!("URNIC_PCAP={}", self.pcap(run, side).display()), format!("URNIC_STATS={}", self.stats_dir(run, side).display())];
+        self.lab.command_env(side, &env, args)
     }
 
     /// Wait until the server has opened its urnic device (its counter file
@@ -179,39 +137,6 @@ fn tshark(f: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-fn drain(child: &mut Child) -> String {
-    use std::io::Read;
-    let mut s = String::new();
-    if let Some(o) = child.stdout.as_mut() {
-        let _ = o.read_to_string(&mut s);
-    }
-    if let Some(e) = child.stderr.as_mut() {
-        let _ = e.read_to_string(&mut s);
-    }
-    s
-}
-
-/// Wait for a server that finishes on its own (bounded: a hung server is
-/// killed and fails the test).
-fn finish(mut child: Child) -> Output {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return child.wait_with_output().expect("server output");
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("server output");
-            panic!("server hung after the client finished:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
 const RC_EXCHANGE: &[&str] = &["ConnectRequest", "ConnectReply", "ReadyToUse", "DisconnectRequest", "DisconnectReply"];
 
 #[test]
@@ -277,16 +202,6 @@ fn rdma_server_and_rdma_client() {
     lab.check_captures("rdma_server", RC_EXCHANGE);
 }
 
-/// The numbers of a perftest result line (`#bytes #iterations ...`).
-fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .filter_map(|l| {
-            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
-            nums.ok().filter(|n| n.len() >= 4)
-        })
-        .collect()
-}
-
 /// perftest `-R` (4.5-0.17) syncs client and server over its first CM
 /// connection, then the server creates its listener for the test QPs while
 /// the client already connects them: a client that wins that race gets REJ
@@ -347,16 +262,7 @@ fn qperf_rc_tests_over_rdma_cm() {
     let lab = Lab::new("cm-qperf");
     let p = program("qperf", "qperf");
     let mut server = lab.command("qperf", 1, &[p]).spawn().expect("start qperf");
-    let start = Instant::now();
-    loop {
-        let out = Command::new("ip").args(["netns", "exec", &lab.pair.ns[1], "ss", "-Hltn", "sport = :19765"]).output().expect("ss");
-        if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
-            break;
-        }
-        assert!(matches!(server.try_wait(), Ok(None)), "qperf server exited:\n{}", drain(&mut server));
-        assert!(start.elapsed() < Duration::from_secs(120), "qperf never listened");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    lab.wait_listening(19765, &mut server);
     let sip = lab.ip(1);
     for test in ["rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_lat"] {
         let c = lab.command("qperf", 0, &[p, "-cm1", "-t", "2", "-m", "64K", &sip, test]).output().expect("run qperf");

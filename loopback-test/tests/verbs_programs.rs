@@ -8,101 +8,32 @@
 //! The library is built by `ibverbs-abi/link.sh release` (deploy/test.sh
 //! runs it first); `URNIC_LIB_DIR` points elsewhere.
 
+mod programs;
 mod veth;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use programs::{finish, perftest_rows, program, text};
 
-use urnic_datapath::netns::VethPair;
+/// The programs' lab (programs::Lab) with urnic's libibverbs.so.1.
+struct Lab(programs::Lab);
 
-/// Where libibverbs.so.1 is, or a loud failure saying how to make it.
-fn lib_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
-        return PathBuf::from(d);
+impl std::ops::Deref for Lab {
+    type Target = programs::Lab;
+    fn deref(&self) -> &programs::Lab {
+        &self.0
     }
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["release", "debug"] {
-        let d = root.join("target").join(profile).join("urnic-lib");
-        if d.join("libibverbs.so.1").exists() {
-            return d;
-        }
-    }
-    panic!("urnic's libibverbs.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
-}
-
-/// The Debian program, or a loud failure naming its package.
-fn program(name: &str, package: &str) -> &'static str {
-    let found = Command::new("sh").arg("-c").arg(format!("command -v {name}")).output().is_ok_and(|o| o.status.success());
-    assert!(found, "{name} is missing: apt-get install {package} (deploy/deps.sh test installs it)");
-    Box::leak(name.to_string().into_boxed_str())
-}
-
-struct Lab {
-    pair: VethPair,
-    lib: PathBuf,
 }
 
 impl Lab {
     fn new(tag: &str) -> Lab {
-        veth::require_root();
-        let pair = VethPair::create(tag, 1500).expect("veth pair");
-        let lab = Lab { pair, lib: lib_dir() };
-        // The kernel reports a new veth's carrier a moment after it is set
-        // up (linkwatch); until then no device is eligible.
-        for side in 0..2 {
-            let start = Instant::now();
-            loop {
-                let out =
-                    Command::new("ip").args(["-n", &lab.pair.ns[side], "-o", "link", "show", &lab.pair.ifname[side]]).output().expect("ip link");
-                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
-                    break;
-                }
-                assert!(start.elapsed() < Duration::from_secs(30), "veth never came up");
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-        lab
+        Lab(programs::Lab::new(tag, "libibverbs.so.1"))
     }
 
     fn server_ip(&self) -> String {
-        let a = self.pair.ipv4[1];
-        format!("{}.{}.{}.{}", a[0], a[1], a[2], a[3])
+        self.ip(1)
     }
 
-    /// `args` in namespace `side` (0 client, 1 server) on urnic.
-    fn command(&self, side: usize, args: &[&str]) -> Command {
-        let mut c = Command::new("ip");
-        c.args(["netns", "exec", &self.pair.ns[side], "env"])
-            .arg(format!("LD_LIBRARY_PATH={}", self.lib.display()))
-            .arg(format!("URNIC_DEVICES={}", self.pair.ifname[side]))
-            .args(args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        c
-    }
-
-    /// Wait until something listens on TCP `port` in the server's namespace.
-    fn wait_listening(&self, port: u16, server: &mut Child) {
-        let start = Instant::now();
-        loop {
-            let out = Command::new("ip").args(["netns", "exec", &self.pair.ns[1], "ss", "-Hltn", &format!("sport = :{port}")]).output().expect("ss");
-            if !String::from_utf8_lossy(&out.stdout).trim().is_empty() {
-                return;
-            }
-            if let Ok(Some(st)) = server.try_wait() {
-                let out = server.wait_with_output_ref();
-                panic!("server exited ({st}) before listening on {port}:\n{out}");
-            }
-            // A hang guard, not a timing assertion: a server that never
-            // listens has failed.
-            assert!(start.elapsed() < Duration::from_secs(120), "server never listened on {port}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-
-    /// Run `server` then `client` (the server's IP appended when
-    /// `client_needs_ip`), both to completion; both must succeed.
+    /// Run `server` then `client` (the server's IP appended), both to
+    /// completion once the server listens on TCP `port`; both must succeed.
     fn run(&self, port: u16, server: &[&str], client: &[&str]) -> (String, String) {
         let mut s = self.command(1, server).spawn().expect("start server");
         self.wait_listening(port, &mut s);
@@ -116,55 +47,6 @@ impl Lab {
         assert!(so.status.success(), "server {server:?} failed ({}):\n{sout}\n--- client:\n{cout}", so.status);
         (cout, sout)
     }
-}
-
-trait OutputRef {
-    fn wait_with_output_ref(&mut self) -> String;
-}
-
-impl OutputRef for Child {
-    fn wait_with_output_ref(&mut self) -> String {
-        use std::io::Read;
-        let mut s = String::new();
-        if let Some(o) = self.stdout.as_mut() {
-            let _ = o.read_to_string(&mut s);
-        }
-        if let Some(e) = self.stderr.as_mut() {
-            let _ = e.read_to_string(&mut s);
-        }
-        s
-    }
-}
-
-/// Wait for a server that finishes on its own (bounded: a hung server is
-/// killed and fails the test).
-fn finish(mut child: Child) -> Output {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return child.wait_with_output().expect("server output");
-        }
-        if start.elapsed() > Duration::from_secs(180) {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("server output");
-            panic!("server hung after the client finished:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// The numbers of a perftest result line (`#bytes #iterations ...`).
-fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .filter_map(|l| {
-            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
-            nums.ok().filter(|n| n.len() >= 4)
-        })
-        .collect()
 }
 
 #[test]
@@ -319,7 +201,7 @@ fn qperf_verbs_tests_without_rdma_cm_are_refused_as_on_every_roce_port() {
         // whichever comes first; never a failure before the path is set.
         assert!(out.contains(refusal), "{test}: not refused at the path ({refusal}):\n{out}");
         assert!(!out.contains("failed to create QP") && !out.contains("failed to open"), "{test}:\n{out}");
-        assert!(matches!(server.try_wait(), Ok(None)), "the qperf server exited after {test}:\n{}", server.wait_with_output_ref());
+        assert!(matches!(server.try_wait(), Ok(None)), "the qperf server exited after {test}:\n{}", programs::drain(&mut server));
     }
     // The server serves until killed.
     let _ = server.kill();

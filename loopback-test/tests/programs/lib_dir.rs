@@ -1,0 +1,21 @@
+//! Where the tests of Debian's programs find urnic's libraries: shared by
+//! loopback-test's programs module and urnic-tools' rxe lab (which includes
+//! this file by path), both crates one level below the workspace root.
+
+use std::path::PathBuf;
+
+/// Where urnic's libraries are (the directory holding `file`, e.g.
+/// `libibverbs.so.1`), or a loud failure saying how to make them.
+pub fn lib_dir(file: &str) -> PathBuf {
+    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    for profile in ["release", "debug"] {
+        let d = root.join("target").join(profile).join("urnic-lib");
+        if d.join(file).exists() {
+            return d;
+        }
+    }
+    panic!("urnic's {file} is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
+}
