@@ -10,8 +10,8 @@
 
 #![allow(dead_code)]
 
-mod lib_dir;
-pub use lib_dir::lib_dir;
+mod common;
+pub use common::{lib_dir, perftest_rows};
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
@@ -133,14 +133,4 @@ pub fn finish(mut child: Child) -> Output {
 
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-}
-
-/// The numbers of a perftest result line (`#bytes #iterations ...`).
-pub fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .filter_map(|l| {
-            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
-            nums.ok().filter(|n| n.len() >= 4)
-        })
-        .collect()
 }

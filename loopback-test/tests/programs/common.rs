@@ -1,6 +1,7 @@
-//! Where the tests of Debian's programs find urnic's libraries: shared by
-//! loopback-test's programs module and urnic-tools' rxe lab (which includes
-//! this file by path), both crates one level below the workspace root.
+//! What the tests of Debian's programs share across crates: where urnic's
+//! libraries are and perftest's result rows. Used by loopback-test's
+//! programs module and urnic-tools' rxe lab (which includes this file by
+//! path), both crates one level below the workspace root.
 
 use std::path::PathBuf;
 
@@ -18,4 +19,14 @@ pub fn lib_dir(file: &str) -> PathBuf {
         }
     }
     panic!("urnic's {file} is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
+}
+
+/// The numbers of perftest's result lines (`#bytes #iterations ...`).
+pub fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .filter_map(|l| {
+            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
+            nums.ok().filter(|n| n.len() >= 4)
+        })
+        .collect()
 }
