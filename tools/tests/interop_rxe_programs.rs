@@ -19,9 +19,9 @@
 //! - qperf: its verbs tests address the peer by LID alone unless `-cm1`
 //!   (RDMA-CM) is given, and a RoCE port refuses a path without a GRH (the
 //!   kernel's rdma_check_ah_attr: rxe fails them at RTR too), so its RC tests
-//!   need `-cm1` (RDMA-CM: loopback-test's rdmacm_programs runs them between
-//!   urnic processes) and `ud_lat` (never RDMA-CM) cannot run on any RoCE
-//!   device. The guest image has no qperf either.
+//!   need `-cm1` (RDMA-CM: interop_rxe_rdmacm.rs runs them against rxe,
+//!   loopback-test's rdmacm_programs between urnic processes) and `ud_lat`
+//!   (never RDMA-CM) cannot run on any RoCE device.
 //! - perftest `-R`, rping and the other RDMA-CM programs: interop_rxe_rdmacm.rs.
 //!
 //! The library is built by `ibverbs-abi/link.sh release` (deploy/test.sh
@@ -31,26 +31,7 @@
 
 mod rxe_lab;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
-
-use rxe_lab::{check_capture, guest_rc, roce_frames_link_local, text, Lab, GUEST_IP, OUR_IP};
-
-/// Where urnic's libibverbs.so.1 is, or a loud failure saying how to make it.
-fn lib_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["release", "debug"] {
-        let d = root.join("target").join(profile).join("urnic-lib");
-        if d.join("libibverbs.so.1").exists() {
-            return d;
-        }
-    }
-    panic!("urnic's libibverbs.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
-}
+use rxe_lab::{case_epilogue, case_marker, check_capture, lib_dir, perftest_rows, roce_frames_link_local, Lab, GUEST_IP, OUR_IP};
 
 /// One program run on both sides with the same arguments, as people run
 /// them; the device options are added per side (`-d`, and the GID index:
@@ -108,16 +89,6 @@ impl Case {
     }
 }
 
-/// The numbers of perftest's result lines (`#bytes #iterations ...`).
-fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
-    out.lines()
-        .filter_map(|l| {
-            let nums: Result<Vec<f64>, _> = l.split_whitespace().map(str::parse::<f64>).collect();
-            nums.ok().filter(|n| n.len() >= 4)
-        })
-        .collect()
-}
-
 /// Every case, run in both directions. `-F` keeps perftest from refusing to
 /// run when it finds the CPU frequency scaled (the emulated guest).
 const CASES: &[Case] = &[
@@ -142,78 +113,10 @@ const CASES: &[Case] = &[
     Case { name: "read_lat", program: "ib_read_lat", args: "-F -n 50 -s 64" },
 ];
 
-/// A guest run (peer.sh run as a child), stopped on drop if it still runs,
-/// so a failed test does not leave qemu running until its timeout. peer.sh
-/// waits for its qemu pipeline before its TERM trap runs (and `timeout`
-/// keeps qemu in a process group of its own): the run's descendants are
-/// stopped by pid, then peer.sh, whose trap deletes the tap.
-struct GuestRun(Child);
-
-/// The descendants of `pid` (children first-level first), from
-/// /proc/PID/task/TID/children.
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
-        for t in tasks.flatten() {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
-                out.push(k);
-                todo.push(k);
-            }
-        }
-    }
-    out
-}
-
-impl Drop for GuestRun {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            for pid in descendants(self.0.id()).into_iter().chain([self.0.id()]) {
-                // SAFETY: kill(2) on a process this test started (its
-                // guest run and what that run started).
-                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            }
-        }
-        let _ = self.0.wait();
-    }
-}
-
-/// A program on urnic in our namespace (device urnic-eth0).
-fn ours(lab: &Lab, lib: &Path, argv: &[String]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", &lab.ours, "env"])
-        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
-        .arg("URNIC_DEVICES=eth0")
-        .args(argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
 /// Whether a client failed only because nothing listened yet (the guest's
 /// next server still starting): nothing was exchanged, it may run again.
 fn refused_before_connecting(out: &str) -> bool {
     out.contains("Couldn't connect to") || out.contains("Unable to open file descriptor for socket connection")
-}
-
-/// Until the guest's log shows `marker` (hang guard: the guest's own
-/// timeout, and 600 s here).
-fn wait_for_marker(log: &Path, marker: &str, guest: &mut GuestRun) {
-    let start = Instant::now();
-    loop {
-        let g = std::fs::read_to_string(log).unwrap_or_default();
-        if g.lines().any(|l| l.trim_end() == marker) {
-            return;
-        }
-        if let Ok(Some(_)) = guest.0.try_wait() {
-            panic!("the guest ended before `{marker}`:\n{g}");
-        }
-        assert!(start.elapsed() < Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// The guest's script: each case prefixed by a marker line, its output kept
@@ -231,22 +134,9 @@ fn guest_script(clients: bool) -> String {
         // exchanges nothing; a failure after connecting fails the case there
         // and then on urnic's side).
         let cmd = if clients { format!("retry {cmd}") } else { cmd };
-        s.push_str(&format!(
-            "echo URNIC-CASE-{name}\n{cmd} >/host/{name}.out 2>&1; rc=$?\ncat /host/{name}.out\n\
-             [ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED {name} rc=$rc\"; exit $rc; }}\n",
-            name = c.name
-        ));
+        s.push_str(&format!("echo {}\n{cmd} >/host/{name}.out 2>&1; rc=$?\n{}", case_marker(c.name), case_epilogue(c.name), name = c.name));
     }
     s
-}
-
-/// Boot the guest with `script`; returns the run, its log and capture.
-fn boot(lab: &Lab, name: &str, script: &str) -> (GuestRun, PathBuf, PathBuf, PathBuf) {
-    let share = lab.dir.join(format!("{name}-share"));
-    std::fs::create_dir_all(&share).unwrap();
-    std::fs::write(share.join("cmd.sh"), script).unwrap();
-    let (child, log, pcap) = lab.guest_shared(name, &share);
-    (GuestRun(child), log, pcap, share)
 }
 
 /// rxe runs the servers (one after the other in one guest), urnic's
@@ -254,45 +144,24 @@ fn boot(lab: &Lab, name: &str, script: &str) -> (GuestRun, PathBuf, PathBuf, Pat
 #[test]
 fn debian_programs_rxe_servers_urnic_clients() {
     let lab = Lab::new("progs1", 1500);
-    let lib = lib_dir();
-    let (mut guest, log, pcap, share) = boot(&lab, "progs-rxe-servers", &guest_script(false));
-    lab.wait_ready(&log);
+    let lib = lib_dir("libibverbs.so.1");
+    let mut guest = lab.boot("progs-rxe-servers", &guest_script(false));
+    lab.wait_ready(&guest.log);
     let mut ran = Vec::new();
     for c in CASES {
-        wait_for_marker(&log, &format!("URNIC-CASE-{}", c.name), &mut guest);
+        guest.wait_for_marker(&case_marker(c.name));
         let mut argv = c.argv("urnic-eth0");
         argv.push(GUEST_IP.to_string());
-        let start = Instant::now();
-        let out = loop {
-            let o: Output = ours(&lab, &lib, &argv).output().expect("ip netns exec");
-            let t = text(&o);
-            if o.status.success() || !refused_before_connecting(&t) {
-                break o;
-            }
-            // Hang guard: a server that never listens has failed.
-            assert!(start.elapsed() < Duration::from_secs(300), "{}: rxe's server never listened:\n{t}", c.name);
-            std::thread::sleep(Duration::from_millis(500));
-        };
-        let t = text(&out);
-        assert!(
-            out.status.success(),
-            "{}: urnic's client failed ({}):\n{t}\n--- rxe guest ---\n{}",
-            c.name,
-            out.status,
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        let t = lab.urnic_client(&lib, &argv, c.name, &guest.log, &mut refused_before_connecting);
         eprintln!("{}: urnic client: {}", c.name, c.check_client_output(&t, "urnic"));
         ran.push(c.name);
     }
-    let _ = guest.0.wait();
-    let g = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(guest_rc(&log), Some(0), "rxe's servers:\n{g}");
+    guest.finish("rxe's servers");
     for c in CASES.iter().filter(|c| c.is_pingpong()) {
         // The pingpong servers check the buffers too (-c).
-        let out = std::fs::read_to_string(share.join(format!("{}.out", c.name))).unwrap_or_default();
-        c.check_client_output(&out, "rxe (server)");
+        c.check_client_output(&guest.case_output(c.name), "rxe (server)");
     }
-    let frames = check_capture(&pcap);
+    let frames = check_capture(&guest.pcap);
     assert!(frames > 1000, "only {frames} RoCE frames captured for {ran:?}");
     eprintln!("{frames} RoCE frames captured, every one parsed (ICRC checked) and dissected");
 }
@@ -302,68 +171,21 @@ fn debian_programs_rxe_servers_urnic_clients() {
 #[test]
 fn debian_programs_urnic_servers_rxe_clients() {
     let lab = Lab::new("progs2", 1500);
-    let lib = lib_dir();
-    let (mut guest, log, pcap, share) = boot(&lab, "progs-urnic-servers", &guest_script(true));
-    for c in CASES {
-        let server = ours(&lab, &lib, &c.argv("urnic-eth0")).spawn().expect("ip netns exec");
-        let out = wait_server(server, &mut guest, c.name, &log);
-        let t = text(&out);
-        assert!(
-            out.status.success(),
-            "{}: urnic's server failed ({}):\n{t}\n--- rxe guest ---\n{}",
-            c.name,
-            out.status,
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+    let lib = lib_dir("libibverbs.so.1");
+    let mut guest = lab.boot("progs-urnic-servers", &guest_script(true));
+    for (i, c) in CASES.iter().enumerate() {
+        let t = lab.urnic_server(&lib, &c.argv("urnic-eth0"), c.name, &mut guest);
         if c.is_pingpong() {
             c.check_client_output(&t, "urnic (server)");
         }
         // The guest wrote its client's output before starting the next case.
-        wait_for_marker_or_end(&log, c, &mut guest);
-        let theirs = std::fs::read_to_string(share.join(format!("{}.out", c.name))).unwrap_or_default();
-        eprintln!("{}: rxe client: {}", c.name, c.check_client_output(&theirs, "rxe"));
+        guest.wait_for_case(CASES.get(i + 1).map(|n| n.name));
+        eprintln!("{}: rxe client: {}", c.name, c.check_client_output(&guest.case_output(c.name), "rxe"));
     }
-    let _ = guest.0.wait();
-    let g = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(guest_rc(&log), Some(0), "rxe's clients:\n{g}");
-    let frames = check_capture(&pcap);
+    guest.finish("rxe's clients");
+    let frames = check_capture(&guest.pcap);
     assert!(frames > 1000, "only {frames} RoCE frames captured");
     eprintln!("{frames} RoCE frames captured, every one parsed (ICRC checked) and dissected");
-}
-
-/// Wait for urnic's server to finish; fail loudly if the guest's client
-/// gave up (the guest logs `URNIC-CASE-FAILED`) or the server hangs.
-fn wait_server(mut server: Child, guest: &mut GuestRun, name: &str, log: &Path) -> Output {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(_)) = server.try_wait() {
-            return server.wait_with_output().expect("server output");
-        }
-        let g = std::fs::read_to_string(log).unwrap_or_default();
-        let guest_done = g.contains("URNIC-CASE-FAILED") || matches!(guest.0.try_wait(), Ok(Some(_)));
-        if guest_done || start.elapsed() > Duration::from_secs(600) {
-            // Give the server a moment to finish on its own after its client.
-            std::thread::sleep(Duration::from_secs(5));
-            if let Ok(Some(_)) = server.try_wait() {
-                return server.wait_with_output().expect("server output");
-            }
-            let _ = server.kill();
-            let o = server.wait_with_output().expect("server output");
-            panic!("{name}: urnic's server did not finish (guest done: {guest_done}):\n{}\n--- rxe guest ---\n{g}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// After case `c` on the guest: the next case's marker, or the script's end.
-fn wait_for_marker_or_end(log: &Path, c: &Case, guest: &mut GuestRun) {
-    let idx = CASES.iter().position(|x| x.name == c.name).expect("a listed case");
-    match CASES.get(idx + 1) {
-        Some(next) => wait_for_marker(log, &format!("URNIC-CASE-{}", next.name), guest),
-        None => {
-            let _ = guest.0.wait();
-        }
-    }
 }
 
 /// Debian's ibv_rc_pingpong on urnic's library against the same program on
@@ -375,7 +197,7 @@ fn wait_for_marker_or_end(log: &Path, c: &Case, guest: &mut GuestRun) {
 #[test]
 fn debian_rc_pingpong_over_link_local_gids_both_roles() {
     let lab = Lab::new_ipv6("progsll", 1500);
-    let lib = lib_dir();
+    let lib = lib_dir("libibverbs.so.1");
     let pp = "ibv_rc_pingpong -n 50 -s 4096 -c";
     let script = format!(
         "retry() {{ for i in $(seq 60); do \"$@\" && return 0; sleep 1; done; return 1; }}\n\
@@ -386,8 +208,8 @@ fn debian_rc_pingpong_over_link_local_gids_both_roles() {
          retry {pp} -d rxe0 -g $RXE_GID_LL {OUR_IP} >/host/client.out 2>&1; rc=$?\ncat /host/client.out\n\
          [ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED ll_rxe_client rc=$rc\"; exit $rc; }}\n"
     );
-    let (mut guest, log, pcap, share) = boot(&lab, "progs-ll", &script);
-    lab.wait_ready(&log);
+    let mut guest = lab.boot("progs-ll", &script);
+    lab.wait_ready(&guest.log);
     let argv = |server: Option<&str>| -> Vec<String> {
         let mut v: Vec<String> = pp.split_whitespace().map(str::to_string).collect();
         v.extend(["-d", "urnic-eth0", "-g", "0"].map(String::from));
@@ -403,42 +225,25 @@ fn debian_rc_pingpong_over_link_local_gids_both_roles() {
     let case = Case { name: "rc_pingpong_link_local", program: "ibv_rc_pingpong", args: "-n 50 -s 4096 -c" };
 
     // rxe serves, urnic's library is the client (retrying until rxe listens).
-    wait_for_marker(&log, "URNIC-CASE-ll_rxe_server", &mut guest);
-    let start = Instant::now();
-    let out = loop {
-        let o: Output = ours(&lab, &lib, &argv(Some(GUEST_IP))).output().expect("ip netns exec");
-        let t = text(&o);
-        if o.status.success() || !refused_before_connecting(&t) {
-            break o;
-        }
-        // Hang guard: a server that never listens has failed.
-        assert!(start.elapsed() < Duration::from_secs(300), "rxe's server never listened:\n{t}");
-        std::thread::sleep(Duration::from_millis(500));
-    };
-    let t = text(&out);
-    let g = || std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(out.status.success(), "urnic's client failed ({}):\n{t}\n--- rxe guest ---\n{}", out.status, g());
+    guest.wait_for_marker(&case_marker("ll_rxe_server"));
+    let t = lab.urnic_client(&lib, &argv(Some(GUEST_IP)), case.name, &guest.log, &mut refused_before_connecting);
     eprintln!("urnic client: {}", case.check_client_output(&t, "urnic"));
     link_local(&t, "urnic client");
 
     // urnic's library serves, rxe is the client.
-    wait_for_marker(&log, "URNIC-CASE-ll_rxe_client", &mut guest);
-    let server = ours(&lab, &lib, &argv(None)).spawn().expect("ip netns exec");
-    let out = wait_server(server, &mut guest, case.name, &log);
-    let t = text(&out);
-    assert!(out.status.success(), "urnic's server failed ({}):\n{t}\n--- rxe guest ---\n{}", out.status, g());
+    guest.wait_for_marker(&case_marker("ll_rxe_client"));
+    let t = lab.urnic_server(&lib, &argv(None), case.name, &mut guest);
     case.check_client_output(&t, "urnic (server)");
     link_local(&t, "urnic server");
 
-    let _ = guest.0.wait();
-    assert_eq!(guest_rc(&log), Some(0), "rxe's side:\n{}", g());
-    for (f, side) in [("server.out", "rxe (server)"), ("client.out", "rxe (client)")] {
-        let theirs = std::fs::read_to_string(share.join(f)).unwrap_or_default();
+    guest.finish("rxe's side");
+    for (f, side) in [("server", "rxe (server)"), ("client", "rxe (client)")] {
+        let theirs = guest.case_output(f);
         eprintln!("{side}: {}", case.check_client_output(&theirs, side));
         link_local(&theirs, side);
     }
-    let frames = check_capture(&pcap);
-    let (roce, link_local) = roce_frames_link_local(&pcap);
+    let frames = check_capture(&guest.pcap);
+    let (roce, link_local) = roce_frames_link_local(&guest.pcap);
     assert_eq!(roce, frames);
     // 50 messages of 4 packets each way, twice, and their ACKs.
     assert!(frames >= 800, "only {frames} RoCE frames captured");

@@ -1,6 +1,6 @@
-//! Debian's unmodified RDMA-CM programs (rdmacm-utils, perftest `-R`) on
-//! urnic's librdmacm.so.1 against the same programs on Linux rxe (the
-//! kernel's CM), in both roles.
+//! Debian's unmodified RDMA-CM programs (rdmacm-utils, perftest `-R`,
+//! qperf `-cm1`) on urnic's librdmacm.so.1 against the same programs on
+//! Linux rxe (the kernel's CM), in both roles.
 //!
 //! As interop_rxe_programs: urnic's side in our namespace on the rxe lab's
 //! bridge (device urnic-eth0), the guest (deploy/rxe-peer/peer.sh) runs the
@@ -10,32 +10,44 @@
 //!
 //! The cases: rping -v -C 10, rping -q (each side's own QP moved with
 //! rdma_init_qp_attr), ucmatose with 4 connections, udaddy (UD ids through
-//! SIDR), rdma_server / rdma_client, ib_send_bw -R. The guest image has no
-//! qperf.
+//! SIDR), rdma_server / rdma_client, ib_send_bw -R, ib_write_bw -R, and
+//! qperf -cm1 with rc_bw, rc_lat, rc_rdma_write_bw and rc_rdma_read_lat.
+//!
+//! perftest 4.5-0.17's `-R` client connects its test QP as soon as the
+//! server has sent its last handshake message, without waiting for the
+//! server's second listen: a client faster than the server (urnic's client
+//! against rxe's server in the emulated guest, about one run in three; two
+//! rxe guests with the server's guest slowed down too) is rejected with
+//! REJ "invalid service ID" (reason 8), and perftest's own retry then calls
+//! `rdma_resolve_addr` on the ids it has just destroyed and fails. Such a
+//! run, proven by the client's output *and* the capture (the REJ, reason 8,
+//! answers the second REQ right after the first connection's RTU), starts
+//! the pair again; any other failure fails the test.
+//!
+//! qperf 0.4.11 has a race of the same kind: its server sends the client
+//! the port of a test's RDMA-CM connection before it calls `rdma_listen`
+//! (qperf's rdma.c, `cm_open_server`), and a client that connects first is
+//! rejected (REJ 8, "unexpected event from RDMA CM: Event rejected"). Such a
+//! client, proven by its output and the capture (its REQ answered by REJ
+//! 8), runs again; the qperf server serves on.
 //!
 //! The library is built by `ibverbs-abi/link.sh release`; `URNIC_LIB_DIR`
 //! points elsewhere. Nothing is timed: loops have hang guards.
 
 mod rxe_lab;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::process::{Child, Command};
 
-use rxe_lab::{check_capture, guest_rc, text, Lab, GUEST_IP, OUR_IP};
+use rxe_lab::{case_epilogue, case_marker, check_capture, lib_dir, text, GuestRun, Lab, GUEST_IP, OUR_IP};
 
-fn lib_dir() -> PathBuf {
-    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
-        return PathBuf::from(d);
-    }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for profile in ["release", "debug"] {
-        let d = root.join("target").join(profile).join("urnic-lib");
-        if d.join("librdmacm.so.1").exists() {
-            return d;
-        }
-    }
-    panic!("urnic's librdmacm.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
+/// How the guest knows its server of a case listens.
+#[derive(Clone, Copy)]
+enum Listens {
+    /// A listening CM id in the kernel's table (`rdma resource show cm_id`).
+    CmId,
+    /// A listening TCP port (qperf's control connection).
+    Tcp(u16),
 }
 
 /// One program: the server's and the client's arguments (`{S}`: the
@@ -44,30 +56,60 @@ struct Case {
     name: &'static str,
     server: &'static str,
     client: &'static str,
-    done: &'static str,
+    /// Every one of these is in the client's output.
+    done: &'static [&'static str],
+    listens: Listens,
+    /// The server serves until it is stopped (qperf), rather than ending
+    /// after its client.
+    serves_on: bool,
+    /// The program's own race with its server's listen (see the top).
+    race: Race,
+}
+
+/// A client's race with its server's `rdma_listen` that the program itself
+/// has (see the top): a client that lost it is started again.
+#[derive(Clone, Copy, PartialEq)]
+enum Race {
+    None,
+    /// perftest 4.5-0.17 `-R`: the pair runs again, server and client.
+    PerftestR,
+    /// qperf 0.4.11 `-cm1`: the client runs again, the server serves on.
+    QperfListen,
+}
+
+const QPERF_TESTS: [&str; 4] = ["rc_bw", "rc_lat", "rc_rdma_write_bw", "rc_rdma_read_lat"];
+
+const fn case(name: &'static str, server: &'static str, client: &'static str, done: &'static [&'static str]) -> Case {
+    Case { name, server, client, done, listens: Listens::CmId, serves_on: false, race: Race::None }
+}
+
+const fn perftest(name: &'static str, server: &'static str, client: &'static str) -> Case {
+    Case { race: Race::PerftestR, ..case(name, server, client, &["16384"]) }
 }
 
 const CASES: &[Case] = &[
-    Case { name: "rping", server: "rping -s -a {S} -v -C 10", client: "rping -c -a {S} -v -C 10", done: "rdma-ping-9: " },
+    case("rping", "rping -s -a {S} -v -C 10", "rping -c -a {S} -v -C 10", &["rdma-ping-9: "]),
     // Each side's own QP, moved with rdma_init_qp_attr.
-    Case { name: "rping_own_qp", server: "rping -s -q -a {S} -v -C 5", client: "rping -c -q -a {S} -v -C 5", done: "rdma-ping-4: " },
-    Case { name: "ucmatose", server: "ucmatose -c 4", client: "ucmatose -s {S} -c 4", done: "return status 0" },
-    Case { name: "udaddy", server: "udaddy", client: "udaddy -s {S}", done: "return status 0" },
+    case("rping_own_qp", "rping -s -q -a {S} -v -C 5", "rping -c -q -a {S} -v -C 5", &["rdma-ping-4: "]),
+    case("ucmatose", "ucmatose -c 4", "ucmatose -s {S} -c 4", &["return status 0"]),
+    case("udaddy", "udaddy", "udaddy -s {S}", &["return status 0"]),
     // rdma_create_ep / rdma_get_request (synchronous ids), port 7471.
-    Case { name: "rdma_server_client", server: "rdma_server", client: "rdma_client -s {S}", done: "rdma_client: end 0" },
-    Case { name: "send_bw_cm", server: "ib_send_bw -F -R -n 50 -s 16384", client: "ib_send_bw -F -R -n 50 -s 16384 {S}", done: "16384" },
+    case("rdma_server_client", "rdma_server", "rdma_client -s {S}", &["rdma_client: end 0"]),
+    perftest("send_bw_cm", "ib_send_bw -F -R -n 50 -s 16384", "ib_send_bw -F -R -n 50 -s 16384 {S}"),
+    perftest("write_bw_cm", "ib_write_bw -F -R -n 50 -s 16384", "ib_write_bw -F -R -n 50 -s 16384 {S}"),
+    // qperf's control connection is TCP 19765, each test a CM connection.
+    Case {
+        listens: Listens::Tcp(19765),
+        serves_on: true,
+        race: Race::QperfListen,
+        ..case(
+            "qperf_cm",
+            "qperf",
+            "qperf -cm1 -t 2 -m 64K {S} rc_bw rc_lat rc_rdma_write_bw rc_rdma_read_lat",
+            &["rc_bw:", "rc_lat:", "rc_rdma_write_bw:", "rc_rdma_read_lat:"],
+        )
+    },
 ];
-
-/// The cases where rxe runs the server. Not `ib_send_bw -R` with urnic's
-/// client: perftest 4.5-0.17's client connects its second QP as soon as the
-/// first is up, before rxe's server listens again (REJ 8), and its retry then
-/// reuses the CM ids it has just destroyed (fixed in later perftest): about
-/// one run in three hangs, whatever the CM does. urnic's server with rxe's
-/// client runs it (the other test), as do two urnic processes
-/// (loopback-test rdmacm_programs, which restarts such a pair).
-fn rxe_server_cases() -> impl Iterator<Item = &'static Case> {
-    CASES.iter().filter(|c| c.name != "send_bw_cm")
-}
 
 impl Case {
     fn argv(&self, client: bool, server_ip: &str) -> Vec<String> {
@@ -76,160 +118,174 @@ impl Case {
     }
 
     fn check_client(&self, out: &str, side: &str) {
-        assert!(out.contains(self.done), "{}: the {side} client did not finish (no `{}`):\n{out}", self.name, self.done);
+        for d in self.done {
+            assert!(out.contains(d), "{}: the {side} client did not finish (no `{d}`):\n{out}", self.name);
+        }
+        if self.serves_on {
+            // qperf: a figure for each test (`bw  =  ...`, `latency  =  ...`).
+            let figures = out.lines().filter(|l| l.trim_start().starts_with("bw  =") || l.trim_start().starts_with("latency  =")).count();
+            assert_eq!(figures, QPERF_TESTS.len(), "{}: one figure per test from the {side} client:\n{out}", self.name);
+        }
+    }
+
+    /// The guest's test that its server listens.
+    fn listening(&self) -> String {
+        match self.listens {
+            Listens::CmId => "rdma resource show cm_id 2>/dev/null | grep -q LISTEN".into(),
+            Listens::Tcp(port) => format!("ss -Hltn 'sport = :{port}' | grep -q ."),
+        }
     }
 }
 
-/// A client refused because nothing listened yet (REJ 8 / SIDR status 1):
-/// nothing was exchanged, it may run again.
+/// A client refused because nothing listened yet (REJ 8 / SIDR status 1,
+/// qperf's refused TCP connection): nothing was exchanged, it may run again.
 fn refused_before_connecting(out: &str) -> bool {
-    out.contains("REJECTED") || out.contains("UNREACHABLE") || out.contains("bl blka 8") || out.contains("bl blka 7")
+    out.contains("REJECTED") || out.contains("UNREACHABLE") || out.contains("bl blka 8") || out.contains("bl blka 7") || qperf_refused(out)
 }
 
-struct GuestRun(Child);
+fn qperf_refused(out: &str) -> bool {
+    out.contains("failed to connect") || out.contains("could not make")
+}
 
-fn descendants(pid: u32) -> Vec<u32> {
-    let mut out = Vec::new();
-    let mut todo = vec![pid];
-    while let Some(p) = todo.pop() {
-        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
-        for t in tasks.flatten() {
-            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
-            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
-                out.push(k);
-                todo.push(k);
-            }
-        }
+/// Whether a client that failed lost its program's own race with the
+/// server's listen (see the top): its output shows the rejection, and the CM
+/// MADs of `pcap` end with the REQ answered by a REJ with reason 8 (IBTA
+/// 12.6.7.2 table 103: 8 = invalid service ID, the CM's answer when nothing
+/// listens) — for perftest `-R` right after its first connection (REQ, REP,
+/// RTU).
+fn lost_race(race: Race, out: &str, pcap: &Path) -> bool {
+    // IBTA 16.7.2 table 246 (CM attribute IDs): REQ 0x10, REJ 0x12, REP
+    // 0x13, RTU 0x14, DREQ 0x15, DREP 0x16.
+    let (said, tail): (&str, &[&str]) = match race {
+        Race::None => return false,
+        Race::PerftestR => ("Event: RDMA_CM_EVENT_REJECTED; error: 8.", &["0x0010", "0x0013", "0x0014", "0x0010", "0x0012 0x0008"]),
+        Race::QperfListen => ("unexpected event from RDMA CM: Event rejected", &["0x0010", "0x0012 0x0008"]),
+    };
+    if !out.contains(said) {
+        return false;
     }
-    out
-}
-
-impl Drop for GuestRun {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            for pid in descendants(self.0.id()).into_iter().chain([self.0.id()]) {
-                // SAFETY: kill(2) on processes this test started.
-                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
-            }
-        }
-        let _ = self.0.wait();
+    let o = Command::new("tshark")
+        .arg("-r")
+        .arg(pcap)
+        .args(["-Y", "infiniband.bth.destqp == 1 && !icmp", "-T", "fields", "-e", "infiniband.mad.attributeid", "-e", "infiniband.cm.rej.reason"])
+        .output()
+        .expect("tshark");
+    let mut mads: Vec<String> = String::from_utf8_lossy(&o.stdout).lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+    // A client that exits rather than crashing releases the connections it
+    // still has afterwards (DREQ/DREP).
+    while mads.last().is_some_and(|m| m == "0x0015" || m == "0x0016") {
+        mads.pop();
     }
-}
-
-fn ours(lab: &Lab, lib: &Path, argv: &[String]) -> Command {
-    let mut c = Command::new("ip");
-    c.args(["netns", "exec", &lab.ours, "env"])
-        .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
-        .arg("URNIC_DEVICES=eth0")
-        .arg("URNIC_STATS=0")
-        .args(argv)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn wait_for_marker(log: &Path, marker: &str, guest: &mut GuestRun) {
-    let start = Instant::now();
-    loop {
-        let g = std::fs::read_to_string(log).unwrap_or_default();
-        if g.lines().any(|l| l.trim_end() == marker) {
-            return;
-        }
-        if let Ok(Some(_)) = guest.0.try_wait() {
-            panic!("the guest ended before `{marker}`:\n{g}");
-        }
-        assert!(start.elapsed() < Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    mads.ends_with(&tail.iter().map(|m| m.to_string()).collect::<Vec<_>>())
 }
 
 /// The guest's script: each case after a marker line (a server's once it
-/// listens), output in /host/NAME.out; clients retry while refused before
-/// connecting.
+/// listens), output in /host/NAME.out. Clients retry while refused before
+/// connecting. A server runs again, with the marker
+/// `URNIC-CASE-NAME-again-N`, when the test creates /host/NAME.again-N (its
+/// perftest client lost perftest's race), and one that serves on is
+/// stopped when the test creates /host/NAME.stop (it must still be running).
 fn guest_script(clients: bool) -> String {
     let mut s = String::from(
         "retry() { for i in $(seq 60); do out=$(\"$@\" 2>&1); rc=$?; echo \"$out\"; [ $rc = 0 ] && return 0; \
-         echo \"$out\" | grep -qE 'REJECTED|UNREACHABLE|bl blka [78]' || return $rc; sleep 1; done; return 1; }\n",
+         echo \"$out\" | grep -qE 'REJECTED|UNREACHABLE|bl blka [78]|failed to connect|could not make' || return $rc; sleep 1; done; return 1; }\n",
     );
-    let cases: Vec<&Case> = if clients { CASES.iter().collect() } else { rxe_server_cases().collect() };
-    for c in cases {
+    for c in CASES {
         let ip = if clients { OUR_IP } else { GUEST_IP };
         let cmd = c.argv(clients, ip).join(" ");
         let run = if clients {
-            format!("echo URNIC-CASE-{name}\nretry {cmd} >/host/{name}.out 2>&1; rc=$?\n", name = c.name)
+            format!("echo {}\nretry {cmd} >/host/{name}.out 2>&1; rc=$?\n", case_marker(c.name), name = c.name)
         } else {
-            // The marker once the server's id listens (the kernel's own
-            // table of CM ids, `rdma resource show cm_id`): a client that
-            // comes earlier is refused (REJ 8), and perftest 4.5-0.17's -R
-            // pair does not recover from that (see the README).
+            // The marker once the server listens: a client that comes
+            // earlier is refused (REJ 8), and perftest 4.5-0.17's -R pair
+            // does not recover from that (see the top).
             format!(
-                "{cmd} >/host/{name}.out 2>&1 & pid=$!\n\
-                 for i in $(seq 1200); do rdma resource show cm_id 2>/dev/null | grep -q LISTEN && break; sleep 0.1; done\n\
-                 echo URNIC-CASE-{name}\nwait $pid; rc=$?\n",
-                name = c.name
+                "attempt=0\n\
+                 while :; do\n\
+                 {cmd} >/host/{name}.out 2>&1 & pid=$!\n\
+                 for i in $(seq 1200); do {listening} && break; sleep 0.1; done\n\
+                 if [ $attempt = 0 ]; then echo {marker}; else echo {marker}-again-$attempt; fi\n\
+                 next=/host/{name}.again-$((attempt + 1))\n\
+                 while kill -0 $pid 2>/dev/null && [ ! -e $next ] && [ ! -e /host/{name}.stop ]; do sleep 0.2; done\n\
+                 [ -e $next ] || break\n\
+                 kill $pid; wait $pid; attempt=$((attempt + 1))\n\
+                 done\n\
+                 if [ -e /host/{name}.stop ]; then kill $pid && rc=0 || rc=1; wait $pid; else wait $pid; rc=$?; fi\n",
+                name = c.name,
+                marker = case_marker(c.name),
+                listening = c.listening(),
             )
         };
         s.push_str(&run);
-        s.push_str(&format!("cat /host/{name}.out\n[ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED {name} rc=$rc\"; exit $rc; }}\n", name = c.name));
+        s.push_str(&case_epilogue(c.name));
     }
     s
 }
 
-fn boot(lab: &Lab, name: &str, script: &str) -> (GuestRun, PathBuf, PathBuf, PathBuf) {
-    let share = lab.dir.join(format!("{name}-share"));
-    std::fs::create_dir_all(&share).unwrap();
-    std::fs::write(share.join("cmd.sh"), script).unwrap();
-    let (child, log, pcap) = lab.guest_shared(name, &share);
-    (GuestRun(child), log, pcap, share)
+/// The CM MADs of the capture, by tshark's name (`CM: ConnectRequest`, ...),
+/// with every message the programs exchange present.
+fn check_cm_messages(pcap: &Path) {
+    let o = Command::new("tshark").arg("-r").arg(pcap).args(["-Y", "infiniband.bth.destqp == 1"]).output().expect("tshark");
+    let cm = String::from_utf8_lossy(&o.stdout);
+    for m in ["ConnectRequest", "ConnectReply", "ReadyToUse", "DisconnectRequest", "DisconnectReply", "ServiceIDResReq", "ServiceIDResReqResp"] {
+        assert!(cm.contains(&format!("CM: {m}")), "no CM {m} in the capture:\n{cm}");
+    }
 }
 
-/// The CM MADs of the capture, by tshark's name (`CM: ConnectRequest`, ...).
-fn cm_messages(pcap: &Path) -> String {
-    let o = Command::new("tshark").arg("-r").arg(pcap).args(["-Y", "infiniband.bth.destqp == 1"]).output().expect("tshark");
-    String::from_utf8_lossy(&o.stdout).into_owned()
+/// Tell the guest's script `file` (in /host).
+fn tell_guest(guest: &GuestRun, file: &str) {
+    std::fs::write(guest.share.join(file), b"").expect("the guest's share");
+}
+
+/// A urnic server that serves until stopped, stopped on drop (a failed
+/// case does not leave it running).
+struct Serving(Option<Child>);
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        if let Some(c) = self.0.as_mut() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
 }
 
 /// rxe runs the servers, urnic's librdmacm the clients.
 #[test]
 fn rdmacm_programs_rxe_servers_urnic_clients() {
     let lab = Lab::new("cm1", 1500);
-    let lib = lib_dir();
-    let (mut guest, log, pcap, _share) = boot(&lab, "cm-rxe-servers", &guest_script(false));
-    lab.wait_ready(&log);
-    for c in rxe_server_cases() {
-        wait_for_marker(&log, &format!("URNIC-CASE-{}", c.name), &mut guest);
+    let lib = lib_dir("librdmacm.so.1");
+    let mut guest = lab.boot("cm-rxe-servers", &guest_script(false));
+    lab.wait_ready(&guest.log);
+    for c in CASES {
+        guest.wait_for_marker(&case_marker(c.name));
         let argv = c.argv(true, GUEST_IP);
-        let start = Instant::now();
-        let out = loop {
-            let o: Output = bounded(ours(&lab, &lib, &argv), c.name);
-            let t = text(&o);
-            if o.status.success() || !refused_before_connecting(&t) {
-                break o;
+        let (log, pcap) = (guest.log.clone(), guest.pcap.clone());
+        let mut attempt = 0;
+        let mut again = |out: &str| {
+            if attempt < 10 && lost_race(c.race, out, &pcap) {
+                attempt += 1;
+                if c.race == Race::PerftestR {
+                    eprintln!("{}: urnic's client lost perftest's -R race (REJ 8 for its test QP): the pair runs again", c.name);
+                    tell_guest(&guest, &format!("{}.again-{attempt}", c.name));
+                    guest.wait_for_marker(&format!("{}-again-{attempt}", case_marker(c.name)));
+                } else {
+                    eprintln!("{}: urnic's client lost qperf's race with its server's rdma_listen (REJ 8): it runs again", c.name);
+                }
+                return true;
             }
-            // Hang guard: a server that never listens has failed.
-            assert!(start.elapsed() < Duration::from_secs(300), "{}: rxe's server never listened:\n{t}", c.name);
-            std::thread::sleep(Duration::from_millis(500));
+            refused_before_connecting(out)
         };
-        let t = text(&out);
-        assert!(
-            out.status.success(),
-            "{}: urnic's client failed ({}):\n{t}\n--- rxe guest ---\n{}",
-            c.name,
-            out.status,
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
+        let t = lab.urnic_client(&lib, &argv, c.name, &log, &mut again);
         c.check_client(&t, "urnic");
+        if c.serves_on {
+            tell_guest(&guest, &format!("{}.stop", c.name));
+        }
         eprintln!("{}: urnic client done", c.name);
     }
-    let _ = guest.0.wait();
-    let g = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(guest_rc(&log), Some(0), "rxe's servers:\n{g}");
-    let frames = check_capture(&pcap);
-    let cm = cm_messages(&pcap);
-    for m in ["ConnectRequest", "ConnectReply", "ReadyToUse", "DisconnectRequest", "DisconnectReply", "ServiceIDResReq", "ServiceIDResReqResp"] {
-        assert!(cm.contains(&format!("CM: {m}")), "no CM {m} in the capture:\n{cm}");
-    }
+    guest.finish("rxe's servers");
+    let frames = check_capture(&guest.pcap);
+    check_cm_messages(&guest.pcap);
     eprintln!("{frames} RoCE frames captured, every one parsed (ICRC checked) and dissected");
 }
 
@@ -237,75 +293,36 @@ fn rdmacm_programs_rxe_servers_urnic_clients() {
 #[test]
 fn rdmacm_programs_urnic_servers_rxe_clients() {
     let lab = Lab::new("cm2", 1500);
-    let lib = lib_dir();
-    let (mut guest, log, pcap, share) = boot(&lab, "cm-urnic-servers", &guest_script(true));
+    let lib = lib_dir("librdmacm.so.1");
+    let mut guest = lab.boot("cm-urnic-servers", &guest_script(true));
     for (i, c) in CASES.iter().enumerate() {
-        let server = ours(&lab, &lib, &c.argv(false, OUR_IP)).spawn().expect("ip netns exec");
-        let out = wait_server(server, &mut guest, c.name, &log);
-        let t = text(&out);
-        assert!(
-            out.status.success(),
-            "{}: urnic's server failed ({}):\n{t}\n--- rxe guest ---\n{}",
-            c.name,
-            out.status,
-            std::fs::read_to_string(&log).unwrap_or_default()
-        );
-        match CASES.get(i + 1) {
-            Some(next) => wait_for_marker(&log, &format!("URNIC-CASE-{}", next.name), &mut guest),
-            None => {
-                let _ = guest.0.wait();
-            }
+        let argv = c.argv(false, OUR_IP);
+        let next = CASES.get(i + 1).map(|n| n.name);
+        if c.serves_on {
+            // It serves until stopped: still running after its client.
+            let mut server = Serving(Some(lab.ours(&lib, &argv).spawn().expect("ip netns exec")));
+            guest.wait_for_case(next);
+            let mut child = server.0.take().expect("the server");
+            let running = matches!(child.try_wait(), Ok(None));
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("server output");
+            assert!(
+                running,
+                "{}: urnic's server ended before it was stopped ({}):\n{}\n--- rxe guest ---\n{}",
+                c.name,
+                o.status,
+                text(&o),
+                guest.console()
+            );
+        } else {
+            lab.urnic_server(&lib, &argv, c.name, &mut guest);
+            guest.wait_for_case(next);
         }
-        let theirs = std::fs::read_to_string(share.join(format!("{}.out", c.name))).unwrap_or_default();
-        c.check_client(&theirs, "rxe");
+        c.check_client(&guest.case_output(c.name), "rxe");
         eprintln!("{}: rxe client done", c.name);
     }
-    let _ = guest.0.wait();
-    let g = std::fs::read_to_string(&log).unwrap_or_default();
-    assert_eq!(guest_rc(&log), Some(0), "rxe's clients:\n{g}");
-    let frames = check_capture(&pcap);
-    let cm = cm_messages(&pcap);
-    for m in ["ConnectRequest", "ConnectReply", "ReadyToUse", "DisconnectRequest", "DisconnectReply", "ServiceIDResReq", "ServiceIDResReqResp"] {
-        assert!(cm.contains(&format!("CM: {m}")), "no CM {m} in the capture:\n{cm}");
-    }
+    guest.finish("rxe's clients");
+    let frames = check_capture(&guest.pcap);
+    check_cm_messages(&guest.pcap);
     eprintln!("{frames} RoCE frames captured, every one parsed (ICRC checked) and dissected");
-}
-
-/// Run a urnic client to its end; a client still running after 300 s is
-/// killed and fails the case (a hang guard, not a timing check).
-fn bounded(mut cmd: Command, name: &str) -> Output {
-    let mut child = cmd.spawn().expect("ip netns exec");
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(_)) = child.try_wait() {
-            return child.wait_with_output().expect("client output");
-        }
-        if start.elapsed() > Duration::from_secs(300) {
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("client output");
-            panic!("{name}: urnic's client did not finish:\n{}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-fn wait_server(mut server: Child, guest: &mut GuestRun, name: &str, log: &Path) -> Output {
-    let start = Instant::now();
-    loop {
-        if let Ok(Some(_)) = server.try_wait() {
-            return server.wait_with_output().expect("server output");
-        }
-        let g = std::fs::read_to_string(log).unwrap_or_default();
-        let guest_done = g.contains("URNIC-CASE-FAILED") || matches!(guest.0.try_wait(), Ok(Some(_)));
-        if guest_done || start.elapsed() > Duration::from_secs(600) {
-            std::thread::sleep(Duration::from_secs(5));
-            if let Ok(Some(_)) = server.try_wait() {
-                return server.wait_with_output().expect("server output");
-            }
-            let _ = server.kill();
-            let o = server.wait_with_output().expect("server output");
-            panic!("{name}: urnic's server did not finish (guest done: {guest_done}):\n{}\n--- rxe guest ---\n{g}", text(&o));
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }

@@ -4,9 +4,17 @@
 //! interop run ends with. Each test binary uses part of it.
 #![allow(dead_code)]
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+// The same lookup as loopback-test's runs of Debian's programs.
+#[path = "../../../loopback-test/tests/programs/common.rs"]
+mod common;
+#[allow(unused_imports)] // Not every test binary of the lab runs programs.
+pub use common::{lib_dir, perftest_rows};
 
 /// The rxe guest's address (rxe0 on its eth0).
 pub const GUEST_IP: &str = "10.99.0.1";
@@ -86,18 +94,30 @@ impl Lab {
 
     /// Boot a guest running `cmd`, capturing its tap into `name.pcap`.
     pub fn guest(&self, name: &str, cmd: &str) -> (Child, PathBuf, PathBuf) {
+        self.run_guest(name, 400, &["--".as_ref(), cmd.as_ref()])
+    }
+
+    /// A guest that runs DIR/cmd.sh (shared over 9p).
+    pub fn guest_shared(&self, name: &str, share: &Path) -> (Child, PathBuf, PathBuf) {
+        self.run_guest(name, 900, &["--share".as_ref(), share.as_os_str()])
+    }
+
+    /// `peer.sh run` with the lab's address, MTU and IPv6 setting, killed
+    /// after `timeout` s, its console into `name.log` and its tap captured
+    /// into `name.pcap`, then `tail`; returns the run, the log and the
+    /// capture.
+    fn run_guest(&self, name: &str, timeout: u32, tail: &[&OsStr]) -> (Child, PathBuf, PathBuf) {
         let log = self.dir.join(format!("{name}.log"));
         let pcap = self.dir.join(format!("{name}.pcap"));
         let _ = std::fs::remove_file(&log);
         let child = self
-            .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "400"])
+            .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", &timeout.to_string()])
             .args(self.ipv6.then_some("--ipv6"))
             .arg("--log")
             .arg(&log)
             .arg("--pcap")
             .arg(&pcap)
-            .arg("--")
-            .arg(cmd)
+            .args(tail)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -243,24 +263,211 @@ pub fn check_capture(pcap: &Path) -> usize {
     roce
 }
 
+/// A guest run (peer.sh run as a child), stopped on drop if it still runs,
+/// so a failed test does not leave qemu running until its timeout. peer.sh
+/// waits for its qemu pipeline before its TERM trap runs (and `timeout`
+/// keeps qemu in a process group of its own): the run's descendants are
+/// stopped by pid, then peer.sh, whose trap deletes the tap.
+pub struct GuestRun {
+    child: Child,
+    /// Its console log.
+    pub log: PathBuf,
+    /// Its tap's capture.
+    pub pcap: PathBuf,
+    /// The 9p share (/host in the guest): cmd.sh and the cases' output.
+    pub share: PathBuf,
+}
+
+/// The descendants of `pid` (children first-level first), from
+/// /proc/PID/task/TID/children.
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
+                out.push(k);
+                todo.push(k);
+            }
+        }
+    }
+    out
+}
+
+impl Drop for GuestRun {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            for pid in descendants(self.child.id()).into_iter().chain([self.child.id()]) {
+                // SAFETY: kill(2) on a process this test started (its
+                // guest run and what that run started).
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+        }
+        let _ = self.child.wait();
+    }
+}
+
+impl GuestRun {
+    /// The console log so far.
+    pub fn console(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// What the guest's case `name` wrote to /host/NAME.out.
+    pub fn case_output(&self, name: &str) -> String {
+        std::fs::read_to_string(self.share.join(format!("{name}.out"))).unwrap_or_default()
+    }
+
+    /// Until the console shows the line `marker` (hang guard: the guest's
+    /// own timeout, and 600 s here).
+    pub fn wait_for_marker(&mut self, marker: &str) {
+        let start = Instant::now();
+        loop {
+            let g = self.console();
+            if g.lines().any(|l| l.trim_end() == marker) {
+                return;
+            }
+            if let Ok(Some(_)) = self.child.try_wait() {
+                panic!("the guest ended before `{marker}`:\n{g}");
+            }
+            assert!(start.elapsed() < Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Until case `next` begins (its marker), or with `None` the script's
+    /// end.
+    pub fn wait_for_case(&mut self, next: Option<&str>) {
+        match next {
+            Some(name) => self.wait_for_marker(&case_marker(name)),
+            None => {
+                let _ = self.child.wait();
+            }
+        }
+    }
+
+    /// Whether the guest's script gave up on a case or the guest is gone.
+    pub fn done(&mut self) -> bool {
+        self.console().contains("URNIC-CASE-FAILED") || matches!(self.child.try_wait(), Ok(Some(_)))
+    }
+
+    /// Wait for the guest to end; its script must have exited 0 (`what`
+    /// names its side in the message).
+    pub fn finish(&mut self, what: &str) {
+        let _ = self.child.wait();
+        assert_eq!(guest_rc(&self.log), Some(0), "{what}:\n{}", self.console());
+    }
+}
+
+/// The console line that starts a guest script's case.
+pub fn case_marker(name: &str) -> String {
+    format!("URNIC-CASE-{name}")
+}
+
+/// The guest script's lines after case `name` ran into /host/NAME.out with
+/// status `$rc`: the output to the console, and the first failure ends the
+/// script with its status.
+pub fn case_epilogue(name: &str) -> String {
+    format!("cat /host/{name}.out\n[ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED {name} rc=$rc\"; exit $rc; }}\n")
+}
+
 impl Lab {
-    /// A guest that runs DIR/cmd.sh (shared over 9p).
-    pub fn guest_shared(&self, name: &str, share: &Path) -> (Child, PathBuf, PathBuf) {
-        let log = self.dir.join(format!("{name}.log"));
-        let pcap = self.dir.join(format!("{name}.pcap"));
-        let child = self
-            .peer(&["run", "--ip", &format!("{GUEST_IP}/24"), "--mtu", &self.mtu.to_string(), "--timeout", "900"])
-            .args(self.ipv6.then_some("--ipv6"))
-            .arg("--log")
-            .arg(&log)
-            .arg("--pcap")
-            .arg(&pcap)
-            .arg("--share")
-            .arg(share)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("peer.sh run");
-        (child, log, pcap)
+    /// Boot a guest running `script` (DIR/cmd.sh on its 9p share).
+    pub fn boot(&self, name: &str, script: &str) -> GuestRun {
+        let share = self.dir.join(format!("{name}-share"));
+        std::fs::create_dir_all(&share).unwrap();
+        std::fs::write(share.join("cmd.sh"), script).unwrap();
+        let (child, log, pcap) = self.guest_shared(name, &share);
+        GuestRun { child, log, pcap, share }
+    }
+
+    /// A program on urnic's library `lib` in our namespace (device
+    /// urnic-eth0), its output piped.
+    pub fn ours(&self, lib: &Path, argv: &[String]) -> Command {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &self.ours, "env"])
+            .arg(format!("LD_LIBRARY_PATH={}", lib.display()))
+            .arg("URNIC_DEVICES=eth0")
+            .arg("URNIC_STATS=0")
+            .args(argv)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        c
+    }
+
+    /// Run urnic's client `argv` against the guest's server of case `name`
+    /// (the guest logging to `log`), again while `again` says so for its
+    /// output (a server that did not listen yet: nothing was exchanged); it
+    /// must then succeed. Returns its output. Hang guards: a client still
+    /// running after 300 s, or 300 s of runs again, fail the case.
+    pub fn urnic_client(&self, lib: &Path, argv: &[String], name: &str, log: &Path, again: &mut dyn FnMut(&str) -> bool) -> String {
+        let start = Instant::now();
+        let out = loop {
+            let o = bounded(self.ours(lib, argv), name);
+            let t = text(&o);
+            if o.status.success() || !again(&t) {
+                break o;
+            }
+            assert!(start.elapsed() < Duration::from_secs(300), "{name}: rxe's server never listened:\n{t}");
+            std::thread::sleep(Duration::from_millis(500));
+        };
+        let t = text(&out);
+        let console = std::fs::read_to_string(log).unwrap_or_default();
+        assert!(out.status.success(), "{name}: urnic's client failed ({}):\n{t}\n--- rxe guest ---\n{console}", out.status);
+        t
+    }
+
+    /// Run urnic's server `argv` of case `name` until it ends on its own;
+    /// it must succeed. Returns its output. It fails loudly if the guest's
+    /// client gave up (the guest logs `URNIC-CASE-FAILED`) or the server
+    /// hangs (600 s).
+    pub fn urnic_server(&self, lib: &Path, argv: &[String], name: &str, guest: &mut GuestRun) -> String {
+        let mut server = self.ours(lib, argv).spawn().expect("ip netns exec");
+        let start = Instant::now();
+        let out = loop {
+            if let Ok(Some(_)) = server.try_wait() {
+                break server.wait_with_output().expect("server output");
+            }
+            let guest_done = guest.done();
+            if guest_done || start.elapsed() > Duration::from_secs(600) {
+                // Give the server a moment to finish on its own after its client.
+                std::thread::sleep(Duration::from_secs(5));
+                if let Ok(Some(_)) = server.try_wait() {
+                    break server.wait_with_output().expect("server output");
+                }
+                let _ = server.kill();
+                let o = server.wait_with_output().expect("server output");
+                panic!("{name}: urnic's server did not finish (guest done: {guest_done}):\n{}\n--- rxe guest ---\n{}", text(&o), guest.console());
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        };
+        let t = text(&out);
+        assert!(out.status.success(), "{name}: urnic's server failed ({}):\n{t}\n--- rxe guest ---\n{}", out.status, guest.console());
+        t
+    }
+}
+
+/// Run a urnic client to its end; a client still running after 300 s is
+/// killed and fails the case (a hang guard, not a timing check).
+pub fn bounded(mut cmd: Command, name: &str) -> Output {
+    let child = cmd.spawn().expect("ip netns exec");
+    // `ip netns exec` and `env` exec the program: this is its pid.
+    let pid = child.id();
+    let (tx, rx) = std::sync::mpsc::channel();
+    // Its output is read while it runs (a full pipe would stall it).
+    std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    match rx.recv_timeout(Duration::from_secs(300)) {
+        Ok(o) => o.expect("client output"),
+        Err(_) => {
+            // SAFETY: kill(2) on the client this test started.
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let o = rx.recv().expect("client reaped").expect("client output");
+            panic!("{name}: urnic's client did not finish:\n{}", text(&o));
+        }
     }
 }
