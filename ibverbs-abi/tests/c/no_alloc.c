@@ -13,6 +13,7 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <execinfo.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,14 +28,28 @@ extern void __libc_free(void *);
 
 /* volatile: the compiler must not move these stores across a malloc it
  * knows as a builtin. */
-static __thread volatile int counting;
+static __thread volatile int counting, tracing;
 static unsigned long allocations, everyone;
 
+/* The first counted allocation's call stack goes to stderr (library
+ * offsets: addr2line -e libibverbs.so.1 resolves them), so a failure says
+ * where the library allocated (the control malloc below is not traced). backtrace() is warmed up before counting
+ * starts (its first call loads libgcc_s, which allocates). */
 static void count(void)
 {
+	void *stack[48];
+	int depth;
+
 	__atomic_fetch_add(&everyone, 1, __ATOMIC_RELAXED);
-	if (counting)
-		__atomic_fetch_add(&allocations, 1, __ATOMIC_RELAXED);
+	if (!counting)
+		return;
+	if (__atomic_fetch_add(&allocations, 1, __ATOMIC_RELAXED) == 0 && tracing) {
+		counting = 0;
+		depth = backtrace(stack, 48);
+		fprintf(stderr, "no_alloc: the first allocation while posting and polling, from:\n");
+		backtrace_symbols_fd(stack, depth, 2);
+		counting = 1;
+	}
 }
 
 void *malloc(size_t n)
@@ -235,10 +250,16 @@ int main(void)
 	/* Warm-up: first-use allocations of this thread are not per post. */
 	for (i = 0; i < 20; i++)
 		round_trip(qp, cq, mr, buf, i);
+	{
+		void *warm[4];
+		backtrace(warm, 4);
+	}
+	tracing = 1;
 	counting = 1;
 	for (i = 0; i < rounds; i++)
 		round_trip(qp, cq, mr, buf, 100 + i);
 	counting = 0;
+	tracing = 0;
 	printf("%s %lu heap allocations while posting %llu WRs and polling their completions\n",
 	       allocations == 0 ? "ok  " : "FAIL", allocations, (unsigned long long)(rounds * 5));
 	/* The counter counts: one malloc on this thread is seen. */
