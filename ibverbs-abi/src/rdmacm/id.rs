@@ -10,7 +10,7 @@ use rocev2::transport::attr::AddressVector;
 use urnic::cm::{ConnParam, PortSpace};
 
 use super::addr::{ifname_of_local, open_all, open_dev, route_to, sa_to_std, std_to_sa};
-use super::event::{complete, drop_events_of, push_event, uchannel, NewEvent, UEventChannel};
+use super::event::{drop_events_of, push_event, sync_wait, uchannel, NewEvent, UEventChannel};
 use super::{errno, fail, with_cma, Cma, IdState, UCmId};
 use crate::cmffi::*;
 use crate::ffi::*;
@@ -164,6 +164,7 @@ pub unsafe extern "C" fn urnic_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 }
             }
         });
+        super::mcast::leave_all(id, &s.joins);
         drop_events_of((*id).channel, id as *mut UCmId);
         super::qp::destroy_cqs(id);
         libc::free((*id).route.path_rec.cast());
@@ -285,28 +286,6 @@ pub unsafe extern "C" fn urnic_rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut 
         push_event((*id).channel, ev);
         sync_wait(id)
     })
-}
-
-/// A synchronous id waits for its event; 0 or -1 with the event's errno.
-unsafe fn sync_wait(id: *mut rdma_cm_id) -> c_int {
-    let sync = with_cma(|c| st(c, id).is_some_and(|s| s.own_channel));
-    if !sync {
-        return 0;
-    }
-    match complete(id as *mut UCmId) {
-        Ok((_, 0)) => 0,
-        Ok((ev, status)) => {
-            let e = if status < 0 {
-                -status
-            } else if ev == RDMA_CM_EVENT_REJECTED {
-                libc::ECONNREFUSED
-            } else {
-                libc::ECONNABORTED
-            };
-            fail(e)
-        }
-        Err(e) => fail(e),
-    }
 }
 
 /// `rdma_resolve_route`: RoCE needs no SA query; the path is the resolved
@@ -810,16 +789,4 @@ pub unsafe extern "C" fn urnic_rdma_destroy_ep(id: *mut rdma_cm_id) {
         }
         urnic_rdma_destroy_id(id);
     })
-}
-
-/// `rdma_join_multicast`: not offered yet (urnic has no multicast groups).
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr, _context: *mut c_void) -> c_int {
-    fail(libc::EOPNOTSUPP)
-}
-
-/// `rdma_leave_multicast`: not offered yet.
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    fail(libc::EOPNOTSUPP)
 }

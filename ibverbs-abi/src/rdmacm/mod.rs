@@ -32,6 +32,7 @@ mod addr;
 mod dispatch;
 mod event;
 mod id;
+mod mcast;
 mod qp;
 
 use std::collections::HashMap;
@@ -44,6 +45,7 @@ use crate::{guard, lock};
 
 pub use event::*;
 pub use id::*;
+pub use mcast::*;
 pub use qp::*;
 
 /// A device RDMA-CM has opened (through `ibv_open_device`, so the context
@@ -85,6 +87,8 @@ pub(crate) struct IdState {
     pub(crate) tos: u8,
     pub(crate) reuseaddr: bool,
     pub(crate) afonly: bool,
+    /// Multicast groups joined (`rdma_join_multicast`).
+    pub(crate) joins: Vec<mcast::Join>,
 }
 
 /// The process's RDMA-CM state (one lock; never held while blocking).

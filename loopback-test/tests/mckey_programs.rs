@@ -1,0 +1,248 @@
+//! Debian's unmodified `mckey` (rdmacm-utils: `rdma_join_multicast_ex`,
+//! `rdma_leave_multicast`, UD sends to the group) on urnic's librdmacm.so.1
+//! and libibverbs.so.1 (issue 18): namespaces on one bridge, one sender and
+//! several receivers, each process with its own urnic device. Every run is
+//! captured (`URNIC_PCAP`) and tshark must dissect the group's RoCE frames
+//! (UD SEND with immediate to QP 0xFFFFFF, the group's IP address) without
+//! a malformed packet or an expert error.
+//!
+//! mckey's receivers poll until every message arrives, the sender sends
+//! once, 5 s after its join: a receiver is ready once the kernel holds the
+//! group on its interface (`ip maddr`, urnic's host join on the QP's
+//! attach), and the sender starts only then.
+//!
+//! The libraries are built by `ibverbs-abi/link.sh release` (deploy/test.sh
+//! runs it first); `URNIC_LIB_DIR` points elsewhere. Nothing is timed: loops
+//! have hang guards.
+
+mod veth;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use urnic_datapath::netns::Segment;
+
+fn lib_dir() -> PathBuf {
+    if let Ok(d) = std::env::var("URNIC_LIB_DIR") {
+        return PathBuf::from(d);
+    }
+    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..");
+    ["release", "debug"]
+        .iter()
+        .map(|p| root.join("target").join(p).join("urnic-lib"))
+        .find(|d| d.join("librdmacm.so.1").exists())
+        .expect("urnic's librdmacm.so.1 is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)")
+}
+
+fn mckey() -> &'static str {
+    let found = Command::new("sh").arg("-c").arg("command -v mckey").output().is_ok_and(|o| o.status.success());
+    assert!(found, "mckey is missing: apt-get install rdmacm-utils (deploy/deps.sh test installs it)");
+    "mckey"
+}
+
+/// A bridge with `n` namespaces, captures in a directory of the test's.
+struct Lab {
+    seg: Segment,
+    lib: PathBuf,
+    dir: PathBuf,
+}
+
+impl Lab {
+    fn new(tag: &str, n: usize) -> Lab {
+        veth::require_root();
+        let _ = Segment::sweep_stale();
+        let seg = Segment::create(tag, n, 1500).expect("create the segment (needs root and iproute2)");
+        let dir = std::env::temp_dir().join(format!("urnic-mckey-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("capture dir");
+        // urnic offers an interface as a device once it is up.
+        for (ns, ifname) in seg.ns.iter().zip(&seg.ifname) {
+            let start = Instant::now();
+            loop {
+                let out = Command::new("ip").args(["-n", ns, "-o", "link", "show", ifname]).output().expect("ip link");
+                if String::from_utf8_lossy(&out.stdout).contains("state UP") {
+                    break;
+                }
+                // A hang guard, not a timing assertion.
+                assert!(start.elapsed() < Duration::from_secs(30), "{ifname} in {ns} never came up");
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        Lab { seg, lib: lib_dir(), dir }
+    }
+
+    fn ip(&self, i: usize, v6: bool) -> String {
+        if v6 {
+            std::net::Ipv6Addr::from(self.seg.ipv6[i]).to_string()
+        } else {
+            std::net::Ipv4Addr::from(self.seg.ipv4[i]).to_string()
+        }
+    }
+
+    fn pcap(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("member{i}.pcap"))
+    }
+
+    /// mckey in member `i`'s namespace on urnic, bound to its address.
+    fn mckey(&self, i: usize, v6: bool, args: &[&str]) -> Child {
+        let stats = self.dir.join(format!("member{i}.stats"));
+        std::fs::create_dir_all(&stats).expect("stats dir");
+        Command::new("ip")
+            .args(["netns", "exec", &self.seg.ns[i], "env"])
+            .arg(format!("LD_LIBRARY_PATH={}", self.lib.display()))
+            .arg(format!("URNIC_DEVICES={}", self.seg.ifname[i]))
+            .arg(format!("URNIC_PCAP={}", self.pcap(i).display()))
+            .arg(format!("URNIC_STATS={}", stats.display()))
+            .arg(mckey())
+            .args(["-b", &self.ip(i, v6)])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start mckey")
+    }
+
+    /// Wait until the kernel holds `group` on member `i`'s interface (the
+    /// receiver's QP is attached), failing if the receiver exits first.
+    fn wait_joined(&self, i: usize, group: &str, rx: &mut Child) {
+        let start = Instant::now();
+        loop {
+            let o = Command::new("ip").args(["-n", &self.seg.ns[i], "maddr", "show", "dev", &self.seg.ifname[i]]).output().expect("ip maddr");
+            if String::from_utf8_lossy(&o.stdout).split_whitespace().any(|w| w == group) {
+                return;
+            }
+            if let Ok(Some(st)) = rx.try_wait() {
+                panic!("receiver {i} exited ({st}) before joining {group}:\n{}", text(&rx_output(rx)));
+            }
+            // A hang guard, not a timing assertion.
+            assert!(start.elapsed() < Duration::from_secs(120), "receiver {i} never joined {group}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// tshark on member `i`'s capture: the group's UD SENDs with immediate
+    /// (opcode 0x65) to QP 0xFFFFFF, and nothing malformed.
+    fn group_sends(&self, i: usize, group: &str) -> usize {
+        let f = self.pcap(i);
+        assert!(f.exists(), "no capture {}", f.display());
+        // RoCEv2 over IPv6 carries UDP checksum 0, as rxe sends it
+        // (`prepare_udp_hdr`); Wireshark flags that (RFC 8200) and nothing
+        // else may be wrong.
+        let bad = tshark(&f, "_ws.malformed || _ws.expert.severity >= \"error\"");
+        let msgs = tshark_fields(&f, "_ws.malformed || _ws.expert.severity >= \"error\"", "_ws.expert.message");
+        let other = msgs.split([',', '\n']).map(str::trim).any(|m| !m.is_empty() && m != "Illegal checksum value (0)");
+        assert!(bad.trim().is_empty() || (group.contains(':') && !other), "tshark finds errors in {}:\n{bad}\n{msgs}", f.display());
+        let ipf = if group.contains(':') { "ipv6.dst" } else { "ip.dst" };
+        tshark(&f, &format!("{ipf} == {group} && udp.dstport == 4791 && infiniband.bth.opcode == 0x65 && infiniband.bth.destqp == 0xffffff"))
+            .lines()
+            .count()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+fn tshark(f: &Path, filter: &str) -> String {
+    let o = Command::new("tshark")
+        .arg("-r")
+        .arg(f)
+        .args(["--disable-protocol", "rpcordma", "-Y", filter])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark (deploy/deps.sh test installs it)");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn tshark_fields(f: &Path, filter: &str, field: &str) -> String {
+    let o = Command::new("tshark")
+        .arg("-r")
+        .arg(f)
+        .args(["--disable-protocol", "rpcordma", "-Y", filter, "-T", "fields", "-e", field])
+        .stderr(Stdio::null())
+        .output()
+        .expect("tshark");
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn rx_output(c: &mut Child) -> Output {
+    let _ = c.kill();
+    Output { status: c.wait().expect("wait"), stdout: read(c.stdout.take()), stderr: read(c.stderr.take()) }
+}
+
+fn read(r: Option<impl std::io::Read>) -> Vec<u8> {
+    let mut v = vec![];
+    if let Some(mut r) = r {
+        let _ = r.read_to_end(&mut v);
+    }
+    v
+}
+
+/// Wait for a mckey that finishes on its own (bounded: a hung one is
+/// killed and fails the test).
+fn finish(mut child: Child, who: &str) -> String {
+    let start = Instant::now();
+    while matches!(child.try_wait(), Ok(None)) {
+        if start.elapsed() > Duration::from_secs(180) {
+            panic!("{who} hung:\n{}", text(&rx_output(&mut child)));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let o = child.wait_with_output().expect("mckey output");
+    let out = text(&o);
+    assert!(o.status.success(), "{who} failed ({}):\n{out}", o.status);
+    out
+}
+
+/// Member 0 sends `count` messages to `group`, members 1.. receive them
+/// all; `sender_args` adds the sender's options (`-o`: a send-only join).
+fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, sender_args: &[&str]) {
+    let lab = Lab::new(tag, members);
+    let count = "10";
+    let mut rx: Vec<Child> = (1..members).map(|i| lab.mckey(i, v6, &["-m", group, "-C", count])).collect();
+    for (i, r) in rx.iter_mut().enumerate() {
+        lab.wait_joined(i + 1, group, r);
+    }
+    let mut args = vec!["-m", group, "-s", "-C", count];
+    args.extend_from_slice(sender_args);
+    let sent = finish(lab.mckey(0, v6, &args), "the sender");
+    let dgid = if v6 { group.to_string() } else { format!("::ffff:{group}") };
+    assert!(sent.contains(&format!("mckey: joined dgid: {dgid} mlid 0x0 sl 0")), "sender's join:\n{sent}");
+    assert!(sent.contains("initiating data transfers") && sent.contains("data transfers complete"), "{sent}");
+    for (i, r) in rx.into_iter().enumerate() {
+        let out = finish(r, &format!("receiver {}", i + 1));
+        assert!(out.contains(&format!("mckey: joined dgid: {dgid} mlid 0x0 sl 0")), "receiver {}: {out}", i + 1);
+        assert!(out.contains("receiving data transfers") && out.contains("data transfers complete"), "receiver {}: {out}", i + 1);
+        // The receiver left: the kernel no longer holds the group.
+        let o = Command::new("ip").args(["-n", &lab.seg.ns[i + 1], "maddr", "show", "dev", &lab.seg.ifname[i + 1]]).output().expect("ip maddr");
+        assert!(!String::from_utf8_lossy(&o.stdout).split_whitespace().any(|w| w == group), "receiver {} still in {group}", i + 1);
+    }
+    assert_eq!(lab.group_sends(0, group), 10, "the sender's capture holds its 10 sends to {group}");
+    for i in 1..members {
+        assert_eq!(lab.group_sends(i, group), 10, "member {i}'s capture holds the 10 sends to {group}");
+    }
+}
+
+#[test]
+fn mckey_ipv4_one_sender_three_receivers() {
+    one_sender_many_receivers("mck4", 4, "239.18.0.1", false, &[]);
+}
+
+#[test]
+fn mckey_ipv4_send_only_sender() {
+    one_sender_many_receivers("mcko", 2, "239.18.0.2", false, &["-o"]);
+}
+
+#[test]
+fn mckey_ipv6_one_sender_two_receivers() {
+    one_sender_many_receivers("mck6", 3, "ff0e::18:1", true, &[]);
+}
