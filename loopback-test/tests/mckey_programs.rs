@@ -246,3 +246,40 @@ fn mckey_ipv4_send_only_sender() {
 fn mckey_ipv6_one_sender_two_receivers() {
     one_sender_many_receivers("mck6", 3, "ff0e::18:1", true, &[]);
 }
+
+/// `ibverbs-abi/tests/c/rdmacm_mcast.c` (bad arguments, wrong states, the
+/// MULTICAST_JOIN event's fields, attach / host membership / leave,
+/// send-only, a synchronous id, MULTICAST_ERROR past the device's limit),
+/// compiled against the system's `<rdma/rdma_cma.h>` and linked with
+/// urnic's libraries, in a namespace holding one urnic device.
+#[test]
+fn join_and_leave_from_c() {
+    let h = "/usr/include/rdma/rdma_cma.h";
+    assert!(Path::new(h).exists(), "{h} is missing: apt-get install librdmacm-dev (deploy/deps.sh build installs it)");
+    let lab = Lab::new("mckc", 2);
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ibverbs-abi/tests/c/rdmacm_mcast.c");
+    let exe = lab.dir.join("rdmacm_mcast");
+    let o = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg(format!("-L{}", lab.lib.display()))
+        .args(["-l:librdmacm.so.1", "-l:libibverbs.so.1"])
+        .output()
+        .expect("cc (apt-get install gcc)");
+    assert!(o.status.success(), "cc failed:\n{}", text(&o));
+    let o = Command::new("ip")
+        .args(["netns", "exec", &lab.seg.ns[0], "env"])
+        .arg(format!("LD_LIBRARY_PATH={}", lab.lib.display()))
+        .arg(format!("URNIC_DEVICES={}", lab.seg.ifname[0]))
+        .arg("URNIC_STATS=0")
+        .arg(&exe)
+        .arg(lab.ip(0, false))
+        .output()
+        .expect("run rdmacm_mcast");
+    let out = text(&o);
+    assert!(o.status.success() && !out.contains("FAIL"), "rdmacm_mcast failed ({}):\n{out}", o.status);
+    let summary = out.lines().find(|l| l.ends_with("failed")).unwrap_or("");
+    let checks: usize = summary.split_whitespace().next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(summary.ends_with(" 0 failed") && checks >= 39, "expected the full run (39 checks, none failed):\n{out}");
+}
