@@ -85,7 +85,7 @@ impl Lab {
     }
 
     /// mckey in member `i`'s namespace on urnic, bound to its address.
-    fn mckey(&self, i: usize, v6: bool, args: &[&str]) -> Child {
+    fn mckey(&self, i: usize, v6: bool, args: &[&str]) -> Running {
         let stats = self.dir.join(format!("member{i}.stats"));
         std::fs::create_dir_all(&stats).expect("stats dir");
         Command::new("ip")
@@ -100,12 +100,14 @@ impl Lab {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .spawn()
+            .map(|c| Running(Some(c)))
             .expect("start mckey")
     }
 
     /// Wait until the kernel holds `group` on member `i`'s interface (the
     /// receiver's QP is attached), failing if the receiver exits first.
-    fn wait_joined(&self, i: usize, group: &str, rx: &mut Child) {
+    fn wait_joined(&self, i: usize, group: &str, rx: &mut Running) {
+        let rx = rx.0.as_mut().expect("running");
         let start = Instant::now();
         loop {
             let o = Command::new("ip").args(["-n", &self.seg.ns[i], "maddr", "show", "dev", &self.seg.ifname[i]]).output().expect("ip maddr");
@@ -174,6 +176,18 @@ fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
+/// A mckey process, killed if the test fails while it runs.
+struct Running(Option<Child>);
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 fn rx_output(c: &mut Child) -> Output {
     let _ = c.kill();
     Output { status: c.wait().expect("wait"), stdout: read(c.stdout.take()), stderr: read(c.stderr.take()) }
@@ -189,7 +203,8 @@ fn read(r: Option<impl std::io::Read>) -> Vec<u8> {
 
 /// Wait for a mckey that finishes on its own (bounded: a hung one is
 /// killed and fails the test).
-fn finish(mut child: Child, who: &str) -> String {
+fn finish(mut running: Running, who: &str) -> String {
+    let mut child = running.0.take().expect("running");
     let start = Instant::now();
     while matches!(child.try_wait(), Ok(None)) {
         if start.elapsed() > Duration::from_secs(180) {
@@ -208,7 +223,7 @@ fn finish(mut child: Child, who: &str) -> String {
 fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, sender_args: &[&str]) {
     let lab = Lab::new(tag, members);
     let count = "10";
-    let mut rx: Vec<Child> = (1..members).map(|i| lab.mckey(i, v6, &["-m", group, "-C", count])).collect();
+    let mut rx: Vec<Running> = (1..members).map(|i| lab.mckey(i, v6, &["-m", group, "-C", count])).collect();
     for (i, r) in rx.iter_mut().enumerate() {
         lab.wait_joined(i + 1, group, r);
     }

@@ -50,7 +50,17 @@ pub(crate) struct NewEvent {
 
 impl NewEvent {
     pub(crate) fn new(id: *mut UCmId, event: rdma_cm_event_type, status: c_int) -> NewEvent {
-        NewEvent { id, listen_id: ptr::null_mut(), event, status, data: vec![], data_len: 0, conn: rdma_conn_param::default(), ud: None, private_ptr: ptr::null_mut() }
+        NewEvent {
+            id,
+            listen_id: ptr::null_mut(),
+            event,
+            status,
+            data: vec![],
+            data_len: 0,
+            conn: rdma_conn_param::default(),
+            ud: None,
+            private_ptr: ptr::null_mut(),
+        }
     }
 
     /// Private data padded to `len` bytes, as the kernel hands it up.
