@@ -10,34 +10,25 @@
 //! joins it on the host (IGMP / MLD); a failed attach is reported as
 //! `RDMA_CM_EVENT_MULTICAST_ERROR`. Leaving (or destroying the id) detaches.
 //!
+//! The Q_Key is `RDMA_UDP_QKEY`, the kernel's `cma_set_default_qkey` for
+//! `RDMA_PS_UDP` (and `RDMA_PS_IB`); its `RDMA_PS_IPOIB` Q_Key comes from the
+//! IPoIB broadcast group's SA record, and urnic makes no IPoIB ids
+//! (`rdma_create_id`: EPROTONOSUPPORT).
+//!
 //! Not offered: joins through an IB subnet administrator (`RDMA_PS_IB`,
 //! `AF_IB` addresses), send-only joins' host membership (the kernel sends
 //! no IGMP for them either), and the host membership of a full member that
 //! has no QP when it joins (urnic's host membership follows the QP's attach).
 
-use std::net::SocketAddr;
 use std::os::raw::{c_int, c_void};
 
 use super::addr::sa_to_std;
 use super::event::{push_event, sync_wait, NewEvent};
-use super::{errno, fail, with_cma, Cma, IdState, UCmId};
+use super::ids::st;
+use super::{errno, fail, with_cma, Join, UCmId};
 use crate::cmffi::*;
 use crate::ffi::*;
 use crate::guard;
-
-/// The state of a live id.
-fn st(c: &mut Cma, id: *mut rdma_cm_id) -> Option<&mut IdState> {
-    c.ids.get_mut(&(id as usize))
-}
-
-/// One group an id has joined.
-pub(crate) struct Join {
-    /// The address the program joined (leave names it the same way).
-    addr: SocketAddr,
-    group: urnic::cm::McastGroup,
-    /// The id's QP was attached to the group.
-    attached: bool,
-}
 
 /// `rdma_join_multicast`: a full-member join.
 #[no_mangle]
