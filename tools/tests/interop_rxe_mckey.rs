@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use rxe_lab::{check_capture, guest_rc, text, Lab, GUEST_IP, OUR_IP};
+use rxe_lab::{check_capture, guest_rc, text, wait_for_marker, GuestRun, Lab, GUEST_IP, OUR_IP};
 
 const GROUP: &str = "239.18.99.1";
 const COUNT: usize = 10;
@@ -56,36 +56,6 @@ fn guest_script() -> String {
          mckey -m {GROUP} -b {GUEST_IP} -s -o -C {COUNT} >/host/tx.out 2>&1; rc=$?\ncat /host/tx.out\n\
          [ $rc = 0 ] || {{ echo \"URNIC-CASE-FAILED sender rc=$rc\"; exit $rc; }}\n"
     )
-}
-
-/// A guest run, stopped (qemu and peer.sh) if the test fails before it ends.
-struct GuestRun(Child);
-
-impl Drop for GuestRun {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            // SAFETY: kill(2) on the peer.sh process this test started; its
-            // trap stops the guest and the capture.
-            unsafe { libc::kill(self.0.id() as i32, libc::SIGTERM) };
-        }
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for_marker(log: &Path, marker: &str, guest: &mut GuestRun) {
-    let start = Instant::now();
-    loop {
-        let g = std::fs::read_to_string(log).unwrap_or_default();
-        if g.lines().any(|l| l.trim_end() == marker) {
-            return;
-        }
-        if g.contains("URNIC-CASE-FAILED") || matches!(guest.0.try_wait(), Ok(Some(_))) {
-            panic!("the guest ended before `{marker}`:\n{g}");
-        }
-        // A hang guard, not a timing assertion.
-        assert!(start.elapsed() < Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
 }
 
 /// urnic's mckey, killed if the test fails while it runs.

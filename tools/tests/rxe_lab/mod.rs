@@ -264,3 +264,55 @@ impl Lab {
         (child, log, pcap)
     }
 }
+
+/// A guest run ([`Lab::guest_shared`]'s child). Dropped while it still
+/// runs (a failed test), it and every process below it are stopped: qemu,
+/// `timeout` and tcpdump outlive a signal to peer.sh alone.
+pub struct GuestRun(pub Child);
+
+/// Every process below `pid` (from /proc/PID/task/*/children).
+fn descendants(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    let mut todo = vec![pid];
+    while let Some(p) = todo.pop() {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{p}/task")) else { continue };
+        for t in tasks.flatten() {
+            let kids = std::fs::read_to_string(t.path().join("children")).unwrap_or_default();
+            for k in kids.split_whitespace().filter_map(|k| k.parse::<u32>().ok()) {
+                out.push(k);
+                todo.push(k);
+            }
+        }
+    }
+    out
+}
+
+impl Drop for GuestRun {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            for pid in descendants(self.0.id()).into_iter().chain([self.0.id()]) {
+                // SAFETY: kill(2) on processes this test started.
+                unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+            }
+        }
+        let _ = self.0.wait();
+    }
+}
+
+/// Until the guest's log (`log`) shows the line `marker`; a guest that
+/// ends first or reports `URNIC-CASE-FAILED` fails the test (hang guard:
+/// the guest's own timeout, and 600 s here).
+pub fn wait_for_marker(log: &Path, marker: &str, guest: &mut GuestRun) {
+    let start = std::time::Instant::now();
+    loop {
+        let g = std::fs::read_to_string(log).unwrap_or_default();
+        if g.lines().any(|l| l.trim_end() == marker) {
+            return;
+        }
+        if g.contains("URNIC-CASE-FAILED") || matches!(guest.0.try_wait(), Ok(Some(_))) {
+            panic!("the guest ended before `{marker}`:\n{g}");
+        }
+        assert!(start.elapsed() < std::time::Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
