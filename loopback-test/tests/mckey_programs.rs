@@ -219,11 +219,13 @@ fn finish(mut running: Running, who: &str) -> String {
 }
 
 /// Member 0 sends `count` messages to `group`, members 1.. receive them
-/// all; `sender_args` adds the sender's options (`-o`: a send-only join).
-fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, sender_args: &[&str]) {
+/// all; `sender_args` adds the sender's options (`-o`: a send-only join),
+/// `receiver_args` the receivers' (`-c 2`: two ids, each with its QP on
+/// the group, each getting every message).
+fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, sender_args: &[&str], receiver_args: &[&str]) {
     let lab = Lab::new(tag, members);
     let count = "10";
-    let mut rx: Vec<Running> = (1..members).map(|i| lab.mckey(i, v6, &["-m", group, "-C", count])).collect();
+    let mut rx: Vec<Running> = (1..members).map(|i| lab.mckey(i, v6, &[&["-m", group, "-C", count], receiver_args].concat())).collect();
     for (i, r) in rx.iter_mut().enumerate() {
         lab.wait_joined(i + 1, group, r);
     }
@@ -235,7 +237,9 @@ fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, s
     assert!(sent.contains("initiating data transfers") && sent.contains("data transfers complete"), "{sent}");
     for (i, r) in rx.into_iter().enumerate() {
         let out = finish(r, &format!("receiver {}", i + 1));
-        assert!(out.contains(&format!("mckey: joined dgid: {dgid} mlid 0x0 sl 0")), "receiver {}: {out}", i + 1);
+        let joins = out.matches(&format!("mckey: joined dgid: {dgid} mlid 0x0 sl 0")).count();
+        let ids = receiver_args.windows(2).find(|w| w[0] == "-c").map_or(1, |w| w[1].parse().unwrap());
+        assert_eq!(joins, ids, "receiver {}: each id joined: {out}", i + 1);
         assert!(out.contains("receiving data transfers") && out.contains("data transfers complete"), "receiver {}: {out}", i + 1);
         // The receiver left: the kernel no longer holds the group.
         let o = Command::new("ip").args(["-n", &lab.seg.ns[i + 1], "maddr", "show", "dev", &lab.seg.ifname[i + 1]]).output().expect("ip maddr");
@@ -249,17 +253,24 @@ fn one_sender_many_receivers(tag: &str, members: usize, group: &str, v6: bool, s
 
 #[test]
 fn mckey_ipv4_one_sender_three_receivers() {
-    one_sender_many_receivers("mck4", 4, "239.18.0.1", false, &[]);
+    one_sender_many_receivers("mck4", 4, "239.18.0.1", false, &[], &[]);
 }
 
 #[test]
 fn mckey_ipv4_send_only_sender() {
-    one_sender_many_receivers("mcko", 2, "239.18.0.2", false, &["-o"]);
+    one_sender_many_receivers("mcko", 2, "239.18.0.2", false, &["-o"], &[]);
 }
 
 #[test]
 fn mckey_ipv6_one_sender_two_receivers() {
-    one_sender_many_receivers("mck6", 3, "ff0e::18:1", true, &[]);
+    one_sender_many_receivers("mck6", 3, "ff0e::18:1", true, &[], &[]);
+}
+
+/// One receiving process with two ids (two QPs of one device on the group):
+/// each QP gets its own copy of every message.
+#[test]
+fn mckey_two_qps_of_one_receiver() {
+    one_sender_many_receivers("mck2", 2, "239.18.0.3", false, &[], &["-c", "2"]);
 }
 
 /// `ibverbs-abi/tests/c/rdmacm_mcast.c` (bad arguments, wrong states, the

@@ -8,17 +8,24 @@
 //! private data. As librdmacm's `ucma_process_join`, the id's QP (if it has
 //! one, and the join is not send-only) is attached to the group, which also
 //! joins it on the host (IGMP / MLD); a failed attach is reported as
-//! `RDMA_CM_EVENT_MULTICAST_ERROR`. Leaving (or destroying the id) detaches.
+//! `RDMA_CM_EVENT_MULTICAST_ERROR` with the attach's -errno as its status
+//! (librdmacm puts -1 there and the errno in `errno`; -errno is what the
+//! kernel reports for its own multicast errors, and says which). Leaving
+//! (or destroying the id) detaches; unlike librdmacm, a leave does not wait
+//! for the program to ack the join's event.
 //!
 //! The Q_Key is `RDMA_UDP_QKEY`, the kernel's `cma_set_default_qkey` for
 //! `RDMA_PS_UDP` (and `RDMA_PS_IB`); its `RDMA_PS_IPOIB` Q_Key comes from the
 //! IPoIB broadcast group's SA record, and urnic makes no IPoIB ids
 //! (`rdma_create_id`: EPROTONOSUPPORT).
 //!
+//! A send-only join holds no host membership (the kernel sends no IGMP for
+//! one either). The hop limit is 64 for IPv6 groups too (the kernel takes
+//! none on RoCEv2: ENOTSUPP).
+//!
 //! Not offered: joins through an IB subnet administrator (`RDMA_PS_IB`,
-//! `AF_IB` addresses), send-only joins' host membership (the kernel sends
-//! no IGMP for them either), and the host membership of a full member that
-//! has no QP when it joins (urnic's host membership follows the QP's attach).
+//! `AF_IB` addresses), and the host membership of a full member that has no
+//! QP when it joins (urnic's host membership follows the QP's attach).
 
 use std::os::raw::{c_int, c_void};
 

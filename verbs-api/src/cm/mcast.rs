@@ -23,9 +23,9 @@ use crate::error::{Error, Result};
 use crate::qp::{AhAttr, Qp};
 use crate::Gid;
 
-/// The destination QPN of a multicast send (IBTA 10.5.2.6: QP 0xFFFFFF;
-/// the kernel's `cma_make_mc_event` reports it as `param.ud.qp_num`).
-pub const MCAST_QPN: u32 = 0xFF_FFFF;
+/// The destination QPN of a multicast send, 0xFFFFFF (the kernel's
+/// `IB_MULTICAST_QPN`, which `cma_make_mc_event` reports as `param.ud.qp_num`).
+pub const MCAST_QPN: u32 = rocev2::transport::mcast::MULTICAST_QPN;
 
 /// The hop limit of the group's path on RoCEv2 (the kernel's
 /// `IPV6_DEFAULT_HOPLIMIT`, set by `cma_iboe_join_multicast` for IPv4 groups).
