@@ -9,17 +9,6 @@ mod common;
 use common::*;
 use urnic::*;
 
-fn ud_rts(s: &Side, qkey: u32) -> Qp {
-    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: false }).unwrap();
-    let mut at = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
-    at.qp_state = QpState::Rtr;
-    qp.modify(&at, QpAttrMask::STATE).unwrap();
-    at.qp_state = QpState::Rts;
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
-    qp
-}
-
 #[test]
 fn posted_ud_sends_leave_before_the_qp_is_destroyed() {
     let hub = MemHub::new(5);
@@ -30,7 +19,7 @@ fn posted_ud_sends_leave_before_the_qp_is_destroyed() {
     cfg.datapath = DatapathMode::Thread { core: None, idle: IdlePolicy::default() };
     let b = open_device(cfg).unwrap();
     let (sa, sb) = (side(&a, 4096), side(&b, 16 * 4096));
-    let (sender, receiver) = (ud_rts(&sa, 7), ud_rts(&sb, 7));
+    let (sender, receiver) = (ud_qp(&sa, 7), ud_qp(&sb, 7));
     for i in 0..8 {
         receiver.post_recv(&RecvWr { wr_id: i, sgl: vec![sb.mr.sge(i as usize * 4096, 4096)] }).unwrap();
     }

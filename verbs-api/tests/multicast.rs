@@ -74,17 +74,7 @@ fn rdma_cm_join_gives_the_group_and_attaches_the_member() {
     let (a, b) = devices_on(&MemHub::new(3), Impairments::default());
     let (ch_a, ch_b) = (CmChannel::new(&a).unwrap(), CmChannel::new(&b).unwrap());
     let (sa, sb) = (side(&a, 4096), side(&b, 4096));
-    let up = |s: &Side| {
-        let qp = ud(s);
-        let mut at = QpAttr { qp_state: QpState::Init, qkey: rocev2::cm::RDMA_UDP_QKEY, ..QpAttr::default() };
-        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
-        at.qp_state = QpState::Rtr;
-        qp.modify(&at, QpAttrMask::STATE).unwrap();
-        at.qp_state = QpState::Rts;
-        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
-        qp
-    };
-    let (sender, member) = (up(&sa), up(&sb));
+    let (sender, member) = (ud_qp(&sa, rocev2::cm::RDMA_UDP_QKEY), ud_qp(&sb, rocev2::cm::RDMA_UDP_QKEY));
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
 
     let e = ch_b.join_multicast(ip("10.0.0.9"), ip("10.0.0.2"), Some(&member)).unwrap_err();
