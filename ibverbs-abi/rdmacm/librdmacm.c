@@ -40,6 +40,7 @@ __be16 P(rdma_get_src_port)(struct rdma_cm_id *);
 int P(rdma_getaddrinfo)(const char *, const char *, const struct rdma_addrinfo *, struct rdma_addrinfo **);
 int P(rdma_init_qp_attr)(struct rdma_cm_id *, struct ibv_qp_attr *, int *);
 int P(rdma_join_multicast)(struct rdma_cm_id *, struct sockaddr *, void *);
+int P(rdma_join_multicast_ex)(struct rdma_cm_id *, struct rdma_cm_join_mc_attr_ex *, void *);
 int P(rdma_leave_multicast)(struct rdma_cm_id *, struct sockaddr *);
 int P(rdma_listen)(struct rdma_cm_id *, int);
 int P(rdma_migrate_id)(struct rdma_cm_id *, struct rdma_event_channel *);
@@ -126,9 +127,9 @@ int rdma_notify(struct rdma_cm_id *id, enum ibv_event_type event)
 	if (event != IBV_EVENT_COMM_EST) { errno = EINVAL; return -1; }
 	return rdma_establish(id);
 }
-/* Multicast and ECE: not offered (urnic has no multicast groups yet, no ECE). */
 int rdma_join_multicast_ex(struct rdma_cm_id *id, struct rdma_cm_join_mc_attr_ex *a, void *ctx)
-{ (void)id; (void)a; (void)ctx; errno = EOPNOTSUPP; return -1; }
+{ return P(rdma_join_multicast_ex)(id, a, ctx); }
+/* ECE: not offered (a ConnectX feature). */
 int rdma_set_local_ece(struct rdma_cm_id *id, struct ibv_ece *ece) { (void)id; (void)ece; errno = EOPNOTSUPP; return -1; }
 int rdma_get_remote_ece(struct rdma_cm_id *id, struct ibv_ece *ece) { (void)id; (void)ece; errno = EOPNOTSUPP; return -1; }
 int rdma_reject_ece(struct rdma_cm_id *id, const void *d, uint8_t len) { return rdma_reject(id, d, len); }

@@ -20,6 +20,9 @@ pub(crate) struct UContext {
     /// QPs and SRQs by number, for asynchronous events.
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+    /// Held open by RDMA-CM for the life of the process (its ids, CM agent
+    /// and QPN allocation depend on it): `ibv_close_device` leaves it.
+    pub(crate) held: std::sync::atomic::AtomicBool,
 }
 
 /// `__VERBS_ABI_IS_EXTENDED`: `ibv_context.abi_compat` of a `verbs_context`.

@@ -246,18 +246,25 @@ unsafe fn context_for(dev: *mut ibv_device, ctx: urnic::Context) -> *mut ibv_con
     crate::cq::install_ops(&mut c.ops);
     crate::qp::install_ops(&mut c.ops);
     crate::mr::install_ops(&mut c.ops);
-    let u = Box::into_raw(Box::new(UContext { vctx, ctx, async_fd, qps: Mutex::new(HashMap::new()), srqs: Mutex::new(HashMap::new()) }));
+    let u = Box::into_raw(Box::new(UContext {
+        vctx,
+        ctx,
+        async_fd,
+        qps: Mutex::new(HashMap::new()),
+        srqs: Mutex::new(HashMap::new()),
+        held: Default::default(),
+    }));
     &mut (*u).vctx.context
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn ibv_close_device(ctx: *mut ibv_context) -> c_int {
     guard("ibv_close_device", -1, || {
-        if uctx(ctx).is_none() {
+        let Some(u) = uctx(ctx) else {
             set_errno(libc::EINVAL);
             return -1;
-        }
-        if crate::rdmacm::owns_context(ctx) {
+        };
+        if u.held.load(std::sync::atomic::Ordering::Acquire) {
             // RDMA-CM's own context (a program closing `rdma_cm_id.verbs`,
             // as perftest -R does on cleanup): it stays open for RDMA-CM.
             return 0;

@@ -40,17 +40,6 @@ fn recv_one(qp: &Qp, s: &Side, slot: usize) {
     qp.post_recv(&RecvWr { wr_id: slot as u64, sgl: vec![s.mr.sge(slot * SLOT, SLOT as u32)] }).unwrap();
 }
 
-fn ud_qp(s: &Side, qkey: u32) -> Qp {
-    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
-    let mut at = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
-    at.qp_state = QpState::Rtr;
-    qp.modify(&at, QpAttrMask::STATE).unwrap();
-    at.qp_state = QpState::Rts;
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
-    qp
-}
-
 /// Poll until the counter reaches `want` (the datapath runs on its own thread).
 fn counter_reaches(ctx: &Context, name: &str, want: u64) {
     let mut spins = 0u64;

@@ -39,6 +39,9 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::qp::{AhAttr, Qp, QpAttr};
 use crate::{Access, Gid, Mtu, QpAttrMask, QpState, QpType};
 
+mod mcast;
+pub use mcast::{McastGroup, MCAST_QPN};
+
 /// Private data a connect carries for the consumer: the REQ's 92 bytes less
 /// RDMA-CM's 36-byte IP header (librdmacm: `RDMA_MAX_PRIVATE_DATA` for a
 /// TCP-space REQ is 56).

@@ -486,11 +486,30 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
+        self.flush_posted_sends();
         self.detach_all_mcast();
         let inner = &self.pd.ctx.inner;
         let _ = inner.nic.with_engine_of(self.qpn, |e| e.destroy_qp(self.qpn));
         inner.nic.detach_qp(self.qpn);
         inner.qp_count.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Qp {
+    /// Send WRs posted but not yet taken by the datapath leave before the
+    /// QP goes, as on an HCA whose doorbell starts the DMA (rxe runs its
+    /// requester inside `ibv_post_send`): a program that posts unsignaled
+    /// UD sends and destroys the QP at once (Debian's `mckey` sender) has
+    /// them on the wire. Bounded: the datapath takes a ring in one poll.
+    fn flush_posted_sends(&self) {
+        let nic = &self.pd.ctx.inner.nic;
+        let shard = nic.shard_of(self.qpn);
+        for _ in 0..64 {
+            if self.rings.send.is_empty() {
+                return;
+            }
+            nic.poll_shard(shard);
+        }
     }
 }
 

@@ -136,3 +136,16 @@ pub fn bytes(mr: &Mr, range: std::ops::Range<usize>) -> Vec<u8> {
 pub fn expected(len: usize, seed: u8) -> Vec<u8> {
     (0..len).map(|i| seed.wrapping_add((i % 251) as u8).wrapping_mul(3)).collect()
 }
+
+/// A UD QP on `s`'s CQ, moved INIT → RTR → RTS with `qkey`.
+pub fn ud_qp(s: &Side, qkey: u32) -> Qp {
+    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
+    let mut at = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
+    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
+    at.qp_state = QpState::Rtr;
+    qp.modify(&at, QpAttrMask::STATE).unwrap();
+    at.qp_state = QpState::Rts;
+    at.sq_psn = Psn::new(7);
+    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
+    qp
+}

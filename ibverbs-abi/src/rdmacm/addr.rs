@@ -1,14 +1,11 @@
-//! Addresses: `sockaddr` conversions, which urnic device owns an address
-//! or routes to one (opened on first use), `rdma_getaddrinfo`,
-//! `rdma_get_devices`.
+//! Addresses: `sockaddr` conversions, which urnic interface owns an
+//! address or routes to one, `rdma_getaddrinfo`.
 
-use std::ffi::CStr;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
 use std::os::raw::{c_char, c_int};
 use std::ptr;
-use std::sync::Arc;
 
-use super::{fail, with_cma, CmDev, Cma};
+use super::fail;
 use crate::cmffi::*;
 use crate::ffi::*;
 use crate::guard;
@@ -57,7 +54,7 @@ pub(crate) unsafe fn std_to_sa(a: SocketAddr, out: *mut sockaddr) -> usize {
 
 /// The interfaces urnic offers as devices (as `ibv_get_device_list` lists
 /// them) and their addresses.
-fn eligible() -> Vec<urnic::DeviceInfo> {
+pub(crate) fn eligible() -> Vec<urnic::DeviceInfo> {
     let Ok(list) = urnic::device_list() else { return vec![] };
     let wanted = |n: &str| match std::env::var("URNIC_DEVICES") {
         Ok(l) if !l.trim().is_empty() => l.split(',').map(str::trim).any(|w| w == n || w.strip_prefix("urnic-") == Some(n)),
@@ -94,88 +91,6 @@ pub(crate) fn route_to(dst: IpAddr) -> Result<(IpAddr, String), c_int> {
     let local = s.local_addr().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?.ip();
     let ifname = ifname_of_local(local).map_err(|_| libc::ENODEV)?;
     Ok((local, ifname))
-}
-
-/// The index of `ifname`'s device in `c.devs`, opening it (and starting
-/// its CM agent and the thread that hands its events to channels).
-pub(crate) unsafe fn open_dev(c: &mut Cma, ifname: &str) -> Result<usize, c_int> {
-    if let Some(i) = c.devs.iter().position(|d| d.ifname == ifname) {
-        return Ok(i);
-    }
-    let mut n = 0;
-    let list = crate::device::ibv_get_device_list(&mut n);
-    if list.is_null() {
-        return Err(libc::ENODEV);
-    }
-    let want = format!("urnic-{ifname}");
-    let mut dev = ptr::null_mut();
-    for i in 0..n as usize {
-        let d = *list.add(i);
-        if CStr::from_ptr((*d).name.as_ptr()).to_bytes() == want.as_bytes() {
-            dev = d;
-        }
-    }
-    crate::device::ibv_free_device_list(list);
-    if dev.is_null() {
-        return Err(libc::ENODEV);
-    }
-    let verbs = crate::device::ibv_open_device(dev);
-    if verbs.is_null() {
-        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::ENODEV));
-    }
-    let Some(u) = crate::ctx::uctx(verbs) else { return Err(libc::ENODEV) };
-    let chan = match urnic::cm::CmChannel::new(&u.ctx) {
-        Ok(ch) => Arc::new(ch),
-        Err(e) => return Err(super::errno(&e)),
-    };
-    let pd = crate::mr::ibv_alloc_pd(verbs);
-    if pd.is_null() {
-        return Err(libc::ENOMEM);
-    }
-    let idx = c.devs.len();
-    c.devs.push(CmDev { ifname: ifname.to_string(), verbs, chan: chan.clone(), pd });
-    super::dispatch::start(idx, ifname, chan);
-    Ok(idx)
-}
-
-/// Open every eligible device (a wildcard listener listens on all).
-pub(crate) unsafe fn open_all(c: &mut Cma) -> Vec<usize> {
-    let mut v = vec![];
-    for d in eligible() {
-        match open_dev(c, &d.ifname) {
-            Ok(i) => v.push(i),
-            Err(e) => eprintln!("urnic librdmacm: opening urnic-{}: {}", d.ifname, std::io::Error::from_raw_os_error(e)),
-        }
-    }
-    v
-}
-
-/// `rdma_get_devices`: the contexts of every urnic device, opened.
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
-    guard("rdma_get_devices", ptr::null_mut(), || {
-        let ctxs: Vec<*mut ibv_context> = with_cma(|c| {
-            open_all(c);
-            c.devs.iter().map(|d| d.verbs).collect()
-        });
-        let arr = libc::calloc(ctxs.len() + 1, std::mem::size_of::<*mut ibv_context>()) as *mut *mut ibv_context;
-        if arr.is_null() {
-            return super::event::null(libc::ENOMEM);
-        }
-        for (i, c) in ctxs.iter().enumerate() {
-            *arr.add(i) = *c;
-        }
-        if !num.is_null() {
-            *num = ctxs.len() as c_int;
-        }
-        arr
-    })
-}
-
-/// `rdma_free_devices`: the array only (contexts stay open, as librdmacm's).
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_free_devices(list: *mut *mut ibv_context) {
-    libc::free(list.cast());
 }
 
 /// One address from `getaddrinfo` (numeric or a host name); the EAI code

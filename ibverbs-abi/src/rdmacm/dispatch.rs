@@ -9,7 +9,7 @@ use std::time::Duration;
 use urnic::cm::{CmChannel, CmEvent};
 
 use super::event::{push_event, NewEvent};
-use super::id::{fill_route, new_id, REJ_PRIVATE, REP_PRIVATE, REQ_PRIVATE, SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE};
+use super::ids::{fill_route, new_id, REJ_PRIVATE, REP_PRIVATE, REQ_PRIVATE, SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE};
 use super::{with_cma, Cma, UCmId};
 use crate::cmffi::*;
 use crate::ffi::*;

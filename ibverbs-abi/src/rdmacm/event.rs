@@ -43,11 +43,24 @@ pub(crate) struct NewEvent {
     pub(crate) data_len: usize,
     pub(crate) conn: rdma_conn_param,
     pub(crate) ud: Option<(ibv_ah_attr, u32, u32)>,
+    /// `param.ud.private_data` as a pointer of the program's (a multicast
+    /// join's context, as librdmacm reports it), instead of `data`.
+    pub(crate) private_ptr: *mut std::os::raw::c_void,
 }
 
 impl NewEvent {
     pub(crate) fn new(id: *mut UCmId, event: rdma_cm_event_type, status: c_int) -> NewEvent {
-        NewEvent { id, listen_id: ptr::null_mut(), event, status, data: vec![], data_len: 0, conn: rdma_conn_param::default(), ud: None }
+        NewEvent {
+            id,
+            listen_id: ptr::null_mut(),
+            event,
+            status,
+            data: vec![],
+            data_len: 0,
+            conn: rdma_conn_param::default(),
+            ud: None,
+            private_ptr: ptr::null_mut(),
+        }
     }
 
     /// Private data padded to `len` bytes, as the kernel hands it up.
@@ -69,7 +82,13 @@ pub(crate) unsafe fn push_event(ch: *mut rdma_event_channel, e: NewEvent) {
     ev.event = e.event;
     ev.status = e.status;
     let mut b = Box::new(UEvent { ev, data: e.data });
-    let pd = if b.data.is_empty() { ptr::null() } else { b.data.as_ptr() as *const _ };
+    let pd = if !e.private_ptr.is_null() {
+        e.private_ptr as *const _
+    } else if b.data.is_empty() {
+        ptr::null()
+    } else {
+        b.data.as_ptr() as *const _
+    };
     let len = e.data_len as u8;
     match e.ud {
         Some((ah, qpn, qkey)) => {
@@ -232,4 +251,26 @@ pub(crate) unsafe fn complete(id: *mut UCmId) -> Result<(rdma_cm_event_type, c_i
 /// NULL with errno (for pointer-returning calls).
 pub(crate) fn null<T>(e: c_int) -> *mut T {
     null_err(e)
+}
+
+/// A synchronous id waits for its event; 0 or -1 with the event's errno.
+pub(crate) unsafe fn sync_wait(id: *mut rdma_cm_id) -> c_int {
+    let sync = super::with_cma(|c| c.ids.get(&(id as usize)).is_some_and(|s| s.own_channel));
+    if !sync {
+        return 0;
+    }
+    match complete(id as *mut UCmId) {
+        Ok((_, 0)) => 0,
+        Ok((ev, status)) => {
+            let e = if status < 0 {
+                -status
+            } else if ev == RDMA_CM_EVENT_REJECTED {
+                libc::ECONNREFUSED
+            } else {
+                libc::ECONNABORTED
+            };
+            fail(e)
+        }
+        Err(e) => fail(e),
+    }
 }

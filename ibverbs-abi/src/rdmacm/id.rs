@@ -2,82 +2,23 @@
 //! disconnect, establish, options, addresses, and the synchronous helpers
 //! `rdma_create_ep` / `rdma_get_request`.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 
-use rocev2::transport::attr::AddressVector;
-use urnic::cm::{ConnParam, PortSpace};
+use urnic::cm::ConnParam;
 
-use super::addr::{ifname_of_local, open_all, open_dev, route_to, sa_to_std, std_to_sa};
-use super::event::{complete, drop_events_of, push_event, uchannel, NewEvent, UEventChannel};
-use super::{errno, fail, with_cma, Cma, IdState, UCmId};
+use super::addr::{ifname_of_local, route_to, sa_to_std};
+use super::devs::{open_all, open_dev};
+use super::event::{drop_events_of, push_event, sync_wait, uchannel, NewEvent, UEventChannel};
+use super::ids::{fill_route, new_id, space_of, st, REP_PRIVATE, REQ_PRIVATE, SIDR_REP_PRIVATE, SIDR_REQ_PRIVATE};
+use super::{errno, fail, with_cma, Cma, UCmId};
 use crate::cmffi::*;
 use crate::ffi::*;
 use crate::guard;
 
-/// The REQ's private data a listener sees (92 less RDMA-CM's header).
-pub(crate) const REQ_PRIVATE: usize = 56;
-/// The REP's private data (IBTA 12.6.8).
-pub(crate) const REP_PRIVATE: usize = 196;
-/// The REJ's private data (IBTA 12.6.7).
-pub(crate) const REJ_PRIVATE: usize = 148;
-/// SIDR_REQ's private data less RDMA-CM's header.
-pub(crate) const SIDR_REQ_PRIVATE: usize = 180;
-/// SIDR_REP's private data (IBTA 12.11.2).
-pub(crate) const SIDR_REP_PRIVATE: usize = 136;
 /// `RDMA_MAX_RESP_RES` / `RDMA_MAX_INIT_DEPTH`: "as many as the device has".
 const RDMA_MAX: u8 = 0xFF;
-
-pub(crate) fn space_of(ps: rdma_port_space) -> Option<PortSpace> {
-    match ps {
-        RDMA_PS_TCP => Some(PortSpace::Tcp),
-        RDMA_PS_UDP => Some(PortSpace::Udp),
-        _ => None,
-    }
-}
-
-/// The state of a live id (None: not one of ours, or destroyed).
-pub(crate) fn st(c: &mut Cma, id: *mut rdma_cm_id) -> Option<&mut IdState> {
-    c.ids.get_mut(&(id as usize))
-}
-
-/// Write the route's addresses and GIDs as librdmacm's `ucma_query_route` does.
-pub(crate) unsafe fn fill_route(id: *mut rdma_cm_id, src: Option<SocketAddr>, dst: Option<SocketAddr>) {
-    let r = &mut (*id).route;
-    let gid = |a: SocketAddr| match a.ip() {
-        IpAddr::V4(v4) => AddressVector::ipv4_gid(v4.octets()),
-        IpAddr::V6(v6) => v6.octets(),
-    };
-    let ib = r.addr.addr.ibaddr.as_mut();
-    ib.pkey = 0xffffu16.to_be();
-    if let Some(s) = src {
-        std_to_sa(s, &mut r.addr.__bindgen_anon_1.src_addr as *mut sockaddr);
-        ib.sgid.raw = gid(s);
-    }
-    if let Some(d) = dst {
-        std_to_sa(d, &mut r.addr.__bindgen_anon_2.dst_addr as *mut sockaddr);
-        ib.dgid.raw = gid(d);
-    }
-}
-
-/// A new id on `channel` (its C struct boxed, its state registered).
-pub(crate) unsafe fn new_id(
-    c: &mut Cma,
-    channel: *mut rdma_event_channel,
-    context: *mut c_void,
-    ps: rdma_port_space,
-    qp_type: ibv_qp_type,
-) -> *mut UCmId {
-    let mut cid: rdma_cm_id = std::mem::zeroed();
-    cid.channel = channel;
-    cid.context = context;
-    cid.ps = ps;
-    cid.qp_type = qp_type;
-    let p = Box::into_raw(Box::new(UCmId { id: cid }));
-    c.ids.insert(p as usize, IdState::default());
-    p
-}
 
 /// `rdma_create_id`: RDMA_PS_TCP (RC) or RDMA_PS_UDP (UD); a NULL channel
 /// makes a synchronous id.
@@ -164,6 +105,7 @@ pub unsafe extern "C" fn urnic_rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 }
             }
         });
+        super::mcast::leave_all(id, &s.joins);
         drop_events_of((*id).channel, id as *mut UCmId);
         super::qp::destroy_cqs(id);
         libc::free((*id).route.path_rec.cast());
@@ -285,28 +227,6 @@ pub unsafe extern "C" fn urnic_rdma_resolve_addr(id: *mut rdma_cm_id, src: *mut 
         push_event((*id).channel, ev);
         sync_wait(id)
     })
-}
-
-/// A synchronous id waits for its event; 0 or -1 with the event's errno.
-unsafe fn sync_wait(id: *mut rdma_cm_id) -> c_int {
-    let sync = with_cma(|c| st(c, id).is_some_and(|s| s.own_channel));
-    if !sync {
-        return 0;
-    }
-    match complete(id as *mut UCmId) {
-        Ok((_, 0)) => 0,
-        Ok((ev, status)) => {
-            let e = if status < 0 {
-                -status
-            } else if ev == RDMA_CM_EVENT_REJECTED {
-                libc::ECONNREFUSED
-            } else {
-                libc::ECONNABORTED
-            };
-            fail(e)
-        }
-        Err(e) => fail(e),
-    }
 }
 
 /// `rdma_resolve_route`: RoCE needs no SA query; the path is the resolved
@@ -810,16 +730,4 @@ pub unsafe extern "C" fn urnic_rdma_destroy_ep(id: *mut rdma_cm_id) {
         }
         urnic_rdma_destroy_id(id);
     })
-}
-
-/// `rdma_join_multicast`: not offered yet (urnic has no multicast groups).
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_join_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr, _context: *mut c_void) -> c_int {
-    fail(libc::EOPNOTSUPP)
-}
-
-/// `rdma_leave_multicast`: not offered yet.
-#[no_mangle]
-pub unsafe extern "C" fn urnic_rdma_leave_multicast(_id: *mut rdma_cm_id, _addr: *mut sockaddr) -> c_int {
-    fail(libc::EOPNOTSUPP)
 }

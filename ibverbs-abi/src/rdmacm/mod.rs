@@ -27,11 +27,20 @@
 //! Synchronous ids (`rdma_create_id` with a NULL channel, `rdma_create_ep`)
 //! get a private channel and each call waits for its event, as librdmacm
 //! does.
+//!
+//! **Modules**, each using only those before it (and this one's state):
+//! `addr` (addresses, routes, `rdma_getaddrinfo`), `event` (channels and
+//! events), `ids` (an id's table entry and route), `dispatch` (the CM
+//! agent's events onto channels), `devs` (opening devices, which starts
+//! their dispatchers), then the calls on ids: `qp`, `mcast`, `id`.
 
 mod addr;
+mod devs;
 mod dispatch;
 mod event;
 mod id;
+mod ids;
+mod mcast;
 mod qp;
 
 use std::collections::HashMap;
@@ -42,8 +51,10 @@ use crate::cmffi::*;
 use crate::ffi::*;
 use crate::{guard, lock};
 
+pub use devs::*;
 pub use event::*;
 pub use id::*;
+pub use mcast::*;
 pub use qp::*;
 
 /// A device RDMA-CM has opened (through `ibv_open_device`, so the context
@@ -85,6 +96,17 @@ pub(crate) struct IdState {
     pub(crate) tos: u8,
     pub(crate) reuseaddr: bool,
     pub(crate) afonly: bool,
+    /// Multicast groups joined (`rdma_join_multicast`).
+    pub(crate) joins: Vec<Join>,
+}
+
+/// One multicast group an id has joined (`rdma_join_multicast`).
+pub(crate) struct Join {
+    /// The address the program joined (a leave names it the same way).
+    pub(crate) addr: SocketAddr,
+    pub(crate) group: urnic::cm::McastGroup,
+    /// The id's QP was attached to the group.
+    pub(crate) attached: bool,
 }
 
 /// The process's RDMA-CM state (one lock; never held while blocking).
@@ -117,12 +139,6 @@ pub(crate) fn with_cma<R>(f: impl FnOnce(&mut Cma) -> R) -> R {
 #[repr(C)]
 pub(crate) struct UCmId {
     pub(crate) id: rdma_cm_id,
-}
-
-/// Whether `ctx` is a context RDMA-CM opened (it keeps them for the life of
-/// the process: ids, the CM agent and QPN allocation depend on them).
-pub(crate) fn owns_context(ctx: *mut ibv_context) -> bool {
-    lock(&CMA).as_ref().is_some_and(|c| c.devs.iter().any(|d| d.verbs == ctx))
 }
 
 /// Fail with -1 and errno `e` (librdmacm's convention).

@@ -1,9 +1,10 @@
 /*
  * The bookkeeping of the C test programs (bad_args.c, rdmacm_bad_args.c,
- * mcast_loop.c): one line per check ("ok"/"FAIL" and what was checked), a
- * fatal precondition that stops the program, and the summary line
- * "N checks, M failed" that the Rust tests (c_programs.rs, rdmacm_c.rs)
- * read. A program includes it once.
+ * rdmacm_mcast.c, mcast_loop.c): one line per check ("ok"/"FAIL" and what
+ * was checked), a fatal precondition that stops the program, ERR/OK for a
+ * call's -1/errno or 0, and the summary line "N checks, M failed" that the
+ * Rust tests (c_programs.rs, rdmacm_c.rs, mckey_programs.rs) read. A
+ * program includes it once.
  */
 #ifndef URNIC_TEST_CHECK_H
 #define URNIC_TEST_CHECK_H
@@ -50,5 +51,24 @@ static inline int summary(void)
 	printf("%d checks, %d failed\n", checks, failures);
 	return failures ? 1 : 0;
 }
+
+/* A call returning -1 with errno `want`. */
+#define ERR(call, want)                                                                  \
+	do {                                                                             \
+		errno = 0;                                                               \
+		int rc_ = (call);                                                        \
+		int e_ = errno;                                                          \
+		report(rc_ == -1 && e_ == (want), #call, "rc %d errno %d (%s), want %s", \
+		       rc_, e_, strerror(e_), #want);                                    \
+	} while (0)
+
+/* A call returning 0 (its errno shown if not). */
+#define OK(call, what)                                                                  \
+	do {                                                                            \
+		errno = 0;                                                              \
+		int rc_ = (call);                                                       \
+		int e_ = errno;                                                         \
+		report(rc_ == 0, what, rc_ ? "errno %d (%s)" : NULL, e_, strerror(e_)); \
+	} while (0)
 
 #endif

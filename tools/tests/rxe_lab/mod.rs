@@ -320,8 +320,9 @@ impl GuestRun {
         std::fs::read_to_string(self.share.join(format!("{name}.out"))).unwrap_or_default()
     }
 
-    /// Until the console shows the line `marker` (hang guard: the guest's
-    /// own timeout, and 600 s here).
+    /// Until the console shows the line `marker`; a guest that ends first
+    /// or reports `URNIC-CASE-FAILED` fails the test (hang guard: the
+    /// guest's own timeout, and 600 s here).
     pub fn wait_for_marker(&mut self, marker: &str) {
         let start = Instant::now();
         loop {
@@ -329,7 +330,7 @@ impl GuestRun {
             if g.lines().any(|l| l.trim_end() == marker) {
                 return;
             }
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if g.contains("URNIC-CASE-FAILED") || matches!(self.child.try_wait(), Ok(Some(_))) {
                 panic!("the guest ended before `{marker}`:\n{g}");
             }
             assert!(start.elapsed() < Duration::from_secs(600), "the guest never reached `{marker}`:\n{g}");

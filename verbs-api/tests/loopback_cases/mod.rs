@@ -204,19 +204,6 @@ pub fn rc_to_itself(ctx: &Context, sgid_index: u8) -> (u32, u32) {
     (qa.qp_num(), qb.qp_num())
 }
 
-/// A UD QP and its initialised peers: INIT → RTR → RTS with `qkey`.
-pub fn ud_qp(s: &Side, qkey: u32) -> Qp {
-    let qp = s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
-    let mut at = QpAttr { qp_state: QpState::Init, qkey, ..QpAttr::default() };
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
-    at.qp_state = QpState::Rtr;
-    qp.modify(&at, QpAttrMask::STATE).unwrap();
-    at.qp_state = QpState::Rts;
-    at.sq_psn = Psn::new(7);
-    qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
-    qp
-}
-
 /// UD SENDs between two UD QPs of one device, both ways, through an
 /// address handle on our own GID at `sgid_index`: payload, immediate,
 /// source QPN and GRH checked; every frame looped back.
