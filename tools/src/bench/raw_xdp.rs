@@ -14,6 +14,7 @@ use urnic::XskConfig;
 use urnic_datapath::netns::{in_netns, VethPair};
 use urnic_datapath::{Port, XskPort};
 
+use super::metrics::user_self;
 use super::{timed_rounds, Cores};
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
@@ -94,19 +95,7 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
     let len = frame.len();
     let count = move |rx: &mut XskPort| received_of_len(rx, 256, len);
     match cores {
-        Cores::One => {
-            let warm = Instant::now() + Duration::from_millis(200);
-            while Instant::now() < warm {
-                blast(&mut tx, &frame);
-                count(&mut rx);
-            }
-            let (start, mut got) = (Instant::now(), 0u64);
-            while start.elapsed().as_secs_f64() < secs {
-                blast(&mut tx, &frame);
-                got += count(&mut rx);
-            }
-            Ok(got as f64 / start.elapsed().as_secs_f64())
-        }
+        Cores::One => Ok(one_thread(&mut tx, &mut rx, &frame, secs).0),
         Cores::Two => {
             let stop = Arc::new(AtomicBool::new(false));
             let s2 = stop.clone();
@@ -129,6 +118,33 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
             Ok(pps)
         }
     }
+}
+
+/// The one-thread ceiling on open sockets: a 200 ms warm-up, then `secs`
+/// of sending and receiving; frames/s and the user CPU seconds per frame.
+fn one_thread(tx: &mut XskPort, rx: &mut XskPort, frame: &[u8], secs: f64) -> (f64, f64) {
+    let len = frame.len();
+    let warm = Instant::now() + Duration::from_millis(200);
+    while Instant::now() < warm {
+        blast(tx, frame);
+        received_of_len(rx, 256, len);
+    }
+    let (start, user0, mut got) = (Instant::now(), user_self(), 0u64);
+    while start.elapsed().as_secs_f64() < secs {
+        blast(tx, frame);
+        got += received_of_len(rx, 256, len);
+    }
+    let (elapsed, user) = (start.elapsed().as_secs_f64(), user_self() - user0);
+    (got as f64 / elapsed, user / got.max(1) as f64)
+}
+
+/// The one-thread raw ceiling of `frame_len`-byte frames for `secs`:
+/// frames/s and its user CPU seconds per frame (the ring handling any
+/// AF_XDP stack pays; `rate`'s CPU floor).
+pub(super) fn raw_afxdp_user(pair: &VethPair, frame_len: usize, secs: f64) -> Result<(f64, f64)> {
+    let frame = raw_frame(pair, frame_len)?;
+    let (mut tx, mut rx) = raw_ports(pair)?;
+    Ok(one_thread(&mut tx, &mut rx, &frame, secs))
 }
 
 /// Frame length of an 8-byte SEND ONLY: Ethernet, IPv4, UDP, BTH, payload, ICRC.

@@ -1,0 +1,200 @@
+//! The small-message rate and the CPU cost per frame in `urnic bench`:
+//! the 64 B WRITE message rate against the raw AF_XDP ceiling's frames/s,
+//! and urnic's user CPU per 4154-byte frame (64 KiB WRITE at MTU 4096)
+//! against the mandatory floor measured in the same run.
+//!
+//! The floor is what any RoCEv2 stack over copy-mode AF_XDP pays in user
+//! space per full-MTU frame carried from one device to the other: the ring
+//! handling of the raw ceiling (its user CPU per frame, one thread sending
+//! and receiving), the send side's copy out of the registered region with
+//! the ICRC folded in (one fused pass), the receive side's ICRC check (a
+//! second pass) and its copy into the registered region. The copies and
+//! CRCs run over 4 MiB buffers, as UMEM and a registered region are, so
+//! they pay the cache misses the real ones do.
+//!
+//! `urnic bench --rate` runs only these rows (quick A/B of datapath
+//! changes): per run, the message rate bracketed with its ceiling (urnic,
+//! ceiling, ceiling, urnic) for one and two cores, and the CPU row.
+
+use std::time::Instant;
+
+use anyhow::{Context as _, Result};
+use rocev2::wire::crc;
+use urnic_datapath::netns::VethPair;
+
+use super::metrics::median;
+use super::raw_xdp::{raw_afxdp, raw_afxdp_user, write_frame_len, WRITE64_FRAME};
+use super::urnic_runs::{urnic_rate, urnic_write_64k};
+use super::{bracketed, Cores};
+use crate::progress::Progress;
+
+/// IB MTU of the CPU row's frames (4154 bytes on the wire).
+pub(super) const CPU_MTU: usize = 4096;
+
+/// Data frames of one 64 KiB WRITE at [`CPU_MTU`].
+pub(super) const FRAMES_PER_64K: f64 = (65536 / CPU_MTU) as f64;
+
+/// The mandatory user CPU per 4154-byte frame, µs, by part.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub(super) struct CpuFloor {
+    /// The raw ceiling's user CPU per frame (one thread sending and
+    /// receiving: both rings' handling, the kicks, the frame's build copy).
+    pub(super) rings: f64,
+    /// Send: payload copied out of the registered region with the ICRC
+    /// folded in (one pass over 4096 bytes, plus the headers' CRC).
+    pub(super) send: f64,
+    /// Receive: the ICRC check over the whole frame.
+    pub(super) check: f64,
+    /// Receive: the payload copied into the registered region.
+    pub(super) place: f64,
+}
+
+impl CpuFloor {
+    /// The whole floor, µs per frame.
+    pub(super) fn total(&self) -> f64 {
+        self.rings + self.send + self.check + self.place
+    }
+}
+
+/// Bytes each buffer of the copy/CRC measurement cycles through (UMEM's
+/// 1024 frames of 4 KiB; a registered region of the same size).
+const SPAN: usize = 4 << 20;
+
+/// Frames timed per part of the copy/CRC measurement (a few ms each).
+const PASSES: usize = 20_000;
+
+/// The send copy + ICRC, the ICRC check and the receive copy of one
+/// 4154-byte frame, µs each (medians of three timings of [`PASSES`] frames,
+/// buffers cycled over [`SPAN`]).
+pub(super) fn copy_crc_costs() -> (f64, f64, f64) {
+    let frame = write_frame_len(CPU_MTU);
+    let slots = SPAN / 4096;
+    let mr: Vec<u8> = (0..SPAN).map(|i| (i * 31 + 7) as u8).collect();
+    let mut umem = vec![0u8; SPAN + 8192];
+    let mut dst = vec![0u8; SPAN];
+    let mut sink = 0u32;
+    let mut time = |f: &mut dyn FnMut(usize) -> u32| {
+        let mut v: Vec<f64> = (0..3)
+            .map(|_| {
+                let t = Instant::now();
+                for i in 0..PASSES {
+                    sink ^= f(i % slots);
+                }
+                t.elapsed().as_secs_f64() * 1e6 / PASSES as f64
+            })
+            .collect();
+        median(&mut v)
+    };
+    let hdr = frame - CPU_MTU - rocev2::wire::ICRC_LEN;
+    let send = time(&mut |s| {
+        let at = s * 4096;
+        let c = crc::update(!0, &umem[at..at + hdr]);
+        let (src, out) = (&mr[at..at + CPU_MTU], &mut umem[at + hdr..at + hdr + CPU_MTU]);
+        crc::copy_update(c, src, out)
+    });
+    let check = time(&mut |s| crc::update(!0, &umem[s * 4096..s * 4096 + frame]));
+    let place = time(&mut |s| {
+        let at = s * 4096;
+        dst[at..at + CPU_MTU].copy_from_slice(&umem[at + hdr..at + hdr + CPU_MTU]);
+        u32::from(dst[at])
+    });
+    std::hint::black_box(sink);
+    (send, check, place)
+}
+
+/// The floor on `pair9k` (a 9000-byte veth): the ceiling's ring handling
+/// measured for `secs`, and the copies and CRCs.
+pub(super) fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
+    let (_, rings) = raw_afxdp_user(pair9k, write_frame_len(CPU_MTU), secs)?;
+    let (send, check, place) = copy_crc_costs();
+    Ok(CpuFloor { rings: rings * 1e6, send, check, place })
+}
+
+/// What one `--rate` run measured.
+#[derive(Clone, Copy, Debug, Default)]
+struct RateRun {
+    /// [cores] (urnic 64 B WRITE messages/s, raw ceiling 138-byte frames/s).
+    rate: [(f64, f64); 2],
+    /// urnic's user CPU per 4154-byte frame, 1 core, µs.
+    user_per_frame: f64,
+    floor: CpuFloor,
+}
+
+/// `urnic bench --rate`: the message-rate and CPU rows alone, `n` runs.
+pub fn run_only(n: usize) -> Result<()> {
+    let p = Progress::new("bench", 7 * n.max(1) as u64);
+    let mut all = Vec::new();
+    for i in 0..n.max(1) {
+        let _ = VethPair::sweep_stale();
+        let pair = VethPair::create("rate", 1500).context("namespaces (root)")?;
+        let pair9k = VethPair::create("rate", 9000).context("namespaces (root)")?;
+        let mut r = RateRun::default();
+        for (k, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+            let c = cores.label();
+            r.rate[k] = bracketed(
+                || {
+                    p.step(format_args!("urnic, {c}: 64 B WRITE message rate"));
+                    urnic_rate(&pair, cores)
+                },
+                || {
+                    p.step(format_args!("raw AF_XDP, {c}: {WRITE64_FRAME}-byte frames"));
+                    raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)
+                },
+            )?;
+        }
+        p.step("urnic, 1 core: user CPU per 4154-byte frame; the floor");
+        let w = urnic_write_64k(&pair9k, Cores::One, "rc")?;
+        r.user_per_frame = w.user_per_msg / FRAMES_PER_64K * 1e6;
+        r.floor = cpu_floor(&pair9k, 1.0)?;
+        p.println(format!(
+            "run {}: 64 B WRITE {:.3}/{:.3} Mpps vs raw {:.3}/{:.3} (1/2 cores): {:.2}/{:.2}; user CPU per 4154-byte frame {:.2} us vs floor \
+             {:.2} ({:.2} rings + {:.2} send copy+ICRC + {:.2} ICRC check + {:.2} placement): {:.2}",
+            i + 1,
+            r.rate[0].0 / 1e6,
+            r.rate[1].0 / 1e6,
+            r.rate[0].1 / 1e6,
+            r.rate[1].1 / 1e6,
+            r.rate[0].0 / r.rate[0].1,
+            r.rate[1].0 / r.rate[1].1,
+            r.user_per_frame,
+            r.floor.total(),
+            r.floor.rings,
+            r.floor.send,
+            r.floor.check,
+            r.floor.place,
+            r.user_per_frame / r.floor.total()
+        ));
+        all.push(r);
+    }
+    drop(p);
+    let med = |f: &dyn Fn(&RateRun) -> f64| {
+        let mut v: Vec<f64> = all.iter().map(f).collect();
+        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        (median(&mut v), lo, hi)
+    };
+    let line = |what: &str, (m, lo, hi): (f64, f64, f64), target: &str| format!("| {what} | {m:.2} | {lo:.2}–{hi:.2} | {target} |");
+    let mut t = vec![format!("| ratio (per run, {} runs) | median | range | target |", all.len()), "|---|---|---|---|".to_string()];
+    t.push(line("64 B WRITE message rate / raw ceiling, 1 core", med(&|r| r.rate[0].0 / r.rate[0].1), "≥ 0.85"));
+    t.push(line("64 B WRITE message rate / raw ceiling, 2 cores", med(&|r| r.rate[1].0 / r.rate[1].1), "≥ 0.85"));
+    t.push(line("user CPU per 4154-byte frame / floor, 1 core", med(&|r| r.user_per_frame / r.floor.total()), "≤ 1.25"));
+    crate::out::outln!("{}", t.join("\n"))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_floor_adds_its_parts() {
+        let f = CpuFloor { rings: 0.4, send: 0.3, check: 0.2, place: 0.1 };
+        assert!((f.total() - 1.0).abs() < 1e-12);
+        assert_eq!(FRAMES_PER_64K, 16.0);
+    }
+
+    #[test]
+    fn copies_and_crcs_are_measured() {
+        let (send, check, place) = copy_crc_costs();
+        assert!(send > 0.0 && check > 0.0 && place > 0.0, "{send} {check} {place}");
+    }
+}
