@@ -200,7 +200,7 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
     }
     p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
-    r.cpu_floor = rate::cpu_floor(&pair9k, 1.0)?;
+    r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 1500");
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 9000");

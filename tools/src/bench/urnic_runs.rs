@@ -130,15 +130,19 @@ pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Resul
     Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * WRITE_64K_ITERS) as f64 / 1e9), user_per_msg: user / WRITE_64K_ITERS as f64 })
 }
 
-/// The 64-byte WRITE message rate on `rig` (after a warm-up), messages/s.
-fn msg_rate(rig: &mut Rig, cores: Cores) -> Result<f64> {
+/// The 64-byte WRITE message rate on `rig` (after a warm-up): messages/s,
+/// and the process's CPU seconds (user + system) per message.
+fn msg_rate(rig: &mut Rig, cores: Cores) -> Result<(f64, f64)> {
     warm_up(rig, 64)?;
     let c = cores.label();
-    Ok(bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).with_context(|| format!("{c}: 64 B"))?.avg_mbs * 1e6 / 64.0)
+    let cpu0 = cpu_self();
+    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).with_context(|| format!("{c}: 64 B"))?.avg_mbs * 1e6 / 64.0;
+    Ok((rate, (cpu_self() - cpu0) / MSG_RATE_ITERS as f64))
 }
 
-/// urnic's 64-byte WRITE message rate on a fresh rig, messages/s.
-pub(super) fn urnic_rate(pair: &VethPair, cores: Cores) -> Result<f64> {
+/// urnic's 64-byte WRITE message rate on a fresh rig: messages/s and CPU
+/// seconds per message.
+pub(super) fn urnic_rate(pair: &VethPair, cores: Cores) -> Result<(f64, f64)> {
     msg_rate(&mut rig(pair, cores, 2 * 65536, "br")?, cores)
 }
 
@@ -146,7 +150,7 @@ pub(super) fn urnic_rate(pair: &VethPair, cores: Cores) -> Result<f64> {
 /// (after a warm-up) and 8-byte SEND and WRITE latencies.
 pub(super) fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     let mut rig = rig(pair, cores, 2 * 65536, "bs")?;
-    let rate = msg_rate(&mut rig, cores)?;
+    let (rate, _) = msg_rate(&mut rig, cores)?;
     let c = cores.label();
     let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: send_lat"))?;
     let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: write_lat"))?;
