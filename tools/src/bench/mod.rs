@@ -87,7 +87,8 @@ struct UrnicRun {
     msg_rate: f64,
     /// CPU seconds per GB in the 64 KiB WRITE run at MTU 1024.
     cpu_per_gb: f64,
-    /// User CPU µs per 4154-byte frame in the 64 KiB WRITE runs at MTU 4096.
+    /// User CPU µs per 4154-byte frame in the 64 KiB WRITE runs at MTU 4096
+    /// (the whole process: with two cores, device B's spinning thread too).
     user_per_frame_4k: f64,
     /// 8 B one-way latency samples, µs.
     send_lat: Vec<f64>,
@@ -154,10 +155,17 @@ struct Run {
 /// Progress steps in one [`one_run`].
 const RUN_STEPS: u64 = 2 * 11 + 8 + c_path::STEPS;
 
-fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) -> Result<Run> {
+/// Fresh namespaces joined by a 1500-byte and by a 9000-byte veth (stale
+/// ones of earlier, interrupted runs removed first).
+fn veth_pairs(tag: &str) -> Result<(VethPair, VethPair)> {
     let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("bench", 1500).context("namespaces (root)")?;
-    let pair9k = VethPair::create("bench", 9000).context("namespaces (root)")?;
+    let pair = VethPair::create(tag, 1500).context("namespaces (root)")?;
+    let pair9k = VethPair::create(tag, 9000).context("namespaces (root)")?;
+    Ok((pair, pair9k))
+}
+
+fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) -> Result<Run> {
+    let (pair, pair9k) = veth_pairs("bench")?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();

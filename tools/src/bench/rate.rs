@@ -19,14 +19,14 @@
 
 use std::time::Instant;
 
-use anyhow::{Context as _, Result};
+use anyhow::Result;
 use rocev2::wire::crc;
 use urnic_datapath::netns::VethPair;
 
 use super::metrics::median;
 use super::raw_xdp::{raw_afxdp, raw_afxdp_cpu, write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::{urnic_rate, urnic_write_64k};
-use super::{bracketed, Cores};
+use super::{bracketed, veth_pairs, Cores};
 use crate::progress::Progress;
 
 /// IB MTU of the CPU row's frames (4154 bytes on the wire).
@@ -140,9 +140,7 @@ pub fn run_only(n: usize) -> Result<()> {
     let p = Progress::new("bench", 7 * n.max(1) as u64);
     let mut all = Vec::new();
     for i in 0..n.max(1) {
-        let _ = VethPair::sweep_stale();
-        let pair = VethPair::create("rate", 1500).context("namespaces (root)")?;
-        let pair9k = VethPair::create("rate", 9000).context("namespaces (root)")?;
+        let (pair, pair9k) = veth_pairs("rate")?;
         let mut r = RateRun::default();
         for (k, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
             let c = cores.label();
