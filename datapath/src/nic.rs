@@ -838,10 +838,15 @@ impl Nic {
         work += sent + looped;
         drop(port);
 
-        // Completions and events.
-        while let Some(c) = engine.poll_completion() {
-            self.deliver(c);
-            work += 1;
+        // Completions and events: the CQ table is read-locked once per
+        // batch, not once per completion (with a reference count taken and
+        // dropped on the ring each time).
+        if engine.has_completions() {
+            let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
+            while let Some(c) = engine.poll_completion() {
+                self.deliver_to(&cqs, c);
+                work += 1;
+            }
         }
         while let Some(ev) = engine.poll_event() {
             self.push_event(ev);
@@ -985,8 +990,12 @@ impl Nic {
     }
 
     fn deliver(&self, c: Completion) {
-        let ring = self.cqs.read().unwrap_or_else(|e| e.into_inner()).get(&c.cq).cloned();
-        match ring {
+        self.deliver_to(&self.cqs.read().unwrap_or_else(|e| e.into_inner()), c);
+    }
+
+    /// [`Nic::deliver`] with the CQ table already read-locked.
+    fn deliver_to(&self, cqs: &IntMap<CqId, Arc<CqRing>>, c: Completion) {
+        match cqs.get(&c.cq) {
             Some(ring) => {
                 self.stats.completions.fetch_add(1, Ordering::Relaxed);
                 if !ring.push(c.wc, c.solicited) {

@@ -165,6 +165,11 @@ enum Cmd {
         /// same parameters, bracketed C, Rust, Rust, C; ratios C / Rust.
         #[arg(long, conflicts_with_all = ["report", "ceiling_only"])]
         c_path: bool,
+        /// Only the 64 B WRITE message rate against the raw ceiling's
+        /// 138-byte frames (1 and 2 cores, bracketed) and the user CPU per
+        /// 4154-byte frame against its floor: a quick A/B of datapath changes.
+        #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path"])]
+        rate: bool,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -370,6 +375,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
         Cmd::Bench { runs, c_path: true, .. } => bench::c_path_only(runs as usize),
+        Cmd::Bench { runs, rate: true, .. } => bench::rate_only(runs as usize),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),

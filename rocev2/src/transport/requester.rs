@@ -228,16 +228,6 @@ impl Requester {
     pub(crate) fn reap(&mut self, ctx: &mut RequesterCtx<'_>) {
         while let Some(w) = self.wqes.front() {
             let Some(status) = w.done else { break };
-            let w = self.wqes.pop_front().expect("front exists");
-            // `cur` indexes the WQE being sent. Removing the head shifts it
-            // down; if the head *was* the one being sent (a rewind into a
-            // message the same instant an ACK covered all of it), the next
-            // WQE starts from its beginning, not from the old offset.
-            if self.cur == 0 {
-                self.cur_off = 0;
-            } else {
-                self.cur -= 1;
-            }
             if w.signaled || status != WcStatus::Success {
                 let byte_len = match w.kind {
                     Kind::Atomic => 8,
@@ -258,6 +248,19 @@ impl Requester {
                     },
                     solicited: false,
                 });
+            }
+            // Dropped where it lies: a WQE is several hundred bytes (its
+            // SGEs and inline bytes live in it), and moving it out only to
+            // drop it was one more copy per work request.
+            self.wqes.drain(..1);
+            // `cur` indexes the WQE being sent. Removing the head shifts it
+            // down; if the head *was* the one being sent (a rewind into a
+            // message the same instant an ACK covered all of it), the next
+            // WQE starts from its beginning, not from the old offset.
+            if self.cur == 0 {
+                self.cur_off = 0;
+            } else {
+                self.cur -= 1;
             }
         }
         if !self.wqes.iter().any(|w| w.done.is_none() && w.first_psn.is_some() && w.is_remote()) {
@@ -309,14 +312,20 @@ impl Requester {
                 if ctx.draining {
                     return Ok(None);
                 }
-                let earlier_rd_atomic = self.wqes.iter().take(self.cur).filter(|x| x.is_rd_atomic() && x.done.is_none()).count();
-                // IBTA 10.8.3.3 / ibv_post_send(3): IBV_SEND_FENCE waits for prior READ/ATOMIC.
-                if w.wr.flags.contains(SendFlags::FENCE) && earlier_rd_atomic > 0 {
-                    return Ok(None);
-                }
-                // IBTA C9-?: at most max_rd_atomic outstanding READ/ATOMIC as requester.
-                if w.is_rd_atomic() && earlier_rd_atomic >= usize::from(ctx.max_rd_atomic.max(1)) {
-                    return Ok(None);
+                // Only a fenced WQE or a READ/ATOMIC looks back at the WQEs
+                // in flight (a scan of up to the queue's depth): a plain
+                // SEND or WRITE starts at once, whatever is outstanding.
+                let fenced = w.wr.flags.contains(SendFlags::FENCE);
+                if fenced || w.is_rd_atomic() {
+                    let earlier_rd_atomic = self.wqes.iter().take(self.cur).filter(|x| x.is_rd_atomic() && x.done.is_none()).count();
+                    // IBTA 10.8.3.3 / ibv_post_send(3): IBV_SEND_FENCE waits for prior READ/ATOMIC.
+                    if fenced && earlier_rd_atomic > 0 {
+                        return Ok(None);
+                    }
+                    // IBTA C9-?: at most max_rd_atomic outstanding READ/ATOMIC as requester.
+                    if w.is_rd_atomic() && earlier_rd_atomic >= usize::from(ctx.max_rd_atomic.max(1)) {
+                        return Ok(None);
+                    }
                 }
                 if w.kind == Kind::Local {
                     let i = self.cur;

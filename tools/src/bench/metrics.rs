@@ -22,13 +22,27 @@ pub(super) fn rss() -> u64 {
         .map_or(0, |pages| pages * 4096)
 }
 
-fn cpu(who: i32) -> f64 {
+/// (user, system) CPU seconds of `who` (getrusage).
+fn rusage(who: i32) -> (f64, f64) {
     // SAFETY: getrusage fills the struct we pass.
-    unsafe {
+    let ru = unsafe {
         let mut ru: libc::rusage = std::mem::zeroed();
         libc::getrusage(who, &mut ru);
-        ru.ru_utime.tv_sec as f64 + ru.ru_utime.tv_usec as f64 / 1e6 + ru.ru_stime.tv_sec as f64 + ru.ru_stime.tv_usec as f64 / 1e6
-    }
+        ru
+    };
+    let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
+    (secs(ru.ru_utime), secs(ru.ru_stime))
+}
+
+fn cpu(who: i32) -> f64 {
+    let (user, sys) = rusage(who);
+    user + sys
+}
+
+/// User CPU time of this process so far (all its threads), s: urnic's own
+/// work, without the kernel's AF_XDP and veth work done on its behalf.
+pub(super) fn user_self() -> f64 {
+    rusage(libc::RUSAGE_SELF).0
 }
 
 /// CPU time (user + system) of this process so far (all its threads), s.

@@ -38,6 +38,7 @@
 mod baselines;
 mod c_path;
 mod metrics;
+mod rate;
 mod raw_xdp;
 mod report;
 mod urnic_runs;
@@ -51,6 +52,7 @@ use self::baselines::{iperf3, tcp_pingpong, udp_pingpong};
 pub use self::c_path::run_only as c_path_only;
 use self::c_path::CPathRun;
 use self::metrics::median;
+pub use self::rate::run_only as rate_only;
 use self::raw_xdp::{raw_afxdp, raw_afxdp_pingpong, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
 use self::urnic_runs::{many_qps, sweep, urnic_small, urnic_write_64k, Sweep};
@@ -85,6 +87,9 @@ struct UrnicRun {
     msg_rate: f64,
     /// CPU seconds per GB in the 64 KiB WRITE run at MTU 1024.
     cpu_per_gb: f64,
+    /// User CPU µs per 4154-byte frame in the 64 KiB WRITE runs at MTU 4096
+    /// (the whole process: with two cores, device B's spinning thread too).
+    user_per_frame_4k: f64,
     /// 8 B one-way latency samples, µs.
     send_lat: Vec<f64>,
     write_lat: Vec<f64>,
@@ -138,6 +143,8 @@ struct Run {
     tcp_lat: Vec<f64>,
     /// Raw AF_XDP ping-pong one-way µs, [cores].
     raw_lat: [Vec<f64>; 2],
+    /// The mandatory user CPU per 4154-byte frame (see `rate`).
+    cpu_floor: rate::CpuFloor,
     /// The C library against `urnic perf` (None: not measured, see
     /// `c_path_skipped`).
     c_path: Option<CPathRun>,
@@ -146,12 +153,19 @@ struct Run {
 }
 
 /// Progress steps in one [`one_run`].
-const RUN_STEPS: u64 = 2 * 11 + 7 + c_path::STEPS;
+const RUN_STEPS: u64 = 2 * 11 + 8 + c_path::STEPS;
+
+/// Fresh namespaces joined by a 1500-byte and by a 9000-byte veth (stale
+/// ones of earlier, interrupted runs removed first).
+fn veth_pairs(tag: &str) -> Result<(VethPair, VethPair)> {
+    let _ = VethPair::sweep_stale();
+    let pair = VethPair::create(tag, 1500).context("namespaces (root)")?;
+    let pair9k = VethPair::create(tag, 9000).context("namespaces (root)")?;
+    Ok((pair, pair9k))
+}
 
 fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) -> Result<Run> {
-    let _ = VethPair::sweep_stale();
-    let pair = VethPair::create("bench", 1500).context("namespaces (root)")?;
-    let pair9k = VethPair::create("bench", 9000).context("namespaces (root)")?;
+    let (pair, pair9k) = veth_pairs("bench")?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();
@@ -160,9 +174,9 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
             || {
                 p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 1024"));
-                urnic_write_64k(&pair, cores, "bn").map(|(mbs, c)| {
-                    cpu.push(c);
-                    mbs
+                urnic_write_64k(&pair, cores, "bn").map(|w| {
+                    cpu.push(w.cpu_per_gb);
+                    w.mbs
                 })
             },
             || {
@@ -171,16 +185,21 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
             },
         )?;
         r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+        let mut user = Vec::new();
         (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
             || {
                 p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
-                urnic_write_64k(&pair9k, cores, "bj").map(|(mbs, _)| mbs)
+                urnic_write_64k(&pair9k, cores, "bj").map(|w| {
+                    user.push(w.user_per_msg / rate::FRAMES_PER_64K * 1e6);
+                    w.mbs
+                })
             },
             || {
                 p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
                 raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0)
             },
         )?;
+        r.urnic[i].user_per_frame_4k = user.iter().sum::<f64>() / user.len().max(1) as f64;
         p.step(format_args!("urnic, {c}: 64 B WRITE message rate, 8 B SEND and WRITE latency"));
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         p.step(format_args!("raw AF_XDP, {c}: small-frame rate"));
@@ -188,6 +207,8 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         p.step(format_args!("raw AF_XDP, {c}: ping-pong latency"));
         r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
     }
+    p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
+    r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 1500");
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 9000");

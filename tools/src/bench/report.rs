@@ -119,6 +119,24 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             format!("{:.2} s/GB", med(&|r| r.tcp_cpu_per_gb)),
             med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb),
         );
+        // One core only: with two, device B's thread spins between frames
+        // and its user time is not work.
+        if cores == Cores::One {
+            row(
+                &mut t,
+                format!(
+                    "user CPU per {frame4k}-byte frame, 64 KiB WRITE MTU 4096, {c} vs the floor (raw ceiling's ring handling {:.2} + \
+                     send copy with ICRC {:.2} + ICRC check {:.2} + placement copy {:.2} us)",
+                    med(&|r| r.cpu_floor.rings),
+                    med(&|r| r.cpu_floor.send),
+                    med(&|r| r.cpu_floor.check),
+                    med(&|r| r.cpu_floor.place)
+                ),
+                format!("{:.2} us", med(&|r| r.urnic[i].user_per_frame_4k)),
+                format!("{:.2} us", med(&|r| r.cpu_floor.total())),
+                med(&|r| r.urnic[i].user_per_frame_4k / r.cpu_floor.total()),
+            );
+        }
     }
     row(
         &mut t,

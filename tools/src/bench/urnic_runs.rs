@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use urnic::{open_af_xdp, Context, DatapathMode, XskConfig};
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::{cpu_self, rss};
+use super::metrics::{cpu_self, rss, user_self};
 use super::Cores;
 use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
 
@@ -109,23 +109,49 @@ fn warm_up(rig: &mut Rig, size: usize) -> Result<()> {
     Ok(())
 }
 
+/// What one 64 KiB WRITE measurement gave.
+pub(super) struct Write64k {
+    /// MB/s of payload.
+    pub(super) mbs: f64,
+    /// CPU seconds (user + system, the whole process) per GB moved.
+    pub(super) cpu_per_gb: f64,
+    /// User CPU seconds (the whole process) per 64 KiB message.
+    pub(super) user_per_msg: f64,
+}
+
 /// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, and the
-/// CPU seconds per GB it took.
-pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<(f64, f64)> {
+/// CPU it took.
+pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<Write64k> {
     let mut rig = rig(pair, cores, 2 * 65536, tag)?;
     warm_up(&mut rig, 65536)?;
-    let cpu0 = cpu_self();
+    let (cpu0, user0) = (cpu_self(), user_self());
     let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).with_context(|| format!("{}: 64 KiB", cores.label()))?.avg_mbs;
-    Ok((mbs, (cpu_self() - cpu0) / ((65536 * WRITE_64K_ITERS) as f64 / 1e9)))
+    let (cpu, user) = (cpu_self() - cpu0, user_self() - user0);
+    Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * WRITE_64K_ITERS) as f64 / 1e9), user_per_msg: user / WRITE_64K_ITERS as f64 })
+}
+
+/// The 64-byte WRITE message rate on `rig` (after a warm-up): messages/s,
+/// and the process's CPU seconds (user + system) per message.
+fn msg_rate(rig: &mut Rig, cores: Cores) -> Result<(f64, f64)> {
+    warm_up(rig, 64)?;
+    let c = cores.label();
+    let cpu0 = cpu_self();
+    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).with_context(|| format!("{c}: 64 B"))?.avg_mbs * 1e6 / 64.0;
+    Ok((rate, (cpu_self() - cpu0) / MSG_RATE_ITERS as f64))
+}
+
+/// urnic's 64-byte WRITE message rate on a fresh rig: messages/s and CPU
+/// seconds per message.
+pub(super) fn urnic_rate(pair: &VethPair, cores: Cores) -> Result<(f64, f64)> {
+    msg_rate(&mut rig(pair, cores, 2 * 65536, "br")?, cores)
 }
 
 /// urnic's small-message figures on one rig: 64-byte WRITE message rate
 /// (after a warm-up) and 8-byte SEND and WRITE latencies.
 pub(super) fn urnic_small(pair: &VethPair, cores: Cores) -> Result<(f64, Vec<f64>, Vec<f64>)> {
     let mut rig = rig(pair, cores, 2 * 65536, "bs")?;
-    warm_up(&mut rig, 64)?;
+    let (rate, _) = msg_rate(&mut rig, cores)?;
     let c = cores.label();
-    let rate = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 64, MSG_RATE_ITERS, 128).with_context(|| format!("{c}: 64 B"))?.avg_mbs * 1e6 / 64.0;
     let send = send_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: send_lat"))?;
     let write = write_lat_samples(&mut rig.ea, &mut rig.eb, 8, 3000).with_context(|| format!("{c}: write_lat"))?;
     Ok((rate, send, write))
