@@ -156,7 +156,6 @@ fn tshark_fields(f: &Path, filter: &str, field: &str) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
-
 /// A mckey process, killed if the test fails while it runs.
 struct Running(Option<Child>);
 

@@ -11,6 +11,7 @@
 #![allow(dead_code)]
 
 mod common;
+#[allow(unused_imports)] // Not every test binary of the harness reads perftest rows.
 pub use common::{lib_dir, perftest_rows};
 
 use std::path::PathBuf;
