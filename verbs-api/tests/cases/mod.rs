@@ -129,18 +129,7 @@ pub fn ud_send_with_address_handle() {
     let (ca, cb) = devices(Impairments::default());
     let mut a = side(&ca, 65536);
     let b = side(&cb, 65536);
-    let mk =
-        |s: &Side| s.pd.create_qp(&QpInit { qp_type: QpType::Ud, send_cq: &s.cq, recv_cq: &s.cq, srq: None, cap: caps(), sq_sig_all: true }).unwrap();
-    let (qa, qb) = (mk(&a), mk(&b));
-    for qp in [&qa, &qb] {
-        let mut at = QpAttr { qp_state: QpState::Init, qkey: 0x1111_1111, ..QpAttr::default() };
-        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::QKEY).unwrap();
-        at.qp_state = QpState::Rtr;
-        qp.modify(&at, QpAttrMask::STATE).unwrap();
-        at.qp_state = QpState::Rts;
-        at.sq_psn = Psn::new(7);
-        qp.modify(&at, QpAttrMask::STATE | QpAttrMask::SQ_PSN).unwrap();
-    }
+    let (qa, qb) = (ud_qp(&a, 0x1111_1111), ud_qp(&b, 0x1111_1111));
     qb.post_recv(&RecvWr { wr_id: 9, sgl: vec![b.mr.sge(0, 40 + 1024)] }).unwrap();
     let ah = a.pd.create_ah(&AhAttr { dgid: cb.query_gid(1, 1).unwrap(), sgid_index: 1, port_num: 1, ..AhAttr::default() }).unwrap();
     fill(&mut a.mr, 0, 512, 3);
