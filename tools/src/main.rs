@@ -165,6 +165,11 @@ enum Cmd {
         /// same parameters, bracketed C, Rust, Rust, C; ratios C / Rust.
         #[arg(long, conflicts_with_all = ["report", "ceiling_only"])]
         c_path: bool,
+        /// Only 8-byte SEND and WRITE latency interleaved round by round
+        /// with the raw AF_XDP ping-pong, in windows labelled by a phase
+        /// probe (the host's fast and slow phases), 1 and 2 cores.
+        #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path"])]
+        latency: bool,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -370,6 +375,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Perf(a) => run_perf(a),
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
         Cmd::Bench { runs, c_path: true, .. } => bench::c_path_only(runs as usize),
+        Cmd::Bench { runs, latency: true, .. } => bench::latency_only(runs as usize),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),

@@ -14,7 +14,7 @@ use urnic::XskConfig;
 use urnic_datapath::netns::{in_netns, VethPair};
 use urnic_datapath::{Port, XskPort};
 
-use super::{timed_rounds, Cores};
+use super::Cores;
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
 /// valid ICRC) from end 0 to end 1 of `pair`.
@@ -143,56 +143,61 @@ fn send_one(port: &mut XskPort, frame: &[u8]) -> bool {
 
 /// The raw AF_XDP ping-pong: one frame of urnic's 8-byte SEND length
 /// bounced between the two AF_XDP sockets through the same XDP program,
-/// nothing else: the latency floor any AF_XDP stack has here. One-way µs
-/// (RTT/2). One thread polls both sockets (`Cores::One`), or the echo runs
-/// on a thread of its own (`Cores::Two`), as urnic's two configurations do.
-pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>> {
-    let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
-    let (mut a, mut b) = raw_ports(pair)?;
-    let len = ping.len();
-    let got = move |port: &mut XskPort| received_of_len(port, 64, len);
-    let send = |port: &mut XskPort, frame: &[u8]| -> Result<()> {
-        if send_one(port, frame) {
-            Ok(())
-        } else {
-            bail!("raw AF_XDP ping-pong: no transmit buffer")
+/// nothing else: the latency floor any AF_XDP stack has here.
+///
+/// The raw ping-pong one round trip at a time: socket A sends the ping and
+/// waits for the pong; the echo end B answers from the same thread inside
+/// [`RawPingPong::round`], or, once [`RawPingPong::split_echo`] has handed
+/// it out, from whichever thread polls the [`RawEcho`].
+pub(super) struct RawPingPong {
+    a: XskPort,
+    echo: Option<RawEcho>,
+    ping: Vec<u8>,
+}
+
+/// The echo end of the raw ping-pong: answers every ping with a pong.
+pub(super) struct RawEcho {
+    port: XskPort,
+    pong: Vec<u8>,
+}
+
+impl RawEcho {
+    /// Answer the pings that have arrived (one pong each).
+    pub(super) fn poll(&mut self) {
+        for _ in 0..received_of_len(&mut self.port, 64, self.pong.len()) {
+            send_one(&mut self.port, &self.pong);
         }
-    };
-    // Poll `port` until a frame of the ping's length arrives (2 s at most).
-    let answer = move |port: &mut XskPort| -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while got(port) == 0 {
+    }
+}
+
+impl RawPingPong {
+    /// Raw sockets on both ends of `pair`, frames of [`SEND8_FRAME`] bytes.
+    pub(super) fn new(pair: &VethPair) -> Result<RawPingPong> {
+        let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
+        let (a, port) = raw_ports(pair)?;
+        Ok(RawPingPong { a, echo: Some(RawEcho { port, pong }), ping })
+    }
+
+    /// Hand the echo end to another thread (None if already handed out).
+    pub(super) fn split_echo(&mut self) -> Option<RawEcho> {
+        self.echo.take()
+    }
+
+    /// One round trip (2 s at most for each answer).
+    pub(super) fn round(&mut self) -> Result<()> {
+        if !send_one(&mut self.a, &self.ping) {
+            bail!("raw AF_XDP ping-pong: no transmit buffer");
+        }
+        let (len, deadline) = (self.ping.len(), Instant::now() + Duration::from_secs(2));
+        while received_of_len(&mut self.a, 64, len) == 0 {
+            if let Some(echo) = &mut self.echo {
+                echo.poll();
+            }
             if Instant::now() > deadline {
                 bail!("raw AF_XDP ping-pong: no answer in 2 s");
             }
         }
         Ok(())
-    };
-    match cores {
-        Cores::One => timed_rounds(iters, || {
-            send(&mut a, &ping)?;
-            answer(&mut b)?;
-            send(&mut b, &pong)?;
-            answer(&mut a)
-        }),
-        Cores::Two => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let s2 = stop.clone();
-            let echo = std::thread::spawn(move || {
-                while !s2.load(Ordering::Relaxed) {
-                    for _ in 0..got(&mut b) {
-                        send_one(&mut b, &pong);
-                    }
-                }
-            });
-            let samples = timed_rounds(iters, || {
-                send(&mut a, &ping)?;
-                answer(&mut a)
-            });
-            stop.store(true, Ordering::Relaxed);
-            let _ = echo.join();
-            samples
-        }
     }
 }
 
