@@ -646,8 +646,8 @@ impl Nic {
     /// application or right after the requests it acknowledges arrived, is
     /// left unkicked until the next iteration (never two in a row): the
     /// application usually answers at once and the ACK then leaves with its
-    /// reply in one kick. `Nic`'s drop kicks whatever is
-    /// left. Counted as `acks_deferred`.
+    /// reply in one kick. `Nic`'s drop kicks whatever is left. Counted as
+    /// `acks_deferred`.
     pub fn poll_shard(&self, i: usize) -> usize {
         let Some(shard) = self.shards.get(i) else { return 0 };
         self.poll_locked(i, shard, lock(&shard.engine))
