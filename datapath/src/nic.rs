@@ -643,10 +643,11 @@ impl Nic {
     /// engine has, kick the port, deliver completions and events.
     ///
     /// A batch made only of bare RC ACKs, while completions wait for the
-    /// application, is left unkicked until the next iteration (never two in
-    /// a row): the application usually answers at once and the ACK then
-    /// leaves with its reply in one kick. `Nic`'s drop kicks whatever is
-    /// left. Counted as `acks_deferred`.
+    /// application or right after the requests it acknowledges arrived, is
+    /// left unkicked until the next iteration (never two in a row): the
+    /// application usually answers at once and the ACK then leaves with its
+    /// reply in one kick. `Nic`'s drop kicks whatever is left. Counted as
+    /// `acks_deferred`.
     pub fn poll_shard(&self, i: usize) -> usize {
         let Some(shard) = self.shards.get(i) else { return 0 };
         self.poll_locked(i, shard, lock(&shard.engine))
@@ -748,8 +749,10 @@ impl Nic {
             })
         };
         work += rung_late;
+        let mut received = 0;
         match rx {
             Ok(n) => {
+                received = n;
                 work += n;
                 self.stats.rx_frames.fetch_add(n as u64, Ordering::Relaxed);
             }
@@ -820,14 +823,16 @@ impl Nic {
             }
         }
         // A batch of nothing but bare ACKs, made by frames that also
-        // completed work requests, waits one poll before its kick (never
-        // two in a row): the application usually answers a completion at
-        // once (a ping-pong's reply, the next request), and the ACK then
-        // leaves with it in one kick rather than two. A kick costs a
-        // syscall and, on veth, the whole delivery to the peer. The ACK is
-        // late by one poll iteration, far below any ACK timeout.
-        let completions = engine.has_completions();
-        let defer = sent > 0 && only_acks && completions && !shard.ack_deferred.load(Ordering::Relaxed);
+        // completed work requests or arrived in this poll (a WRITE's data,
+        // which an application spinning on memory sees at once, as
+        // ib_write_lat's does), waits one poll before its kick (never two
+        // in a row): the application usually answers at once (a
+        // ping-pong's reply, the next request), and the ACK then leaves
+        // with it in one kick rather than two. A kick costs a syscall and,
+        // on veth, the whole delivery to the peer. The ACK is late by one
+        // poll iteration, far below any ACK timeout.
+        let answerable = engine.has_completions() || received > 0;
+        let defer = sent > 0 && only_acks && answerable && !shard.ack_deferred.load(Ordering::Relaxed);
         shard.ack_deferred.store(defer, Ordering::Relaxed);
         if defer {
             self.stats.acks_deferred.fetch_add(1, Ordering::Relaxed);

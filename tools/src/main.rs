@@ -170,6 +170,11 @@ enum Cmd {
         /// 4154-byte frame against its floor: a quick A/B of datapath changes.
         #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path"])]
         rate: bool,
+        /// Only 8-byte SEND and WRITE latency interleaved round by round
+        /// with the raw AF_XDP ping-pong, in windows labelled by a phase
+        /// probe (the host's fast and slow phases), 1 and 2 cores.
+        #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path", "rate"])]
+        latency: bool,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -376,6 +381,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::DcqcnSim { out } => dcqcn_plot::run_all(&out),
         Cmd::Bench { runs, c_path: true, .. } => bench::c_path_only(runs as usize),
         Cmd::Bench { runs, rate: true, .. } => bench::rate_only(runs as usize),
+        Cmd::Bench { runs, latency: true, .. } => bench::latency_only(runs as usize),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(if mtu == "4096" { 4096 } else { 1024 }),
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),

@@ -254,29 +254,51 @@ pub fn send_lat(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -
 
 /// [`send_lat`]'s samples, one-way µs in measurement order.
 pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> Result<Vec<f64>> {
-    let mut samples = Vec::with_capacity(iters);
-    // Receive buffers are the upper half of the region, large enough for any
-    // size, so a receive left posted by an earlier size still fits.
-    let half = a.mr.len().min(b.mr.len()) / 2;
-    if size > half {
-        bail!("message of {size} bytes does not fit the {half}-byte receive area");
+    let mut pp = SendPingPong::new(a, b, size)?;
+    (0..iters).map(|_| pp.round(a, b)).collect()
+}
+
+/// A SEND ping-pong between two connected endpoints, one round trip at a
+/// time (so that a benchmark can interleave it with other measurements):
+/// `a` sends, `b` receives, checks the data and answers, `a` receives.
+/// Receive buffers are the upper half of each region, large enough for any
+/// size, so a receive left posted by an earlier size still fits.
+pub struct SendPingPong {
+    size: usize,
+    half: usize,
+    rounds: usize,
+}
+
+impl SendPingPong {
+    /// Check `size` against the regions and post one receive on each side.
+    pub fn new(a: &mut Endpoint, b: &mut Endpoint, size: usize) -> Result<SendPingPong> {
+        let half = a.mr.len().min(b.mr.len()) / 2;
+        if size > half {
+            bail!("message of {size} bytes does not fit the {half}-byte receive area");
+        }
+        let pp = SendPingPong { size, half, rounds: 0 };
+        b.qp.post_recv(&pp.recv(b)).context("post_recv")?;
+        a.qp.post_recv(&pp.recv(a)).context("post_recv")?;
+        Ok(pp)
     }
-    let recv = |ep: &Endpoint, id: u64| RecvWr { wr_id: id, sgl: vec![ep.mr.sge(half, half as u32)] };
-    let send = |ep: &Endpoint, id: u64| SendWr {
-        wr_id: id,
-        op: SendOp::Send,
-        payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
-        flags: SendFlags::SIGNALED,
-        ud: None,
-    };
-    b.qp.post_recv(&recv(b, 1)).context("post_recv")?;
-    a.qp.post_recv(&recv(a, 1)).context("post_recv")?;
-    for i in 0..iters {
+
+    fn recv(&self, ep: &Endpoint) -> RecvWr {
+        RecvWr { wr_id: 1, sgl: vec![ep.mr.sge(self.half, self.half as u32)] }
+    }
+
+    fn send(&self, ep: &Endpoint) -> SendWr {
+        SendWr { wr_id: 2, op: SendOp::Send, payload: Payload::Sgl(vec![ep.mr.sge(0, self.size as u32)]), flags: SendFlags::SIGNALED, ud: None }
+    }
+
+    /// One round trip; its one-way latency (RTT/2) in µs.
+    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
+        let (i, size, half) = (self.rounds, self.size, self.half);
+        self.rounds += 1;
         let tag = (i % 251) as u8;
         a.mr.fill_at(0, size, tag).context("fill_at")?;
         let deadline = Instant::now() + Duration::from_secs(10);
         let t0 = Instant::now();
-        a.qp.post_send(&send(a, 2)).context("post_send")?;
+        a.qp.post_send(&self.send(a)).context("post_send")?;
         // b: receive, check, answer
         let mut got_recv = false;
         while !got_recv {
@@ -286,9 +308,9 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
         if b.mr.read_vec(half, size).context("read_at")?.iter().any(|&v| v != tag) {
             bail!("data check failed on ping {i}");
         }
-        b.qp.post_recv(&recv(b, 1)).context("post_recv")?;
+        b.qp.post_recv(&self.recv(b)).context("post_recv")?;
         b.mr.fill_at(0, size, tag).context("fill_at")?;
-        b.qp.post_send(&send(b, 2)).context("post_send")?;
+        b.qp.post_send(&self.send(b)).context("post_send")?;
         // a: wait for the pong (and its own send completion)
         let mut got_pong = false;
         while !got_pong {
@@ -296,35 +318,55 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
             got_pong = wc.opcode == urnic::WcOpcode::Recv;
         }
         let rtt = t0.elapsed();
-        a.qp.post_recv(&recv(a, 1)).context("post_recv")?;
-        samples.push(rtt.as_secs_f64() * 1e6 / 2.0);
+        a.qp.post_recv(&self.recv(a)).context("post_recv")?;
         // drain remaining send completions
         let mut wcs = [WorkCompletion::default(); 4];
         let _ = a.cq.poll(&mut wcs);
         let _ = b.cq.poll(&mut wcs);
+        Ok(rtt.as_secs_f64() * 1e6 / 2.0)
     }
-    Ok(samples)
 }
 
 /// WRITE ping-pong latency (ib_write_lat): `a` writes `size` bytes into
 /// `b`'s buffer whose last byte counts the iterations, `b` spins on that
 /// byte and writes back the same way. One-way µs (RTT/2) per round trip.
 pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize) -> Result<Vec<f64>> {
-    if size == 0 || size > a.mr.len().min(b.mr.len()) / 2 {
-        bail!("write_lat: {size} bytes do not fit half the buffer");
+    let mut pp = WritePingPong::new(a, b, size)?;
+    let samples = (0..iters).map(|_| pp.round(a, b)).collect::<Result<Vec<_>>>()?;
+    pp.finish(a, b)?;
+    Ok(samples)
+}
+
+/// [`write_lat_samples`] one round trip at a time; [`WritePingPong::finish`]
+/// waits for the last WRITE completions.
+pub struct WritePingPong {
+    size: usize,
+    half: [usize; 2],
+    to_a: RemoteAddr,
+    to_b: RemoteAddr,
+    rounds: usize,
+    /// Completions so far, per side (every WRITE is signaled).
+    done: [usize; 2],
+}
+
+impl WritePingPong {
+    /// Check `size` and clear both landing areas (each side sends from the
+    /// lower half of its region and is written into the upper half).
+    pub fn new(a: &mut Endpoint, b: &mut Endpoint, size: usize) -> Result<WritePingPong> {
+        if size == 0 || size > a.mr.len().min(b.mr.len()) / 2 {
+            bail!("write_lat: {size} bytes do not fit half the buffer");
+        }
+        let half = [a.mr.len() / 2, b.mr.len() / 2];
+        a.mr.fill_at(half[0], size, 0).context("fill_at")?;
+        b.mr.fill_at(half[1], size, 0).context("fill_at")?;
+        let to_b = RemoteAddr { addr: b.mr.addr() + half[1] as u64, rkey: b.mr.rkey() };
+        let to_a = RemoteAddr { addr: a.mr.addr() + half[0] as u64, rkey: a.mr.rkey() };
+        Ok(WritePingPong { size, half, to_a, to_b, rounds: 0, done: [0; 2] })
     }
-    // Each side sends from the lower half and is written into the upper half.
-    let half_a = a.mr.len() / 2;
-    let half_b = b.mr.len() / 2;
-    a.mr.fill_at(half_a, size, 0).context("fill_at")?;
-    b.mr.fill_at(half_b, size, 0).context("fill_at")?;
-    let to_b = RemoteAddr { addr: b.mr.addr() + half_b as u64, rkey: b.mr.rkey() };
-    let to_a = RemoteAddr { addr: a.mr.addr() + half_a as u64, rkey: a.mr.rkey() };
-    let mut samples = Vec::with_capacity(iters);
-    let mut wcs = [WorkCompletion::default(); 8];
-    // Spin until the last byte of `ep`'s landing area reads `tag`.
-    let spin = |ep: &Endpoint, half: usize, tag: u8, deadline: Instant| -> Result<()> {
-        let at = ep.mr.as_ptr().wrapping_add(half + size - 1);
+
+    /// Spin until the last byte of `ep`'s landing area (at `half`) reads `tag`.
+    fn spin(&self, ep: &Endpoint, half: usize, tag: u8, deadline: Instant) -> Result<()> {
+        let at = ep.mr.as_ptr().wrapping_add(half + self.size - 1);
         // SAFETY: `at` is inside the registered buffer, which the datapath
         // writes concurrently: hence the volatile read.
         while unsafe { std::ptr::read_volatile(at) } != tag {
@@ -334,18 +376,23 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
             ep.kick();
         }
         Ok(())
-    };
-    // Completions so far, per side (every WRITE is signaled).
-    let mut done = [0usize; 2];
-    let drain = |ep: &Endpoint, wcs: &mut [WorkCompletion], done: &mut usize| -> Result<()> {
-        let n = ep.cq.poll(wcs).context("poll_cq")?;
-        *done += n;
+    }
+
+    /// Poll `ep`'s completions into side `side`'s count.
+    fn drain(&mut self, ep: &Endpoint, side: usize) -> Result<()> {
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = ep.cq.poll(&mut wcs).context("poll_cq")?;
+        self.done[side] += n;
         match wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
             Some(w) => Err(anyhow!("write_lat: completion {:?}", w.status)),
             None => Ok(()),
         }
-    };
-    for i in 0..iters {
+    }
+
+    /// One round trip; its one-way latency (RTT/2) in µs.
+    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
+        let (i, size) = (self.rounds, self.size);
+        self.rounds += 1;
         let tag = (i % 255 + 1) as u8;
         a.mr.fill_at(0, size, tag).context("fill_at")?;
         b.mr.fill_at(0, size, tag).context("fill_at")?;
@@ -358,27 +405,32 @@ pub fn write_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters:
             flags: SendFlags::SIGNALED,
             ud: None,
         };
-        a.qp.post_send(&wr(a, to_b)).context("post_send")?;
-        spin(b, half_b, tag, deadline)?;
-        b.qp.post_send(&wr(b, to_a)).context("post_send")?;
-        spin(a, half_a, tag, deadline)?;
-        samples.push(t0.elapsed().as_secs_f64() * 1e6 / 2.0);
-        drain(a, &mut wcs, &mut done[0])?;
-        drain(b, &mut wcs, &mut done[1])?;
+        a.qp.post_send(&wr(a, self.to_b)).context("post_send")?;
+        self.spin(b, self.half[1], tag, deadline)?;
+        b.qp.post_send(&wr(b, self.to_a)).context("post_send")?;
+        self.spin(a, self.half[0], tag, deadline)?;
+        let one_way = t0.elapsed().as_secs_f64() * 1e6 / 2.0;
+        self.drain(a, 0)?;
+        self.drain(b, 1)?;
+        Ok(one_way)
     }
-    // The last WRITE completions, so the next test starts with empty CQs
-    // and send queues.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while done[0] < iters || done[1] < iters {
-        if Instant::now() > deadline {
-            bail!("write_lat: {}/{} and {}/{} WRITEs completed", done[0], iters, done[1], iters);
+
+    /// Wait for the last WRITE completions, so the next test starts with
+    /// empty CQs and send queues.
+    pub fn finish(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<()> {
+        let n = self.rounds;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while self.done[0] < n || self.done[1] < n {
+            if Instant::now() > deadline {
+                bail!("write_lat: {}/{n} and {}/{n} WRITEs completed", self.done[0], self.done[1]);
+            }
+            a.kick();
+            b.kick();
+            self.drain(a, 0)?;
+            self.drain(b, 1)?;
         }
-        a.kick();
-        b.kick();
-        drain(a, &mut wcs, &mut done[0])?;
-        drain(b, &mut wcs, &mut done[1])?;
+        Ok(())
     }
-    Ok(samples)
 }
 
 /// Print a perftest-style banner.

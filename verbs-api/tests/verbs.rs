@@ -207,3 +207,24 @@ fn zero_based_regions_work_by_offset_end_to_end() {
     let e = qa.post_send(&send_wr(7, SendOp::Send, vec![za.sge(0, 8), za.sge(LEN, 8)])).unwrap_err();
     assert!(e.message().starts_with("sge[1] "), "{e}");
 }
+
+/// A WRITE makes no completion at the responder, yet its application may
+/// answer it at once (ib_write_lat spins on the written bytes): the bare
+/// ACK waits one poll to leave with that answer (`acks_deferred` counts
+/// it), and still leaves by the next poll when none comes: every WRITE
+/// completes.
+#[test]
+fn write_acks_wait_one_poll_for_an_answer_and_still_arrive() {
+    let (mut a, qa, b, _qb) = rc_pair(Impairments::default(), 4096);
+    fill(&mut a.mr, 0, 64, 3);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    for i in 0..20 {
+        qa.post_send(&send_wr(i, SendOp::Write { remote }, vec![a.mr.sge(0, 64)])).unwrap();
+        let wc = wait(&a.cq, 1);
+        assert_eq!((wc[0].wr_id, wc[0].status), (i, WcStatus::Success));
+    }
+    assert_eq!(bytes(&b.mr, 0..64), expected(64, 3));
+    let deferred = b.ctx.counters().get("acks_deferred").expect("acks_deferred counter");
+    assert!(deferred >= 1, "the responder never deferred a WRITE's ACK");
+    assert_quiet(&b.cq);
+}

@@ -37,6 +37,7 @@
 
 mod baselines;
 mod c_path;
+mod latency;
 mod metrics;
 mod rate;
 mod raw_xdp;
@@ -53,7 +54,7 @@ pub use self::c_path::run_only as c_path_only;
 use self::c_path::CPathRun;
 use self::metrics::median;
 pub use self::rate::run_only as rate_only;
-use self::raw_xdp::{raw_afxdp, raw_afxdp_pingpong, write_frame_len, WRITE64_FRAME};
+use self::raw_xdp::{raw_afxdp, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
 use self::urnic_runs::{many_qps, sweep, urnic_small, urnic_write_64k, Sweep};
 use crate::perf::BwOp;
@@ -141,10 +142,13 @@ struct Run {
     mem_per_qp: f64,
     udp_lat: Vec<f64>,
     tcp_lat: Vec<f64>,
-    /// Raw AF_XDP ping-pong one-way µs, [cores].
+    /// Raw AF_XDP ping-pong one-way µs, [cores] (all windows of `latency`).
     raw_lat: [Vec<f64>; 2],
     /// The mandatory user CPU per 4154-byte frame (see `rate`).
     cpu_floor: rate::CpuFloor,
+    /// urnic's 8 B SEND and WRITE interleaved with the raw ping-pong, in
+    /// windows labelled by the phase probe ([`latency`]).
+    latency: latency::LatencyRun,
     /// The C library against `urnic perf` (None: not measured, see
     /// `c_path_skipped`).
     c_path: Option<CPathRun>,
@@ -204,8 +208,9 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         p.step(format_args!("raw AF_XDP, {c}: small-frame rate"));
         r.raw_small[i] = raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0)?;
-        p.step(format_args!("raw AF_XDP, {c}: ping-pong latency"));
-        r.raw_lat[i] = raw_afxdp_pingpong(&pair, cores, 3000)?;
+        p.step(format_args!("urnic and raw AF_XDP, {c}: 8 B latency interleaved, by host phase"));
+        r.latency[i] = latency::interleaved(cores)?;
+        r.raw_lat[i] = latency::raw_samples(&r.latency, i);
     }
     p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
     r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
@@ -270,6 +275,27 @@ pub fn ceiling_only(mtu: usize) -> Result<()> {
     let pps = raw_afxdp(&pair, frame, Cores::One, 8.0)?;
     let (kfps, mbs) = (pps / 1e3, pps * mtu as f64 / 1e6);
     crate::out::outln!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {kfps:.0} kframes/s, {mbs:.0} MB/s of payload")?;
+    Ok(())
+}
+
+/// Only the interleaved latency by host phase (`urnic bench --latency`),
+/// `n` runs: the per-phase rows of the table.
+pub fn latency_only(n: usize) -> Result<()> {
+    let _ = VethPair::sweep_stale();
+    let p = Progress::new("bench", 2 * n.max(1) as u64);
+    let mut all = Vec::new();
+    for _ in 0..n.max(1) {
+        let mut r = latency::LatencyRun::default();
+        for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+            p.step(format_args!("urnic and raw AF_XDP, {}: 8 B latency interleaved, by host phase", cores.label()));
+            r[i] = latency::interleaved(cores)?;
+        }
+        all.push(r);
+    }
+    drop(p);
+    let runs: Vec<&latency::LatencyRun> = all.iter().collect();
+    crate::out::outln!("| measure ({} runs; ratio: median of the per-run ratios) | urnic | raw AF_XDP | urnic / raw |\n|---|---|---|---|", n.max(1))?;
+    crate::out::outln!("{}", latency::rows(&runs))?;
     Ok(())
 }
 

@@ -15,7 +15,7 @@ use urnic_datapath::netns::{in_netns, VethPair};
 use urnic_datapath::{Port, XskPort};
 
 use super::metrics::{cpu_self, user_self};
-use super::{timed_rounds, Cores};
+use super::Cores;
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
 /// valid ICRC) from end 0 to end 1 of `pair`.
@@ -164,63 +164,106 @@ pub(super) const SEND8_FRAME: usize = 14 + 20 + 8 + 12 + 8 + 4;
 
 /// Queue `frame` on `port` and kick it; whether it was queued.
 fn send_one(port: &mut XskPort, frame: &[u8]) -> bool {
-    let queued = queue_copy(port, frame);
+    send_frames(port, &[frame])
+}
+
+/// Queue `frames` on `port` in order and kick them together; whether all
+/// were queued.
+fn send_frames(port: &mut XskPort, frames: &[&[u8]]) -> bool {
+    let queued = frames.iter().all(|f| queue_copy(port, f));
     let _ = port.flush();
     queued
 }
 
+/// Receive up to `budget` frames on `port`: how many were `lens[0]` and
+/// how many `lens[1]` bytes long.
+fn received_of_lens(port: &mut XskPort, budget: usize, lens: [usize; 2]) -> [u64; 2] {
+    let mut n = [0u64; 2];
+    let _ = port.receive(budget, &mut |f| {
+        for k in 0..2 {
+            n[k] += u64::from(f.len() == lens[k]);
+        }
+    });
+    n
+}
+
 /// The raw AF_XDP ping-pong: one frame of urnic's 8-byte SEND length
 /// bounced between the two AF_XDP sockets through the same XDP program,
-/// nothing else: the latency floor any AF_XDP stack has here. One-way µs
-/// (RTT/2). One thread polls both sockets (`Cores::One`), or the echo runs
-/// on a thread of its own (`Cores::Two`), as urnic's two configurations do.
-pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) -> Result<Vec<f64>> {
-    let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
-    let (mut a, mut b) = raw_ports(pair)?;
-    let len = ping.len();
-    let got = move |port: &mut XskPort| received_of_len(port, 64, len);
-    let send = |port: &mut XskPort, frame: &[u8]| -> Result<()> {
-        if send_one(port, frame) {
-            Ok(())
-        } else {
-            bail!("raw AF_XDP ping-pong: no transmit buffer")
+/// nothing else: the latency floor any AF_XDP stack has here.
+///
+/// The raw ping-pong one round trip at a time: socket A sends the ping and
+/// waits for the pong; the echo end B answers from the same thread inside
+/// [`RawPingPong::round`], or, once [`RawPingPong::split_echo`] has handed
+/// it out, from whichever thread polls the [`RawEcho`].
+///
+/// With an ACK (`round(true)`), a frame of an RC ACK's length goes before
+/// the ping in the same kick, and the echo answers in kind: two frames each
+/// way, as an RC SEND ping-pong moves them (the reply and the ACK of the
+/// peer's message, in one kick) — the floor for a reliable transport over
+/// AF_XDP here, beside the one-frame floor.
+pub(super) struct RawPingPong {
+    a: XskPort,
+    echo: Option<RawEcho>,
+    ping: Vec<u8>,
+    ack: Vec<u8>,
+}
+
+/// The echo end of the raw ping-pong: answers every ping with a pong, with
+/// an ACK-length frame before it if one came with the ping.
+pub(super) struct RawEcho {
+    port: XskPort,
+    pong: Vec<u8>,
+    ack: Vec<u8>,
+    /// An ACK-length frame arrived and the pong has not gone yet.
+    acked: bool,
+}
+
+impl RawEcho {
+    /// Answer the pings that have arrived (one pong each).
+    pub(super) fn poll(&mut self) {
+        let [pings, acks] = received_of_lens(&mut self.port, 64, [self.pong.len(), self.ack.len()]);
+        self.acked |= acks > 0;
+        for _ in 0..pings {
+            if std::mem::take(&mut self.acked) {
+                send_frames(&mut self.port, &[&self.ack, &self.pong]);
+            } else {
+                send_one(&mut self.port, &self.pong);
+            }
         }
-    };
-    // Poll `port` until a frame of the ping's length arrives (2 s at most).
-    let answer = move |port: &mut XskPort| -> Result<()> {
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while got(port) == 0 {
+    }
+}
+
+impl RawPingPong {
+    /// Raw sockets on both ends of `pair`, frames of [`SEND8_FRAME`] bytes.
+    pub(super) fn new(pair: &VethPair) -> Result<RawPingPong> {
+        let (ping, pong) = (raw_frame_from(pair, 0, SEND8_FRAME)?, raw_frame_from(pair, 1, SEND8_FRAME)?);
+        let (ack_a, ack_b) = (raw_frame_from(pair, 0, ACK_FRAME)?, raw_frame_from(pair, 1, ACK_FRAME)?);
+        let (a, port) = raw_ports(pair)?;
+        Ok(RawPingPong { a, echo: Some(RawEcho { port, pong, ack: ack_b, acked: false }), ping, ack: ack_a })
+    }
+
+    /// Hand the echo end to another thread (None if already handed out).
+    pub(super) fn split_echo(&mut self) -> Option<RawEcho> {
+        self.echo.take()
+    }
+
+    /// One round trip (2 s at most for each answer), `with_ack`: two
+    /// frames each way.
+    pub(super) fn round(&mut self, with_ack: bool) -> Result<()> {
+        let sent = if with_ack { send_frames(&mut self.a, &[&self.ack, &self.ping]) } else { send_one(&mut self.a, &self.ping) };
+        if !sent {
+            bail!("raw AF_XDP ping-pong: no transmit buffer");
+        }
+        let (len, deadline) = (self.ping.len(), Instant::now() + Duration::from_secs(2));
+        while received_of_lens(&mut self.a, 64, [len, 0])[0] == 0 {
+            if let Some(echo) = &mut self.echo {
+                echo.poll();
+            }
             if Instant::now() > deadline {
                 bail!("raw AF_XDP ping-pong: no answer in 2 s");
             }
         }
         Ok(())
-    };
-    match cores {
-        Cores::One => timed_rounds(iters, || {
-            send(&mut a, &ping)?;
-            answer(&mut b)?;
-            send(&mut b, &pong)?;
-            answer(&mut a)
-        }),
-        Cores::Two => {
-            let stop = Arc::new(AtomicBool::new(false));
-            let s2 = stop.clone();
-            let echo = std::thread::spawn(move || {
-                while !s2.load(Ordering::Relaxed) {
-                    for _ in 0..got(&mut b) {
-                        send_one(&mut b, &pong);
-                    }
-                }
-            });
-            let samples = timed_rounds(iters, || {
-                send(&mut a, &ping)?;
-                answer(&mut a)
-            });
-            stop.store(true, Ordering::Relaxed);
-            let _ = echo.join();
-            samples
-        }
     }
 }
 
@@ -229,6 +272,9 @@ pub(super) fn raw_afxdp_pingpong(pair: &VethPair, cores: Cores, iters: usize) ->
 pub(super) fn write_frame_len(mtu: usize) -> usize {
     14 + 20 + 8 + 12 + mtu + 4
 }
+
+/// Frame length of a bare RC ACK: Ethernet, IPv4, UDP, BTH, AETH, ICRC.
+pub(super) const ACK_FRAME: usize = 14 + 20 + 8 + 12 + 4 + 4;
 
 /// Frame length of a one-packet 64-byte WRITE ONLY (with its RETH).
 pub(super) const WRITE64_FRAME: usize = 14 + 20 + 8 + 12 + 16 + 64 + 4;

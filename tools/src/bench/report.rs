@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use super::c_path::{c_path_rows, CPathRun};
 use super::metrics::{median, pct};
-use super::raw_xdp::{write_frame_len, SEND8_FRAME, WRITE64_FRAME};
+use super::raw_xdp::{write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
 use super::{Cores, Run};
 use crate::perf::BwOp;
@@ -103,11 +103,9 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
                 let u = lat(&|r| f(r, i), p);
                 // Against each baseline: its figure and the per-run ratios.
                 let vs = |base: &dyn Fn(&Run) -> &Vec<f64>| (lat(base, p), med(&|r| lat_of(f(r, i), p) / lat_of(base(r), p)));
-                let (kr, rr) = vs(&|r| &r.raw_lat[i]);
                 let (k, ru) = vs(&|r| &r.udp_lat);
                 let (kt, rt) = vs(&|r| &r.tcp_lat);
                 let what = format!("8 B {name} latency {pl}, {c} vs");
-                row(&mut t, format!("{what} raw AF_XDP ping-pong {pl} ({SEND8_FRAME}-byte frames, {threads}; one-way)"), us(u), us(kr), rr);
                 row(&mut t, format!("{what} kernel UDP ping-pong {pl} (one-way)"), us(u), us(k), ru);
                 row(&mut t, format!("{what} kernel TCP ping-pong {pl} (one-way, TCP_NODELAY)"), us(u), us(kt), rt);
             }
@@ -138,6 +136,8 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             );
         }
     }
+    // Against the raw ping-pong: interleaved, per host phase.
+    t.push_str(&super::latency::rows(&runs.iter().map(|r| &r.latency).collect::<Vec<_>>()));
     row(
         &mut t,
         "1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core".into(),

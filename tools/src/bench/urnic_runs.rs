@@ -16,19 +16,26 @@ use super::metrics::{cpu_self, rss, user_self};
 use super::Cores;
 use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
 
-/// A thread polling one device until dropped.
-struct Poller {
+/// A thread polling one device (or running any polling step) until dropped.
+pub(super) struct Poller {
     stop: Arc<AtomicBool>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Poller {
     fn spawn(ctx: Context) -> Poller {
+        Poller::spawn_loop(move || {
+            ctx.poll();
+        })
+    }
+
+    /// Run `step` over and over on a thread of its own until dropped.
+    pub(super) fn spawn_loop(mut step: impl FnMut() + Send + 'static) -> Poller {
         let stop = Arc::new(AtomicBool::new(false));
         let s = stop.clone();
         let thread = std::thread::spawn(move || {
             while !s.load(Ordering::Relaxed) {
-                ctx.poll();
+                step();
             }
         });
         Poller { stop, thread: Some(thread) }
@@ -46,13 +53,15 @@ impl Drop for Poller {
 
 /// Two connected urnic endpoints on a veth pair. Field order is drop order:
 /// the poller stops before the endpoints go.
-struct Rig {
+pub(super) struct Rig {
     _poller: Option<Poller>,
-    ea: Endpoint,
-    eb: Endpoint,
+    pub(super) ea: Endpoint,
+    pub(super) eb: Endpoint,
 }
 
-fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig> {
+/// Open urnic devices on both ends of `pair` (`tag`0/1), connect an RC QP
+/// pair with `buf`-byte regions, and drive them as `cores` says.
+pub(super) fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Result<Rig> {
     let open = |end: usize| {
         let ctx = open_af_xdp(Some(&pair.ns[end]), &format!("{tag}{end}"), &XskConfig::new(&pair.ifname[end]), DatapathMode::Manual)
             .context("open_af_xdp")?;
