@@ -343,7 +343,7 @@ pub(crate) struct DeviceInner {
     pub(crate) resolve: Resolver,
     /// The host's memberships of the groups QPs attached to (also
     /// serializes attach and detach).
-    pub(crate) host_groups: std::sync::Mutex<Option<crate::mcast::HostGroups>>,
+    pub(crate) host_groups: std::sync::Mutex<Option<crate::host_groups::HostGroups>>,
     pub(crate) next_id: AtomicU32,
     pub(crate) qp_count: AtomicU32,
     pub(crate) cq_count: AtomicU32,
@@ -453,7 +453,7 @@ fn eui64(mac: [u8; 6]) -> u64 {
 /// Open a device (`ibv_open_device`).
 pub fn open_device(config: DeviceConfig) -> Result<Context> {
     let DeviceConfig { name, port, mac, ipv4, ipv6, link_mtu, datapath, first_qpn, limits, dcqcn, mcast_ifindex } = config;
-    let host_groups = mcast_ifindex.map(crate::mcast::HostGroups::new).transpose()?;
+    let host_groups = mcast_ifindex.map(crate::host_groups::HostGroups::new).transpose()?;
     let active_mtu =
         Mtu::for_netdev_mtu(link_mtu).ok_or_else(|| Error::invalid(format!("link MTU {link_mtu} is too small for RoCEv2 (needs at least 328)")))?;
     if !(2..=0x00ff_ffff).contains(&first_qpn) {

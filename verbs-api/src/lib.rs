@@ -79,6 +79,7 @@ mod cq;
 mod device;
 mod discover;
 mod error;
+mod host_groups;
 mod mcast;
 mod mr;
 mod qp;
