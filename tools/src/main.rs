@@ -405,6 +405,11 @@ fn main() -> ExitCode {
         }
     }
     let r = run(cli.cmd);
+    if r.is_err() && signals::cleaning_up() {
+        // The command failed because the signal's cleanup pulled its
+        // namespaces away: the signal thread exits with 130/143.
+        signals::wait_for_signal_exit();
+    }
     // Devices closed with the command; their counter files go now rather
     // than on the publisher's next tick, which this process would not see.
     signals::remove_stat_files();

@@ -13,7 +13,26 @@
 //! its summary) and does not use this module's handler.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
+
+/// Set when a signal's cleanup has begun: from then on the main thread's
+/// failures are its consequences (a namespace deleted under a command that
+/// was still using it), and the signal thread decides the exit status.
+static CLEANING_UP: AtomicBool = AtomicBool::new(false);
+
+/// Whether a SIGINT/SIGTERM cleanup is under way (the handler will exit the
+/// process with 130/143).
+pub fn cleaning_up() -> bool {
+    CLEANING_UP.load(Ordering::SeqCst)
+}
+
+/// Wait for the signal thread to finish its cleanup and exit the process.
+pub fn wait_for_signal_exit() -> ! {
+    loop {
+        std::thread::park();
+    }
+}
 
 /// Counter files this process publishes (removed on exit and on signals).
 static STAT_FILES: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
@@ -62,6 +81,7 @@ pub fn install() -> std::io::Result<()> {
             continue;
         }
         let name = if sig == libc::SIGINT { "SIGINT" } else { "SIGTERM" };
+        CLEANING_UP.store(true, Ordering::SeqCst);
         tracing::debug!("{name}: cleaning up");
         let files: Vec<PathBuf> = STAT_FILES.lock().map(|v| v.clone()).unwrap_or_default();
         let remove = |files: &[PathBuf]| {
