@@ -946,7 +946,11 @@ impl Nic {
 
     fn drain_qp(&self, engine: &mut Engine, rings: &QpRings) -> usize {
         let mut work = 0;
-        rings.rung.store(false, Ordering::Release);
+        // A swap, not a store: a read-modify-write orders the flag's reset
+        // before the ring reads below (a plain store may sit in the store
+        // buffer while the pops read an empty ring and the poster, still
+        // seeing the flag set, rings no doorbell: a WR left in the ring).
+        rings.rung.swap(false, Ordering::AcqRel);
         while let Some(wr) = rings.recv.pop() {
             work += 1;
             let wr_id = wr.wr_id;
@@ -967,7 +971,7 @@ impl Nic {
 
     fn drain_srq(&self, engine: &mut Engine, ring: &SrqRing) -> usize {
         let mut work = 0;
-        ring.rung.store(false, Ordering::Release);
+        ring.rung.swap(false, Ordering::AcqRel); // a swap: see drain_qp
         while let Some(wr) = ring.recv.pop() {
             work += 1;
             // An SRQ WR has no QP to complete on if the engine refuses it (the
