@@ -958,11 +958,13 @@ impl Nic {
                 self.refuse(rings, wr_id, WcOpcode::Recv, e, true);
             }
         }
+        // Boxes of WQEs reaped since the last drain go back to the poster.
+        engine.recycle_send_wqes(rings.qpn, |b| rings.recycle_send(b));
         while let Some(wr) = rings.send.pop() {
             work += 1;
             let wr_id = wr.wr_id;
             let opcode = wr.op.wc_opcode();
-            if let Err(e) = engine.post_send(rings.qpn, wr) {
+            if let Err(e) = engine.post_send_boxed(rings.qpn, wr) {
                 self.refuse(rings, wr_id, opcode, e, false);
             }
         }
