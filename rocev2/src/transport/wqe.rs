@@ -2,7 +2,10 @@
 //! queue (the application-to-datapath ring, the requester's send queue, a
 //! receive queue). A hardware NIC copies the WR into a fixed-size WQE slot of
 //! the ring; so do these types: the SGEs and inline bytes of an ordinary WR
-//! live inside the entry, so posting one needs no heap allocation.
+//! live inside the entry, so posting one needs no heap allocation. Between
+//! threads the entries travel boxed: a poster overwrites a reused box in
+//! place ([`SendWqe::fill_from`]) and only the pointer moves on, to the
+//! engine's send queue and back once the WQE is reaped.
 //!
 //! [`SendWr`] / [`RecvWr`] (owned, `Vec`-based) and [`SendWrRef`] /
 //! [`RecvWrRef`] (borrowed slices, what a C `ibv_send_wr` is translated into)
