@@ -342,17 +342,7 @@ mod tests {
         let sges: Vec<Sge> = (0..3).map(sge).collect();
         let many: Vec<Sge> = (0..SEND_WQE_SGES as u64 + 2).map(sge).collect();
         let bytes = [7u8; 40];
-        let av = crate::transport::attr::AddressVector {
-            dmac: Default::default(),
-            smac: Default::default(),
-            vlan: None,
-            sgid: [1; 16],
-            dgid: [2; 16],
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-            udp_sport: None,
-        };
+        let av = crate::transport::attr::AddressVector { sgid: [1; 16], dgid: [2; 16], hop_limit: 64, ..crate::transport::qp::UNUSED_PATH };
         let ud = UdDest { av, remote_qpn: 5, remote_qkey: 6 };
         let wrs = [
             SendWrRef { wr_id: 1, op: SendOp::Send, payload: PayloadRef::Sgl(&sges), flags: SendFlags::SIGNALED, ud: None },
