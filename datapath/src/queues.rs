@@ -59,9 +59,7 @@ impl QpRings {
             rung: AtomicBool::new(false),
         }
     }
-}
 
-impl QpRings {
     /// Queue a send WR for the datapath: written in place into a reused box
     /// (only the fields, SGEs and inline bytes it has). `false` if the ring is full.
     pub fn push_send(&self, wr: &SendWrRef<'_>) -> bool {
