@@ -82,7 +82,8 @@ fn send_ring(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring");
     g.measurement_time(Duration::from_secs(2));
     g.throughput(Throughput::Elements(BATCH as u64));
-    let mut wrs: Vec<SendWqe> = (0..BATCH).map(|i| SendWqe::from(send_wr(i))).collect();
+    // Boxed WQEs: the ring carries the boxes a post fills in place.
+    let mut wrs: Vec<Box<SendWqe>> = (0..BATCH).map(|i| Box::new(SendWqe::from(send_wr(i)))).collect();
     let rings = QpRings::new(1, CqId(0), CqId(1), BATCH, 1);
     g.bench_function(BenchmarkId::new("arrayqueue", BATCH), |b| {
         b.iter(|| {

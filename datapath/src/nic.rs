@@ -951,7 +951,11 @@ impl Nic {
 
     fn drain_qp(&self, engine: &mut Engine, rings: &QpRings) -> usize {
         let mut work = 0;
-        rings.rung.store(false, Ordering::Release);
+        // A swap, not a store: a read-modify-write orders the flag's reset
+        // before the ring reads below (a plain store may sit in the store
+        // buffer while the pops read an empty ring and the poster, still
+        // seeing the flag set, rings no doorbell: a WR left in the ring).
+        rings.rung.swap(false, Ordering::AcqRel);
         while let Some(wr) = rings.recv.pop() {
             work += 1;
             let wr_id = wr.wr_id;
@@ -959,11 +963,13 @@ impl Nic {
                 self.refuse(rings, wr_id, WcOpcode::Recv, e, true);
             }
         }
+        // Boxes of WQEs reaped since the last drain go back to the poster.
+        engine.recycle_send_wqes(rings.qpn, |b| rings.recycle_send(b));
         while let Some(wr) = rings.send.pop() {
             work += 1;
             let wr_id = wr.wr_id;
             let opcode = wr.op.wc_opcode();
-            if let Err(e) = engine.post_send(rings.qpn, wr) {
+            if let Err(e) = engine.post_send_boxed(rings.qpn, wr) {
                 self.refuse(rings, wr_id, opcode, e, false);
             }
         }
@@ -972,7 +978,7 @@ impl Nic {
 
     fn drain_srq(&self, engine: &mut Engine, ring: &SrqRing) -> usize {
         let mut work = 0;
-        ring.rung.store(false, Ordering::Release);
+        ring.rung.swap(false, Ordering::AcqRel); // a swap: see drain_qp
         while let Some(wr) = ring.recv.pop() {
             work += 1;
             // An SRQ WR has no QP to complete on if the engine refuses it (the

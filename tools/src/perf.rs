@@ -5,7 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use urnic::{
-    Access, Connect, Context, Cq, Mr, Payload, Qp, QpCaps, QpInit, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, WcStatus, WorkCompletion,
+    Access, Connect, Context, Cq, Mr, Payload, PayloadRef, Qp, QpCaps, QpInit, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, SendWrRef,
+    WcStatus, WorkCompletion,
 };
 
 use crate::out::outln;
@@ -191,8 +192,15 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     let mut wcs = vec![WorkCompletion::default(); 64];
     while done < iters || (op == BwOp::Send && received < iters) {
         while posted < iters && posted - done < depth {
-            let wr = SendWr { wr_id: posted as u64, op: opcode, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None };
-            a.qp.post_send(&wr).context("post_send")?;
+            // Borrowed SGEs, as the C library posts: no allocation per WR.
+            let wr = SendWrRef {
+                wr_id: posted as u64,
+                op: opcode,
+                payload: PayloadRef::Sgl(std::slice::from_ref(&sge)),
+                flags: SendFlags::SIGNALED,
+                ud: None,
+            };
+            a.qp.post_send_ref(&wr).context("post_send")?;
             posted += 1;
         }
         a.kick();

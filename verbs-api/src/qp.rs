@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use rocev2::transport::attr::{AddressVector, Mtu, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
 use rocev2::transport::memory::{Access, LkeyCache};
-use rocev2::transport::wqe::{PayloadRef, RecvWqe, RecvWrRef, SendWqe, SendWrRef};
+use rocev2::transport::wqe::{PayloadRef, RecvWqe, RecvWrRef, SendWrRef};
 use rocev2::transport::wr::{RecvWr, SendOp, SendWr};
 use urnic_datapath::queues::{QpRings, SrqRing};
 
@@ -368,10 +368,9 @@ impl Qp {
     /// library.
     pub fn post_send_ref(&self, wr: &SendWrRef<'_>) -> Result<()> {
         self.check_send(wr)?;
-        self.rings
-            .send
-            .push(SendWqe::from(wr))
-            .map_err(|_| Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)))?;
+        if !self.rings.push_send(wr) {
+            return Err(Error::new(ErrorKind::NoResources, format!("send queue of QP {:#x} is full", self.qpn)));
+        }
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }
@@ -381,7 +380,7 @@ impl Qp {
         for (i, wr) in wrs.iter().enumerate() {
             let wr = wr.borrowed();
             self.check_send(&wr).map_err(|e| (i, e))?;
-            if self.rings.send.push(SendWqe::from(&wr)).is_err() {
+            if !self.rings.push_send(&wr) {
                 self.ctx().inner.nic.ring_qp(&self.rings);
                 return Err((i, Error::new(ErrorKind::NoResources, "send queue full")));
             }

@@ -4,8 +4,10 @@
 //! receives, SENDs gathered from SGEs, inline SENDs, two-SGE RDMA WRITEs,
 //! through the borrowed (`*_ref`) and the owned (`&SendWr`, built once
 //! before) calls, polled with `Cq::poll` and `Cq::poll_with` — and expects
-//! zero. The datapath threads are not counted: their work is not the
-//! application's post/poll path. A deterministic check, no timing.
+//! zero; and the same for whole send queues (`max_send_wr` WRITEs at once,
+//! round after round), which use every send WQE box a QP has. The datapath
+//! threads are not counted: their work is not the application's post/poll
+//! path. A deterministic check, no timing.
 
 mod common;
 
@@ -124,4 +126,34 @@ fn posting_and_polling_allocate_nothing() {
     COUNTING.with(|c| c.set(false));
     drop(v);
     assert_eq!(ALLOCATIONS.load(Ordering::Relaxed), 1, "the counting allocator missed an allocation");
+}
+
+/// Whole send queues at a time: `max_send_wr` WRITEs posted back to back,
+/// then all their completions polled, round after round. The WQEs a post
+/// fills are boxes that travel to the engine and come back once reaped; the
+/// QP makes enough of them up front that a program keeping to
+/// `max_send_wr` never waits for one to come back, so not even the first
+/// full window allocates on the posting thread.
+#[test]
+fn full_send_queues_allocate_nothing() {
+    let (a, qa, b, _qb) = rc_pair(Impairments::default(), 65536);
+    let depth = caps().max_send_wr as u64;
+    let mut wc = [WorkCompletion::default(); 16];
+    let sge = [a.mr.sge(0, 64)];
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    let write = |i| SendWrRef { wr_id: i, op: SendOp::Write { remote }, payload: PayloadRef::Sgl(&sge), flags: SendFlags::SIGNALED, ud: None };
+    // Warm-up: one small round for first-use thread-locals, not a window.
+    qa.post_send_ref(&write(0)).unwrap();
+    drain(&a.cq, 1, &mut wc);
+    const ROUNDS: u64 = 8;
+    COUNTING.with(|c| c.set(true));
+    for r in 0..ROUNDS {
+        for i in 0..depth {
+            qa.post_send_ref(&write(r * depth + i)).unwrap();
+        }
+        drain(&a.cq, depth as usize, &mut wc);
+    }
+    COUNTING.with(|c| c.set(false));
+    let n = ALLOCATIONS.load(Ordering::Relaxed);
+    assert_eq!(n, 0, "{n} heap allocations while posting {ROUNDS} full send queues of {depth} WRs");
 }

@@ -372,7 +372,13 @@ impl Engine {
     /// `WR_FLUSH_ERR`, as ibverbs providers do.
     /// Takes a [`SendWr`](crate::transport::wr::SendWr) or a ready [`SendWqe`].
     pub fn post_send(&mut self, qpn: u32, wr: impl Into<SendWqe>) -> Result<(), EngineError> {
-        let wr = wr.into();
+        self.post_send_boxed(qpn, Box::new(wr.into()))
+    }
+
+    /// [`post_send`](Self::post_send) of a WQE already in a box: the box is
+    /// kept (no copy of the WQE) and, once the WQE is reaped, handed back by
+    /// [`recycle_send_wqes`](Self::recycle_send_wqes) for the next post.
+    pub fn post_send_boxed(&mut self, qpn: u32, wr: Box<SendWqe>) -> Result<(), EngineError> {
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         match qp.state {
             QpState::Rts | QpState::Sqd => {}
@@ -397,6 +403,14 @@ impl Engine {
         self.arm(qpn);
         self.wake(qpn);
         Ok(())
+    }
+
+    /// Hand `f` the boxes of `qpn`'s send WQEs reaped since the last call
+    /// (see [`post_send_boxed`](Self::post_send_boxed)); nothing for an unknown QP.
+    pub fn recycle_send_wqes(&mut self, qpn: u32, f: impl FnMut(Box<SendWqe>)) {
+        if let Some(qp) = self.qps.get_mut(&qpn) {
+            qp.requester.take_spent().for_each(f);
+        }
     }
 
     /// `ibv_post_recv`. In ERR the WR completes at once with `WR_FLUSH_ERR`.

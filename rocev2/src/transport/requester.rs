@@ -48,7 +48,10 @@ pub(super) enum Kind {
 
 #[derive(Debug)]
 pub(super) struct Wqe {
-    pub(super) wr: SendWqe,
+    /// The posted WQE, boxed: the box travels from the poster's ring to here
+    /// and back to the poster through [`Requester::take_spent`], so the
+    /// several hundred bytes of a WQE are written once, when posted.
+    pub(super) wr: Box<SendWqe>,
     pub(super) kind: Kind,
     pub(super) len: u64,
     /// PSN of the first packet; `None` until the requester first sends it.
@@ -133,6 +136,9 @@ pub(crate) struct Requester {
     /// nor uses up `retry_cnt` (rxe `comp.started_retry`).
     pub(super) seq_retry_started: bool,
     pub(super) ident: u16,
+    /// Boxes of reaped WQEs, for the poster to reuse (at most `max_wr`).
+    #[allow(clippy::vec_box)] // the boxes, not the WQEs, are what goes back
+    spent: Vec<Box<SendWqe>>,
 }
 
 pub(super) fn local_timeout(code: u8) -> Option<Duration> {
@@ -157,6 +163,7 @@ impl Requester {
             read_retry_from: None,
             seq_retry_started: false,
             ident: 0,
+            spent: Vec::new(),
         }
     }
 
@@ -181,7 +188,7 @@ impl Requester {
     }
 
     /// Queue a WR. `Err` when the send queue is full (nothing queued).
-    pub(crate) fn post(&mut self, wr: SendWqe, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
+    pub(crate) fn post(&mut self, wr: Box<SendWqe>, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
         if self.wqes.len() >= self.max_wr {
             return Err(QueueFull);
         }
@@ -249,10 +256,13 @@ impl Requester {
                     solicited: false,
                 });
             }
-            // Dropped where it lies: a WQE is several hundred bytes (its
-            // SGEs and inline bytes live in it), and moving it out only to
-            // drop it was one more copy per work request.
-            self.wqes.drain(..1);
+            // Only the box moves (its WQE stays where the poster wrote it):
+            // kept for the poster to reuse, up to one queue's worth.
+            if let Some(w) = self.wqes.pop_front() {
+                if self.spent.len() < self.max_wr {
+                    self.spent.push(w.wr);
+                }
+            }
             // `cur` indexes the WQE being sent. Removing the head shifts it
             // down; if the head *was* the one being sent (a rewind into a
             // message the same instant an ACK covered all of it), the next
@@ -266,6 +276,12 @@ impl Requester {
         if !self.wqes.iter().any(|w| w.done.is_none() && w.first_psn.is_some() && w.is_remote()) {
             self.timer = None;
         }
+    }
+
+    /// The boxes of WQEs reaped since the last call, for the poster to fill
+    /// again (posting then allocates nothing).
+    pub(crate) fn take_spent(&mut self) -> std::vec::Drain<'_, Box<SendWqe>> {
+        self.spent.drain(..)
     }
 
     /// The QP entered ERR: every WQE not yet complete is flushed, in order.

@@ -2,7 +2,10 @@
 //! queue (the application-to-datapath ring, the requester's send queue, a
 //! receive queue). A hardware NIC copies the WR into a fixed-size WQE slot of
 //! the ring; so do these types: the SGEs and inline bytes of an ordinary WR
-//! live inside the entry, so posting one needs no heap allocation.
+//! live inside the entry, so posting one needs no heap allocation. Between
+//! threads the entries travel boxed: a poster overwrites a reused box in
+//! place ([`SendWqe::fill_from`]) and only the pointer moves on, to the
+//! engine's send queue and back once the WQE is reaped.
 //!
 //! [`SendWr`] / [`RecvWr`] (owned, `Vec`-based) and [`SendWrRef`] /
 //! [`RecvWrRef`] (borrowed slices, what a C `ibv_send_wr` is translated into)
@@ -22,7 +25,9 @@ pub const RECV_WQE_SGES: usize = 8;
 pub const WQE_INLINE_BYTES: usize = 400;
 
 /// A list of `T` held in place up to `N` elements, on the heap beyond.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+/// Equality and hashing are those of the list (storage beyond its length,
+/// left over from an earlier list in a reused slot, does not count).
+#[derive(Clone, Debug)]
 pub enum InlineVec<T: Copy + Default, const N: usize> {
     /// Up to `N` elements in the entry itself.
     Inline {
@@ -57,6 +62,19 @@ impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
         }
     }
 
+    /// Make the list a copy of `s`, writing only `s`'s elements when it
+    /// fits in place (the rest of the storage keeps its old contents, which
+    /// nothing reads); else one heap allocation, as [`from_slice`](Self::from_slice).
+    pub fn set_from_slice(&mut self, s: &[T]) {
+        match self {
+            InlineVec::Inline { len, buf } if s.len() <= N => {
+                buf[..s.len()].copy_from_slice(s);
+                *len = s.len() as u16;
+            }
+            _ => *self = Self::from_slice(s),
+        }
+    }
+
     /// Whether the elements live in place (no heap memory behind them).
     pub fn is_inline(&self) -> bool {
         matches!(self, InlineVec::Inline { .. })
@@ -66,6 +84,20 @@ impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
 impl<T: Copy + Default, const N: usize> Default for InlineVec<T, N> {
     fn default() -> Self {
         InlineVec::Inline { len: 0, buf: [T::default(); N] }
+    }
+}
+
+impl<T: Copy + Default + PartialEq, const N: usize> PartialEq for InlineVec<T, N> {
+    fn eq(&self, other: &Self) -> bool {
+        **self == **other
+    }
+}
+
+impl<T: Copy + Default + Eq, const N: usize> Eq for InlineVec<T, N> {}
+
+impl<T: Copy + Default + core::hash::Hash, const N: usize> core::hash::Hash for InlineVec<T, N> {
+    fn hash<H: core::hash::Hasher>(&self, state: &mut H) {
+        (**self).hash(state);
     }
 }
 
@@ -203,6 +235,29 @@ impl From<&SendWrRef<'_>> for SendWqe {
     }
 }
 
+impl SendWqe {
+    /// An empty SEND, for a slot about to be filled by [`fill_from`](Self::fill_from).
+    pub fn empty() -> SendWqe {
+        SendWqe { wr_id: 0, op: SendOp::Send, payload: WqePayload::Sgl(SendSgl::default()), flags: SendFlags::empty(), ud: None }
+    }
+
+    /// Overwrite this WQE with `w` in place: only the fields and the SGEs or
+    /// inline bytes `w` has are written, not the whole several-hundred-byte
+    /// entry (a slot reused for the next post). Equal to `SendWqe::from(w)`.
+    pub fn fill_from(&mut self, w: &SendWrRef<'_>) {
+        self.wr_id = w.wr_id;
+        self.op = w.op;
+        self.flags = w.flags;
+        self.ud = w.ud;
+        match (&mut self.payload, w.payload) {
+            (WqePayload::Sgl(v), PayloadRef::Sgl(s)) => v.set_from_slice(s),
+            (WqePayload::Inline(v), PayloadRef::Inline(d)) => v.set_from_slice(d),
+            (p, PayloadRef::Sgl(s)) => *p = WqePayload::Sgl(InlineVec::from_slice(s)),
+            (p, PayloadRef::Inline(d)) => *p = WqePayload::Inline(InlineVec::from_slice(d)),
+        }
+    }
+}
+
 impl From<SendWrRef<'_>> for SendWqe {
     fn from(w: SendWrRef<'_>) -> SendWqe {
         SendWqe::from(&w)
@@ -280,6 +335,31 @@ mod tests {
         assert_eq!(&*b, &many[..]);
         assert_eq!(b.as_ptr(), p, "a Vec too long to fit is moved, not copied");
         assert!(RecvSgl::default().is_empty());
+    }
+
+    #[test]
+    fn a_slot_filled_in_place_equals_a_new_wqe() {
+        let sges: Vec<Sge> = (0..3).map(sge).collect();
+        let many: Vec<Sge> = (0..SEND_WQE_SGES as u64 + 2).map(sge).collect();
+        let bytes = [7u8; 40];
+        let av = crate::transport::attr::AddressVector { sgid: [1; 16], dgid: [2; 16], hop_limit: 64, ..crate::transport::qp::UNUSED_PATH };
+        let ud = UdDest { av, remote_qpn: 5, remote_qkey: 6 };
+        let wrs = [
+            SendWrRef { wr_id: 1, op: SendOp::Send, payload: PayloadRef::Sgl(&sges), flags: SendFlags::SIGNALED, ud: None },
+            SendWrRef { wr_id: 2, op: SendOp::Send, payload: PayloadRef::Sgl(&sges[..1]), flags: SendFlags::empty(), ud: Some(ud) },
+            SendWrRef { wr_id: 3, op: SendOp::Send, payload: PayloadRef::Inline(&bytes), flags: SendFlags::INLINE, ud: None },
+            SendWrRef { wr_id: 4, op: SendOp::Send, payload: PayloadRef::Inline(&bytes[..3]), flags: SendFlags::INLINE, ud: None },
+            SendWrRef { wr_id: 5, op: SendOp::Send, payload: PayloadRef::Sgl(&many), flags: SendFlags::empty(), ud: None },
+            SendWrRef { wr_id: 6, op: SendOp::Send, payload: PayloadRef::Sgl(&[]), flags: SendFlags::empty(), ud: None },
+            SendWrRef { wr_id: 7, op: SendOp::Send, payload: PayloadRef::Sgl(&sges[..2]), flags: SendFlags::empty(), ud: None },
+        ];
+        // One slot reused for each WR in turn (every change of payload kind
+        // and length, in place and on the heap) reads as a new WQE would.
+        let mut slot = SendWqe::empty();
+        for w in &wrs {
+            slot.fill_from(w);
+            assert_eq!(slot, SendWqe::from(w), "WR {}", w.wr_id);
+        }
     }
 
     #[test]
