@@ -84,11 +84,30 @@ pub struct EngineConfig {
     pub dcqcn: DcqcnParams,
     /// UD multicast limits (of this engine's attachments).
     pub mcast: McastLimits,
+    /// How long the ACK of a whole SEND or WRITE may wait for its QP's next
+    /// request frame (the application's reply) to leave right behind it
+    /// (the responder's "held ACKs"); zero sends every ACK at once. Keep it
+    /// far below the peers' local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs ×
+    /// 2^timeout; 14, 67 ms, is usual).
+    pub ack_hold: core::time::Duration,
 }
+
+/// [`EngineConfig::ack_hold`]'s default: several times an application's
+/// answer to a completion on a polling core, far below any ACK timeout in
+/// use.
+pub const DEFAULT_ACK_HOLD: core::time::Duration = core::time::Duration::from_micros(8);
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1), dcqcn: DcqcnParams::default(), mcast: McastLimits::default() }
+        EngineConfig {
+            first_qpn: 0x11,
+            max_qps: 4096,
+            max_srqs: 1024,
+            shard: (0, 1),
+            dcqcn: DcqcnParams::default(),
+            mcast: McastLimits::default(),
+            ack_hold: DEFAULT_ACK_HOLD,
+        }
     }
 }
 
@@ -320,6 +339,7 @@ impl Engine {
         self.wake(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
+        qp.responder.release_hold();
         {
             let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
             requester.flush(&mut ctx);
@@ -591,6 +611,13 @@ impl Engine {
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);
+            } else if let Some(qp) = self.qps.get_mut(&qpn) {
+                // A held ACK (responder, "held ACKs") gets its deadline in
+                // the timer queue: it leaves alone then at the latest.
+                if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
+                    qp.stats.resp_acks_held += 1;
+                    self.arm(qpn);
+                }
             }
         }
     }
@@ -642,8 +669,9 @@ impl Engine {
                 }
             }
         }
-        // Responses first: they unblock the peer.
-        if qp.responder.has_pending() {
+        // Responses first: they unblock the peer. A held ACK waits for the
+        // request frame below (the reply it rides behind) or its deadline.
+        if qp.responder.has_pending() && !qp.responder.holding(now) {
             if let Some(path) = qp.path {
                 let dest = qp.attr.dest_qp_num;
                 let (out, fatal) = {
@@ -691,6 +719,9 @@ impl Engine {
         }
         if let Ok(Some(len)) = r {
             qp.rp.on_sent(now, len);
+            // The reply a held ACK waited for: the ACK leaves next, right
+            // behind it (the QP is back on the ready list after a frame).
+            qp.responder.release_hold();
         }
         self.arm(qpn);
         match r {
@@ -702,6 +733,19 @@ impl Engine {
                 self.enter_error(qpn, true);
                 None
             }
+        }
+    }
+
+    /// Send every held ACK (responder, "held ACKs") at the next
+    /// `poll_transmit` calls, without waiting for replies or deadlines: for
+    /// a caller about to stop polling (a device closing).
+    pub fn release_held_acks(&mut self) {
+        let held: Vec<u32> = self.qps.iter().filter(|(_, qp)| qp.responder.hold_deadline().is_some()).map(|(&n, _)| n).collect();
+        for qpn in held {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.responder.release_hold();
+            }
+            self.wake(qpn);
         }
     }
 
@@ -731,10 +775,7 @@ impl Engine {
     fn arm(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let rp = qp.rp.next_event(self.last_now);
-        let t = match (qp.requester.next_timeout(), rp) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min();
         if let Some(t) = t {
             if qp.timer_at.is_none_or(|s| t < s) {
                 qp.timer_at = Some(t);
@@ -763,6 +804,10 @@ impl Engine {
             }
             qp.timer_at = None;
             qp.rp.handle_timeout(now);
+            if qp.responder.hold_deadline().is_some_and(|d| d <= now) {
+                qp.responder.expire_hold(now);
+                qp.stats.resp_acks_hold_expired += 1;
+            }
             if !qp.ready {
                 qp.ready = true;
                 self.ready.push_back(qpn);
