@@ -14,7 +14,7 @@ use rocev2::sim::{LinkConfig, RunOutcome};
 use rocev2::transport::engine::DEFAULT_ACK_HOLD;
 use rocev2::transport::memory::Access;
 use rocev2::transport::wr::*;
-use rocev2::wire::{AckSyndrome, Opcode};
+use rocev2::wire::{parse_frame, AckSyndrome, Opcode};
 
 /// A pair with a 1 ms ACK timeout (4.096 µs × 2^8) and the default hold;
 /// every frame recorded.
@@ -93,6 +93,31 @@ fn without_a_reply_the_ack_leaves_alone_at_the_bound() {
     let s = p.b.engine.qp_stats(p.b.qpn).unwrap();
     assert_eq!((s.resp_acks_held, s.resp_acks_hold_expired), (1, 1));
     assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 0, "far below the ACK timeout");
+}
+
+#[test]
+fn an_expired_held_ack_still_leaves_behind_a_reply_of_the_same_round() {
+    let mut p = pair();
+    let recv = RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 64)] };
+    p.b.engine.post_recv(p.b.qpn, recv).unwrap();
+    let sge = p.a.sge(0, 8);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
+    p.run_for(DEFAULT_ACK_HOLD / 2);
+    assert!(from_b(&p).is_empty(), "held");
+    // The deadline passes (the timer fires) and the reply is posted before
+    // B transmits again: the reply still goes first.
+    let t = p.now + DEFAULT_ACK_HOLD;
+    assert!(p.b.engine.next_timeout().is_some_and(|d| d <= t));
+    p.b.engine.handle_timeout(t);
+    let sge = p.b.sge(4096, 8);
+    p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Send, vec![sge])).unwrap();
+    let mut buf = vec![0u8; 4096];
+    let mut sent = Vec::new();
+    while let Some(n) = p.b.engine.poll_transmit(t, &mut buf) {
+        sent.push(parse_frame(&buf[..n]).unwrap().repr.transport.bth.opcode);
+    }
+    assert_eq!(sent, vec![Opcode::RC_SEND_ONLY, Opcode::RC_ACK]);
+    assert_eq!(p.b.engine.qp_stats(p.b.qpn).unwrap().resp_acks_hold_expired, 1);
 }
 
 #[test]

@@ -146,6 +146,10 @@ pub struct Engine {
     /// frame, a timer, a state change) and leaves when it has nothing to
     /// send: transmit costs O(active QPs), not O(all QPs).
     ready: VecDeque<u32>,
+    /// QPs whose held ACK's deadline has passed and whose requester had
+    /// nothing to send: their ACKs leave after every other frame
+    /// (`poll_transmit`).
+    late_acks: Vec<u32>,
     /// UD multicast groups and their attached QPs.
     mcast: McastTable,
 }
@@ -168,6 +172,7 @@ impl Engine {
             last_now: Instant::ZERO,
             gsi: None,
             ready: VecDeque::new(),
+            late_acks: Vec::with_capacity(16),
             mcast: McastTable::default(),
         }
     }
@@ -652,6 +657,19 @@ impl Engine {
                 return Some(len);
             }
         }
+        // Held ACKs past their deadline, behind everything else.
+        while let Some(qpn) = self.late_acks.pop() {
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            if !qp.responder.has_held_ack() {
+                continue;
+            }
+            qp.responder.release_hold();
+            if let Some(len) = self.transmit_response(qpn, buf) {
+                self.wake(qpn);
+                self.stats.tx_frames += 1;
+                return Some(len);
+            }
+        }
         None
     }
 
@@ -669,29 +687,53 @@ impl Engine {
                 }
             }
         }
-        // Responses first: they unblock the peer. A held ACK waits for the
-        // request frame below (the reply it rides behind) or its deadline.
-        if qp.responder.has_pending() && !qp.responder.holding(now) {
-            if let Some(path) = qp.path {
-                let dest = qp.attr.dest_qp_num;
-                let (out, fatal) = {
-                    let mut c = resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
-                    let (responder, ctx) = (&mut c.0, &mut c.1);
-                    let out = responder.poll_transmit(ctx, &path, dest, buf);
-                    (out, responder.take_fatal())
-                };
-                if let Some(len) = out {
-                    qp.stats.tx_packets += 1;
-                    qp.stats.tx_bytes += len as u64;
-                }
-                if fatal.is_some() {
-                    self.enter_error(qpn, true);
-                }
-                if out.is_some() {
-                    return out;
-                }
+        // Responses first: they unblock the peer. A held ACK (responder,
+        // "held ACKs") instead waits for this QP's next request frame and
+        // leaves right behind it; once its deadline has passed, it leaves
+        // after every other frame of this `poll_transmit` round (`late_acks`),
+        // so that it never precedes a reply in the same kick.
+        if qp.responder.has_held_ack() {
+            if let Some(len) = self.transmit_request(now, qpn, buf) {
+                return Some(len);
+            }
+            let qp = self.qps.get_mut(&qpn)?;
+            if !qp.responder.holding(now) && !self.late_acks.contains(&qpn) {
+                self.late_acks.push(qpn);
+            }
+            return None;
+        }
+        if qp.responder.has_pending() {
+            if let Some(len) = self.transmit_response(qpn, buf) {
+                return Some(len);
             }
         }
+        self.transmit_request(now, qpn, buf)
+    }
+
+    /// The next response of `qpn`'s responder, if any.
+    fn transmit_response(&mut self, qpn: u32, buf: &mut [u8]) -> Option<usize> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let path = qp.path?;
+        let dest = qp.attr.dest_qp_num;
+        let (out, fatal) = {
+            let mut c = resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
+            let (responder, ctx) = (&mut c.0, &mut c.1);
+            let out = responder.poll_transmit(ctx, &path, dest, buf);
+            (out, responder.take_fatal())
+        };
+        if let Some(len) = out {
+            qp.stats.tx_packets += 1;
+            qp.stats.tx_bytes += len as u64;
+        }
+        if fatal.is_some() {
+            self.enter_error(qpn, true);
+        }
+        out
+    }
+
+    /// The next request frame of `qpn`'s requester, if any (after a
+    /// pending responder flush).
+    fn transmit_request(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
         if qp.responder_flush_pending && !qp.responder.has_pending() {
             qp.responder_flush_pending = false;
@@ -804,8 +846,7 @@ impl Engine {
             }
             qp.timer_at = None;
             qp.rp.handle_timeout(now);
-            if qp.responder.hold_deadline().is_some_and(|d| d <= now) {
-                qp.responder.expire_hold(now);
+            if qp.responder.expire_hold(now) {
                 qp.stats.resp_acks_hold_expired += 1;
             }
             if !qp.ready {

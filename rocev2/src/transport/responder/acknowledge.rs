@@ -73,33 +73,44 @@ impl Responder {
         }
         let until = now + hold;
         self.held_until = Some(until);
+        self.hold_expired = false;
         Some(until)
     }
 
-    /// Whether the queued ACK is held at `now` (`poll_transmit` then has
-    /// nothing for this QP's responder).
-    pub(crate) fn holding(&self, now: Instant) -> bool {
-        self.held_until.is_some_and(|t| now < t)
+    /// Whether an ACK is held (before or after its deadline): this QP's
+    /// next request frame goes before it.
+    pub(crate) fn has_held_ack(&self) -> bool {
+        self.held_until.is_some()
     }
 
-    /// The held ACK's deadline, if one is held.
+    /// Whether the held ACK still waits at `now` (its deadline has not
+    /// passed).
+    pub(crate) fn holding(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|t| now < t) && !self.hold_expired
+    }
+
+    /// The held ACK's deadline, while it waits for it (for the engine's
+    /// timer queue).
     pub(crate) fn hold_deadline(&self) -> Option<Instant> {
-        self.held_until
+        self.held_until.filter(|_| !self.hold_expired)
     }
 
     /// Send the held ACK at the next `poll_transmit` (the requester has just
-    /// sent the reply it waited for, its deadline passed, or something else
-    /// was queued behind it).
+    /// sent the reply it waited for, or something else was queued behind
+    /// it).
     pub(crate) fn release_hold(&mut self) {
         self.held_until = None;
         self.hold_wanted = false;
+        self.hold_expired = false;
     }
 
-    /// Release the held ACK if its deadline is at or before `now`.
-    pub(crate) fn expire_hold(&mut self, now: Instant) {
-        if self.held_until.is_some_and(|t| t <= now) {
-            self.release_hold();
-        }
+    /// The held ACK's deadline is at or before `now`: it leaves behind the
+    /// next frames the engine sends (alone if there are none). Returns
+    /// whether it expired now.
+    pub(crate) fn expire_hold(&mut self, now: Instant) -> bool {
+        let due = self.held_until.is_some_and(|t| t <= now) && !self.hold_expired;
+        self.hold_expired |= due;
+        due
     }
 
     fn merge_or_push_ack(&mut self, ctx: &mut ResponderCtx<'_>, psn: Psn) {

@@ -194,6 +194,9 @@ pub(crate) struct Responder {
     /// The last request queued an ACK that may be held: the engine turns
     /// this into `held_until` ([`Responder::start_hold`]).
     hold_wanted: bool,
+    /// The held ACK's deadline has passed: it leaves after the engine's
+    /// other frames.
+    hold_expired: bool,
 }
 
 impl Responder {
@@ -213,6 +216,7 @@ impl Responder {
             fatal: None,
             held_until: None,
             hold_wanted: false,
+            hold_expired: false,
         }
     }
 
