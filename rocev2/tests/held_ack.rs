@@ -46,8 +46,9 @@ fn from_b(p: &Pair) -> Vec<Sent> {
     p.log().iter().filter(|s| s.dir == Dir::BtoA).cloned().collect()
 }
 
-#[test]
-fn the_ack_waits_for_the_reply_and_leaves_right_behind_it() {
+/// A pair where A's ping (a SEND, wr_id 1) has reached B's receive
+/// (wr_id 7, taken) and B holds its ACK, half the hold later.
+fn ping_held() -> Pair {
     let mut p = pair();
     let recv = RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 64)] };
     p.b.engine.post_recv(p.b.qpn, recv).unwrap();
@@ -57,6 +58,12 @@ fn the_ack_waits_for_the_reply_and_leaves_right_behind_it() {
     p.run_for(DEFAULT_ACK_HOLD / 2);
     assert_eq!(p.b.completions().len(), 1, "the ping arrived");
     assert!(from_b(&p).is_empty(), "the ACK is held for the reply: {:?}", from_b(&p));
+    p
+}
+
+#[test]
+fn the_ack_waits_for_the_reply_and_leaves_right_behind_it() {
+    let mut p = ping_held();
     assert!(p.a.completions().is_empty());
     // B's application answers: the pong, then the ACK behind it, in one go.
     let recv = RecvWr { wr_id: 8, sgl: vec![p.a.sge(4096, 64)] };
@@ -97,13 +104,7 @@ fn without_a_reply_the_ack_leaves_alone_at_the_bound() {
 
 #[test]
 fn an_expired_held_ack_still_leaves_behind_a_reply_of_the_same_round() {
-    let mut p = pair();
-    let recv = RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 64)] };
-    p.b.engine.post_recv(p.b.qpn, recv).unwrap();
-    let sge = p.a.sge(0, 8);
-    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
-    p.run_for(DEFAULT_ACK_HOLD / 2);
-    assert!(from_b(&p).is_empty(), "held");
+    let mut p = ping_held();
     // The deadline passes (the timer fires) and the reply is posted before
     // B transmits again: the reply still goes first.
     let t = p.now + DEFAULT_ACK_HOLD;
@@ -226,7 +227,10 @@ fn read_responses_and_atomic_acks_are_not_delayed() {
     let ops: Vec<Opcode> = b.iter().map(|s| s.transport.bth.opcode).collect();
     assert_eq!(ops, vec![Opcode::RC_ACK, Opcode::RC_READ_RESPONSE_ONLY, Opcode::RC_ATOMIC_ACK], "the WRITE's ACK first, nothing waits");
     let c = p.a.completions();
-    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]);
+    assert_eq!(
+        c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(),
+        vec![(1, WcStatus::Success), (2, WcStatus::Success), (3, WcStatus::Success)]
+    );
     assert_eq!(p.b.engine.qp_stats(p.b.qpn).unwrap().resp_acks_hold_expired, 0);
 }
 

@@ -27,8 +27,11 @@
 //!   [`Engine::handle_timeout`] once `now` has reached
 //!   [`Engine::next_timeout`].
 //! - **Output**: after any call above, drain [`Engine::poll_transmit`] (one
-//!   whole frame per call, responses before requests, round-robin over QPs)
-//!   until it returns `None`, then [`Engine::poll_completion`] and
+//!   whole frame per call, responses before requests, round-robin over QPs;
+//!   except that the ACK of a whole SEND or WRITE is held for its QP's next
+//!   request frame and follows it, or leaves by [`EngineConfig::ack_hold`]:
+//!   keep calling `handle_timeout` at `next_timeout`) until it returns
+//!   `None`, then [`Engine::poll_completion`] and
 //!   [`Engine::poll_event`]. Each work request produces exactly one
 //!   completion (success or error) unless it was posted unsignaled and
 //!   succeeded.
