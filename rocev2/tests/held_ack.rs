@@ -293,3 +293,27 @@ fn ping_pongs_over_a_lossy_link_lose_nothing() {
         assert_eq!(net.engine(1).qp_stats(qpn[1]).unwrap().resp_messages, ROUNDS, "seed {seed}: each ping executed once");
     }
 }
+
+/// The responder's application is done (ib_write_lat's server after its
+/// last WRITE) and destroys its QP, or moves it to ERR, while an ACK is
+/// held: the ACK still leaves, so the peer's last message completes.
+#[test]
+fn a_held_ack_leaves_when_its_qp_is_destroyed_or_fails() {
+    for destroy in [true, false] {
+        let mut p = pair();
+        let (remote, sge) = (p.b.remote(0), p.a.sge(0, 8));
+        p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
+        p.run_for(DEFAULT_ACK_HOLD / 2);
+        assert!(from_b(&p).is_empty(), "held");
+        if destroy {
+            p.b.engine.destroy_qp(p.b.qpn).unwrap();
+        } else {
+            let attr = rocev2::transport::attr::QpAttr { qp_state: rocev2::transport::attr::QpState::Err, ..Default::default() };
+            p.b.engine.modify_qp(p.b.qpn, &attr, rocev2::transport::attr::QpAttrMask::STATE).unwrap();
+        }
+        p.run_for(Duration::from_micros(1));
+        let b = from_b(&p);
+        assert!(!b.is_empty() && is_ack(&b[0]), "destroy {destroy}: {b:?}");
+        assert_eq!(p.a.completions()[0].status, WcStatus::Success, "destroy {destroy}");
+    }
+}

@@ -69,6 +69,10 @@ use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
 use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
 
+/// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
+/// UDP, BTH, AETH and ICRC take 98 bytes).
+const PARTING_FRAME: usize = 128;
+
 /// Engine configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -153,6 +157,9 @@ pub struct Engine {
     /// nothing to send: their ACKs leave after every other frame
     /// (`poll_transmit`).
     late_acks: Vec<u32>,
+    /// ACKs of QPs destroyed, reset or moved to ERR while holding them,
+    /// framed at that moment, for the next `poll_transmit`.
+    parting: VecDeque<Vec<u8>>,
     /// UD multicast groups and their attached QPs.
     mcast: McastTable,
 }
@@ -176,6 +183,7 @@ impl Engine {
             gsi: None,
             ready: VecDeque::new(),
             late_acks: Vec::with_capacity(16),
+            parting: VecDeque::new(),
             mcast: McastTable::default(),
         }
     }
@@ -270,6 +278,7 @@ impl Engine {
     /// Destroy a QP. Outstanding WRs are dropped with it, as `ibv_destroy_qp`
     /// does (move it to ERR first to have them flushed).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), EngineError> {
+        self.part_with_held_ack(qpn);
         self.qps.remove(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         self.order.retain(|&q| q != qpn);
         self.mcast.detach_all(qpn);
@@ -329,6 +338,9 @@ impl Engine {
     }
 
     fn modify_qp_inner(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
+        if mask.contains(QpAttrMask::STATE) && matches!(attr.qp_state, QpState::Reset | QpState::Err) {
+            self.part_with_held_ack(qpn);
+        }
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         let (from, to) = qp.modify(attr, mask)?;
         if from != to {
@@ -647,6 +659,13 @@ impl Engine {
             self.stats.tx_frames += 1;
             return Some(len);
         }
+        if let Some(frame) = self.parting.pop_front() {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(&frame);
+                self.stats.tx_frames += 1;
+                return Some(frame.len());
+            }
+        }
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
             match self.qps.get_mut(&qpn) {
@@ -778,6 +797,24 @@ impl Engine {
                 self.enter_error(qpn, true);
                 None
             }
+        }
+    }
+
+    /// A QP about to be destroyed, reset or moved to ERR by its owner has a
+    /// held ACK (responder, "held ACKs"): the ACK is framed now and leaves
+    /// with the next `poll_transmit`, so the peer's last message (whose
+    /// completion the application may already have acted on) is
+    /// acknowledged and not retransmitted into a QP that is gone.
+    fn part_with_held_ack(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        if !qp.responder.has_held_ack() {
+            return;
+        }
+        qp.responder.release_hold();
+        let mut frame = vec![0u8; PARTING_FRAME];
+        if let Some(len) = self.transmit_response(qpn, &mut frame) {
+            frame.truncate(len);
+            self.parting.push_back(frame);
         }
     }
 
