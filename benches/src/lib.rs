@@ -114,6 +114,11 @@ pub fn now() -> Instant {
 /// completions to [`RECV_CQ`].
 pub fn engine_pair(mtu: Mtu, buf_len: usize, depth: u32) -> Pair {
     let mut cfg = PairConfig { buf_len, mr_access: ALL_ACCESS, ..PairConfig::default() };
+    // Timers never run here ([`now`]): every ACK leaves at once, none is
+    // held for a reply (`EngineConfig::ack_hold`).
+    for e in &mut cfg.engines {
+        e.ack_hold = std::time::Duration::ZERO;
+    }
     cfg.qp.send_cq = SEND_CQ;
     cfg.qp.recv_cq = RECV_CQ;
     cfg.qp.cap = QpCaps { max_send_wr: depth, max_recv_wr: depth, ..QpCaps::default() };

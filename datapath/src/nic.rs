@@ -221,12 +221,27 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Drop for Nic {
-    /// Kick whatever the last poll left queued on each port (a deferred
-    /// ACK, see `poll_shard`): the peer must not be left retransmitting a
-    /// message that completed here just before the device closed.
+    /// Send the ACKs the engine still holds for replies (rocev2's responder,
+    /// "held ACKs") and kick whatever the last poll left queued on each port
+    /// (a deferred ACK, see `poll_shard`): the peer must not be left
+    /// retransmitting a message that completed here just before the device
+    /// closed. Frames for this device itself are not sent (it is closing).
     fn drop(&mut self) {
-        for shard in &mut self.shards {
-            let port = shard.port.get_mut().unwrap_or_else(|e| e.into_inner());
+        let now = self.now();
+        let this: &Nic = self;
+        for shard in &this.shards {
+            let mut engine = lock(&shard.engine);
+            let mut port = lock(&shard.port);
+            engine.release_held_acks();
+            for _ in 0..TX_BUDGET {
+                let mut fill = |buf: &mut [u8]| {
+                    let n = engine.poll_transmit(now, buf)?;
+                    (!this.is_local(buf.get(..n)?)).then_some(n)
+                };
+                if !matches!(port.transmit_with(&mut fill), Ok(true)) {
+                    break;
+                }
+            }
             if port.tx_pending() {
                 let _ = port.flush();
             }

@@ -307,8 +307,11 @@ fn replay_session(name: &str, s: &Session, mtu: Mtu) -> Report {
     // SAFETY: `send_buf` outlives the engine.
     let send_keys = unsafe { table.register(PD, sp, sl, send_buf.iova, Access::LOCAL_WRITE) }.expect("register send");
 
-    // The engine and its QP, numbered as the captured server's.
-    let mut engine = Engine::new(EngineConfig { first_qpn: s.server_qpn, ..EngineConfig::default() }, table.clone());
+    // The engine and its QP, numbered as the captured server's. rxe sends
+    // each ACK at once (it holds none for a reply), so the replay does too:
+    // frame for frame, the held ACKs would coalesce what rxe sent apart.
+    let config = EngineConfig { first_qpn: s.server_qpn, ack_hold: std::time::Duration::ZERO, ..EngineConfig::default() };
+    let mut engine = Engine::new(config, table.clone());
     let init = QpInitAttr {
         qp_type: QpType::Rc,
         pd: PD,

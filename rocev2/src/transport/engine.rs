@@ -27,8 +27,11 @@
 //!   [`Engine::handle_timeout`] once `now` has reached
 //!   [`Engine::next_timeout`].
 //! - **Output**: after any call above, drain [`Engine::poll_transmit`] (one
-//!   whole frame per call, responses before requests, round-robin over QPs)
-//!   until it returns `None`, then [`Engine::poll_completion`] and
+//!   whole frame per call, responses before requests, round-robin over QPs;
+//!   except that the ACK of a whole SEND or WRITE is held for its QP's next
+//!   request frame and follows it, or leaves by [`EngineConfig::ack_hold`]:
+//!   keep calling `handle_timeout` at `next_timeout`) until it returns
+//!   `None`, then [`Engine::poll_completion`] and
 //!   [`Engine::poll_event`]. Each work request produces exactly one
 //!   completion (success or error) unless it was posted unsignaled and
 //!   succeeded.
@@ -66,6 +69,10 @@ use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
 use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
 
+/// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
+/// UDP, BTH, AETH and ICRC take 98 bytes).
+const PARTING_FRAME: usize = 128;
+
 /// Engine configuration.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EngineConfig {
@@ -84,11 +91,30 @@ pub struct EngineConfig {
     pub dcqcn: DcqcnParams,
     /// UD multicast limits (of this engine's attachments).
     pub mcast: McastLimits,
+    /// How long the ACK of a whole SEND or WRITE may wait for its QP's next
+    /// request frame (the application's reply) to leave right behind it
+    /// (the responder's "held ACKs"); zero sends every ACK at once. Keep it
+    /// far below the peers' local ACK timeout (IBTA 9.7.6.1.3: 4.096 µs ×
+    /// 2^timeout; 14, 67 ms, is usual).
+    pub ack_hold: core::time::Duration,
 }
+
+/// [`EngineConfig::ack_hold`]'s default: several times an application's
+/// answer to a completion on a polling core, far below any ACK timeout in
+/// use.
+pub const DEFAULT_ACK_HOLD: core::time::Duration = core::time::Duration::from_micros(8);
 
 impl Default for EngineConfig {
     fn default() -> Self {
-        EngineConfig { first_qpn: 0x11, max_qps: 4096, max_srqs: 1024, shard: (0, 1), dcqcn: DcqcnParams::default(), mcast: McastLimits::default() }
+        EngineConfig {
+            first_qpn: 0x11,
+            max_qps: 4096,
+            max_srqs: 1024,
+            shard: (0, 1),
+            dcqcn: DcqcnParams::default(),
+            mcast: McastLimits::default(),
+            ack_hold: DEFAULT_ACK_HOLD,
+        }
     }
 }
 
@@ -127,6 +153,13 @@ pub struct Engine {
     /// frame, a timer, a state change) and leaves when it has nothing to
     /// send: transmit costs O(active QPs), not O(all QPs).
     ready: VecDeque<u32>,
+    /// QPs whose held ACK's deadline has passed and whose requester had
+    /// nothing to send: their ACKs leave after every other frame
+    /// (`poll_transmit`).
+    late_acks: Vec<u32>,
+    /// ACKs of QPs destroyed, reset or moved to ERR while holding them,
+    /// framed at that moment, for the next `poll_transmit`.
+    parting: VecDeque<Vec<u8>>,
     /// UD multicast groups and their attached QPs.
     mcast: McastTable,
 }
@@ -149,6 +182,8 @@ impl Engine {
             last_now: Instant::ZERO,
             gsi: None,
             ready: VecDeque::new(),
+            late_acks: Vec::with_capacity(16),
+            parting: VecDeque::new(),
             mcast: McastTable::default(),
         }
     }
@@ -243,6 +278,7 @@ impl Engine {
     /// Destroy a QP. Outstanding WRs are dropped with it, as `ibv_destroy_qp`
     /// does (move it to ERR first to have them flushed).
     pub fn destroy_qp(&mut self, qpn: u32) -> Result<(), EngineError> {
+        self.part_with_held_ack(qpn);
         self.qps.remove(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         self.order.retain(|&q| q != qpn);
         self.mcast.detach_all(qpn);
@@ -302,6 +338,9 @@ impl Engine {
     }
 
     fn modify_qp_inner(&mut self, qpn: u32, attr: &QpAttr, mask: QpAttrMask) -> Result<(), EngineError> {
+        if mask.contains(QpAttrMask::STATE) && matches!(attr.qp_state, QpState::Reset | QpState::Err) {
+            self.part_with_held_ack(qpn);
+        }
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
         let (from, to) = qp.modify(attr, mask)?;
         if from != to {
@@ -320,6 +359,7 @@ impl Engine {
         self.wake(qpn);
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         qp.state = QpState::Err;
+        qp.responder.release_hold();
         {
             let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
             requester.flush(&mut ctx);
@@ -605,6 +645,13 @@ impl Engine {
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);
+            } else if let Some(qp) = self.qps.get_mut(&qpn) {
+                // A held ACK (responder, "held ACKs") gets its deadline in
+                // the timer queue: it leaves alone then at the latest.
+                if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
+                    qp.stats.resp_acks_held += 1;
+                    self.arm(qpn);
+                }
             }
         }
     }
@@ -626,6 +673,13 @@ impl Engine {
             self.stats.tx_frames += 1;
             return Some(len);
         }
+        if let Some(frame) = self.parting.pop_front() {
+            if let Some(dst) = buf.get_mut(..frame.len()) {
+                dst.copy_from_slice(&frame);
+                self.stats.tx_frames += 1;
+                return Some(frame.len());
+            }
+        }
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
             match self.qps.get_mut(&qpn) {
@@ -634,6 +688,19 @@ impl Engine {
             }
             if let Some(len) = self.transmit_qp(now, qpn, buf) {
                 // More may follow: back to the end of the line (round robin).
+                self.wake(qpn);
+                self.stats.tx_frames += 1;
+                return Some(len);
+            }
+        }
+        // Held ACKs past their deadline, behind everything else.
+        while let Some(qpn) = self.late_acks.pop() {
+            let Some(qp) = self.qps.get_mut(&qpn) else { continue };
+            if !qp.responder.has_held_ack() {
+                continue;
+            }
+            qp.responder.release_hold();
+            if let Some(len) = self.transmit_response(qpn, buf) {
                 self.wake(qpn);
                 self.stats.tx_frames += 1;
                 return Some(len);
@@ -656,28 +723,53 @@ impl Engine {
                 }
             }
         }
-        // Responses first: they unblock the peer.
+        // Responses first: they unblock the peer. A held ACK (responder,
+        // "held ACKs") instead waits for this QP's next request frame and
+        // leaves right behind it; once its deadline has passed, it leaves
+        // after every other frame of this `poll_transmit` round (`late_acks`),
+        // so that it never precedes a reply in the same kick.
+        if qp.responder.has_held_ack() {
+            if let Some(len) = self.transmit_request(now, qpn, buf) {
+                return Some(len);
+            }
+            let qp = self.qps.get_mut(&qpn)?;
+            if !qp.responder.holding(now) && !self.late_acks.contains(&qpn) {
+                self.late_acks.push(qpn);
+            }
+            return None;
+        }
         if qp.responder.has_pending() {
-            if let Some(path) = qp.path {
-                let dest = qp.attr.dest_qp_num;
-                let (out, fatal) = {
-                    let mut c = resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
-                    let (responder, ctx) = (&mut c.0, &mut c.1);
-                    let out = responder.poll_transmit(ctx, &path, dest, buf);
-                    (out, responder.take_fatal())
-                };
-                if let Some(len) = out {
-                    qp.stats.tx_packets += 1;
-                    qp.stats.tx_bytes += len as u64;
-                }
-                if fatal.is_some() {
-                    self.enter_error(qpn, true);
-                }
-                if out.is_some() {
-                    return out;
-                }
+            if let Some(len) = self.transmit_response(qpn, buf) {
+                return Some(len);
             }
         }
+        self.transmit_request(now, qpn, buf)
+    }
+
+    /// The next response of `qpn`'s responder, if any.
+    fn transmit_response(&mut self, qpn: u32, buf: &mut [u8]) -> Option<usize> {
+        let qp = self.qps.get_mut(&qpn)?;
+        let path = qp.path?;
+        let dest = qp.attr.dest_qp_num;
+        let (out, fatal) = {
+            let mut c = resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
+            let (responder, ctx) = (&mut c.0, &mut c.1);
+            let out = responder.poll_transmit(ctx, &path, dest, buf);
+            (out, responder.take_fatal())
+        };
+        if let Some(len) = out {
+            qp.stats.tx_packets += 1;
+            qp.stats.tx_bytes += len as u64;
+        }
+        if fatal.is_some() {
+            self.enter_error(qpn, true);
+        }
+        out
+    }
+
+    /// The next request frame of `qpn`'s requester, if any (after a
+    /// pending responder flush).
+    fn transmit_request(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
         if qp.responder_flush_pending && !qp.responder.has_pending() {
             qp.responder_flush_pending = false;
@@ -705,6 +797,9 @@ impl Engine {
         }
         if let Ok(Some(len)) = r {
             qp.rp.on_sent(now, len);
+            // The reply a held ACK waited for: the ACK leaves next, right
+            // behind it (the QP is back on the ready list after a frame).
+            qp.responder.release_hold();
         }
         self.arm(qpn);
         match r {
@@ -716,6 +811,37 @@ impl Engine {
                 self.enter_error(qpn, true);
                 None
             }
+        }
+    }
+
+    /// A QP about to be destroyed, reset or moved to ERR by its owner has a
+    /// held ACK (responder, "held ACKs"): the ACK is framed now and leaves
+    /// with the next `poll_transmit`, so the peer's last message (whose
+    /// completion the application may already have acted on) is
+    /// acknowledged and not retransmitted into a QP that is gone.
+    fn part_with_held_ack(&mut self, qpn: u32) {
+        let Some(qp) = self.qps.get_mut(&qpn) else { return };
+        if !qp.responder.has_held_ack() {
+            return;
+        }
+        qp.responder.release_hold();
+        let mut frame = vec![0u8; PARTING_FRAME];
+        if let Some(len) = self.transmit_response(qpn, &mut frame) {
+            frame.truncate(len);
+            self.parting.push_back(frame);
+        }
+    }
+
+    /// Send every held ACK (responder, "held ACKs") at the next
+    /// `poll_transmit` calls, without waiting for replies or deadlines: for
+    /// a caller about to stop polling (a device closing).
+    pub fn release_held_acks(&mut self) {
+        let held: Vec<u32> = self.qps.iter().filter(|(_, qp)| qp.responder.hold_deadline().is_some()).map(|(&n, _)| n).collect();
+        for qpn in held {
+            if let Some(qp) = self.qps.get_mut(&qpn) {
+                qp.responder.release_hold();
+            }
+            self.wake(qpn);
         }
     }
 
@@ -745,10 +871,7 @@ impl Engine {
     fn arm(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let rp = qp.rp.next_event(self.last_now);
-        let t = match (qp.requester.next_timeout(), rp) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        };
+        let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min();
         if let Some(t) = t {
             if qp.timer_at.is_none_or(|s| t < s) {
                 qp.timer_at = Some(t);
@@ -777,6 +900,9 @@ impl Engine {
             }
             qp.timer_at = None;
             qp.rp.handle_timeout(now);
+            if qp.responder.expire_hold(now) {
+                qp.stats.resp_acks_hold_expired += 1;
+            }
             if !qp.ready {
                 qp.ready = true;
                 self.ready.push_back(qpn);

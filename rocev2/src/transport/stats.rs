@@ -25,6 +25,12 @@ pub struct QpStats {
     pub resp_naks_rem_op_sent: u64,
     /// Responder: RNR NAKs sent (no receive WQE posted).
     pub resp_rnr_naks_sent: u64,
+    /// Responder: ACKs of whole SENDs/WRITEs held for the QP's next request
+    /// frame (the application's reply), to leave behind it.
+    pub resp_acks_held: u64,
+    /// Responder: held ACKs whose deadline passed before a request frame
+    /// came (sent alone).
+    pub resp_acks_hold_expired: u64,
     /// Responder: RDMA READ response packets sent (replays included).
     pub resp_read_responses_sent: u64,
     /// Responder: atomic ACKs sent (replays included).
@@ -108,6 +114,8 @@ impl QpStats {
             ("resp_naks_rem_access_sent", self.resp_naks_rem_access_sent),
             ("resp_naks_rem_op_sent", self.resp_naks_rem_op_sent),
             ("resp_rnr_naks_sent", self.resp_rnr_naks_sent),
+            ("resp_acks_held", self.resp_acks_held),
+            ("resp_acks_hold_expired", self.resp_acks_hold_expired),
             ("resp_read_responses_sent", self.resp_read_responses_sent),
             ("resp_atomic_acks_sent", self.resp_atomic_acks_sent),
             ("resp_duplicates", self.resp_duplicates),

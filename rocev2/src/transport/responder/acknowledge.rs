@@ -1,6 +1,27 @@
 //! The responses a responder sends (rxe_resp.c `acknowledge`, `read_reply`):
 //! ACKs, NAKs and RNR NAKs queued in request order, READ responses read from
 //! registered memory straight into the frame, atomic ACKs.
+//!
+//! # Held ACKs
+//!
+//! An RC ping-pong moves two frames each way: the reply and the ACK of the
+//! peer's message. The ACK of a completed SEND or WRITE (the application is
+//! likely to answer it: a receive completed, or memory it may be spinning
+//! on changed) is therefore held while it is the only response queued,
+//! until this QP's requester sends its next frame (the reply: the ACK then
+//! leaves right behind it, in the same kick) or until a deadline the engine
+//! sets from [`EngineConfig::ack_hold`](crate::transport::engine::EngineConfig)
+//! and its timer queue, whichever comes first. This is allowed because one
+//! ACK acknowledges every PSN up to its own (IBTA 9.7.5.1.1, coalesced
+//! acknowledges; rxe merges them the same way), and the requester only
+//! needs it before its local ACK timeout (IBTA 9.7.6.1.3, 4.096 µs ×
+//! 2^timeout: 8 µs at the smallest setting, 67 ms at the usual 14), which
+//! the hold's bound stays far below. Held ACKs coalesce: further requests
+//! update the held ACK's PSN and MSN and keep its first deadline. Nothing
+//! else is ever held: NAKs, RNR NAKs, re-ACKs of duplicates (C9-105), ACKs
+//! asked for in the middle of a message, READ responses and atomic ACKs
+//! leave at once, and any of them queued behind a held ACK releases it
+//! (the queue stays in request order).
 
 use crate::psn::Psn;
 use crate::transport::path::PathHeaders;
@@ -12,6 +33,8 @@ use super::*;
 
 impl Responder {
     pub(super) fn push(&mut self, ctx: &mut ResponderCtx<'_>, p: Pending) -> bool {
+        // Whatever follows a held ACK must not wait: release it.
+        self.release_hold();
         if self.pending.len() >= PENDING_CAP {
             ctx.stats.resp_responses_dropped += 1;
             return false;
@@ -20,9 +43,77 @@ impl Responder {
         true
     }
 
-    /// Queue a positive ACK for `psn`, merged into a positive ACK at the tail
-    /// of the queue (one ACK may cover several packets, IBTA 9.7.5.1.?).
+    /// Queue a positive ACK for `psn` to leave at once, merged into a
+    /// positive ACK at the tail of the queue (one ACK may cover several
+    /// packets, IBTA 9.7.5.1.1); a held one is released.
     pub(super) fn queue_ack(&mut self, ctx: &mut ResponderCtx<'_>, psn: Psn) {
+        self.release_hold();
+        self.merge_or_push_ack(ctx, psn);
+    }
+
+    /// Queue the positive ACK of a whole SEND or WRITE, which may be held
+    /// for the application's answer (module docs, "Held ACKs"): if nothing
+    /// else is queued, or only an ACK already held (merged into it, keeping
+    /// its deadline).
+    pub(super) fn queue_reply_ack(&mut self, ctx: &mut ResponderCtx<'_>, psn: Psn) {
+        let may_hold = self.pending.is_empty() || self.held_until.is_some() || self.hold_wanted;
+        self.merge_or_push_ack(ctx, psn);
+        if may_hold && self.held_until.is_none() && self.pending.len() == 1 {
+            self.hold_wanted = true;
+        }
+    }
+
+    /// The engine's half of a hold: if the last request queued an ACK that
+    /// may be held, hold it until `now + hold` (a zero `hold` sends it at
+    /// once). Returns the deadline, for the engine's timer queue, if a new
+    /// hold began.
+    pub(crate) fn start_hold(&mut self, now: Instant, hold: core::time::Duration) -> Option<Instant> {
+        if !std::mem::take(&mut self.hold_wanted) || hold.is_zero() || self.pending.len() != 1 {
+            return None;
+        }
+        let until = now + hold;
+        self.held_until = Some(until);
+        self.hold_expired = false;
+        Some(until)
+    }
+
+    /// Whether an ACK is held (before or after its deadline): this QP's
+    /// next request frame goes before it.
+    pub(crate) fn has_held_ack(&self) -> bool {
+        self.held_until.is_some()
+    }
+
+    /// Whether the held ACK still waits at `now` (its deadline has not
+    /// passed).
+    pub(crate) fn holding(&self, now: Instant) -> bool {
+        self.held_until.is_some_and(|t| now < t) && !self.hold_expired
+    }
+
+    /// The held ACK's deadline, while it waits for it (for the engine's
+    /// timer queue).
+    pub(crate) fn hold_deadline(&self) -> Option<Instant> {
+        self.held_until.filter(|_| !self.hold_expired)
+    }
+
+    /// Send the held ACK at the next `poll_transmit` (the requester has just
+    /// sent the reply it waited for, or something else was queued behind
+    /// it).
+    pub(crate) fn release_hold(&mut self) {
+        self.held_until = None;
+        self.hold_wanted = false;
+        self.hold_expired = false;
+    }
+
+    /// The held ACK's deadline is at or before `now`: it leaves behind the
+    /// next frames the engine sends (alone if there are none). Returns
+    /// whether it expired now.
+    pub(crate) fn expire_hold(&mut self, now: Instant) -> bool {
+        let due = self.held_until.is_some_and(|t| t <= now) && !self.hold_expired;
+        self.hold_expired |= due;
+        due
+    }
+
+    fn merge_or_push_ack(&mut self, ctx: &mut ResponderCtx<'_>, psn: Psn) {
         let msn = self.msn;
         if let Some(Pending::Ack { psn: p, syndrome: AckSyndrome::Ack { .. }, msn: m }) = self.pending.back_mut() {
             *p = psn;
@@ -128,6 +219,7 @@ impl Responder {
             // rxe read_reply → RESPST_ERR_RKEY_VIOLATION: class C, remote
             // access error NAK in place of the response; the QP goes to ERR.
             self.pending.clear();
+            self.release_hold();
             self.error = true;
             self.fatal = Some(WcStatus::RemAccessErr);
             ctx.stats.resp_naks_rem_access_sent += 1;

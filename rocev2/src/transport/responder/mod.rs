@@ -187,6 +187,16 @@ pub(crate) struct Responder {
     error: bool,
     /// A fatal error found while transmitting (READ source became invalid).
     fatal: Option<WcStatus>,
+    /// The positive ACK that is `pending`'s only entry waits until then for
+    /// this QP's next request frame (the application's reply), to leave
+    /// right behind it (`acknowledge.rs`, "held ACKs").
+    held_until: Option<Instant>,
+    /// The last request queued an ACK that may be held: the engine turns
+    /// this into `held_until` ([`Responder::start_hold`]).
+    hold_wanted: bool,
+    /// The held ACK's deadline has passed: it leaves after the engine's
+    /// other frames.
+    hold_expired: bool,
 }
 
 impl Responder {
@@ -204,6 +214,9 @@ impl Responder {
             pending: VecDeque::with_capacity(PENDING_CAP),
             error: false,
             fatal: None,
+            held_until: None,
+            hold_wanted: false,
+            hold_expired: false,
         }
     }
 
@@ -245,6 +258,7 @@ impl Responder {
             }
         }
         self.pending.clear();
+        self.release_hold();
         self.error = true;
     }
 
@@ -325,8 +339,15 @@ impl Responder {
                 self.epsn = psn.next();
                 self.last_ack_psn = psn;
                 // ACK when asked (rxe acknowledge: `bth_ack(pkt)`); coalesced.
+                // The ACK of a whole SEND or WRITE may wait for the
+                // application's answer (`queue_reply_ack`); an AckReq in the
+                // middle of a message is answered at once.
                 if bth.ack_req {
-                    self.queue_ack(ctx, psn);
+                    if matches!(op.segment(), Segment::Last | Segment::Only) {
+                        self.queue_reply_ack(ctx, psn);
+                    } else {
+                        self.queue_ack(ctx, psn);
+                    }
                 }
                 ResponderOutcome::Ok
             }
