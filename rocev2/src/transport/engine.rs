@@ -138,10 +138,12 @@ pub struct Engine {
     completions: VecDeque<Completion>,
     events: VecDeque<AsyncEvent>,
     stats: EngineStats,
-    /// Requester deadlines (retransmission, RNR), earliest first. Entries are
-    /// never removed early: a QP whose deadline moved later keeps a stale,
-    /// earlier entry that is re-checked when it comes up (lazy deletion), so
-    /// an ACK costs nothing here and a timer costs O(log n) once.
+    /// Per-QP deadlines (retransmission, RNR, pacing, a held ACK), earliest
+    /// first. Entries are not removed one by one: a QP whose deadline moved
+    /// keeps a stale entry that is re-checked when it comes up (lazy
+    /// deletion), so an ACK costs nothing here and a timer costs O(log n)
+    /// once; stale entries are swept in place when the heap is full
+    /// ([`Engine::arm`]), so it grows only with the number of QPs.
     timers: BinaryHeap<Reverse<(Instant, u32)>>,
     /// The latest `now` the engine was given (pacing deadlines in the past
     /// are not timers).
@@ -872,12 +874,23 @@ impl Engine {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
         let rp = qp.rp.next_event(self.last_now);
         let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min();
-        if let Some(t) = t {
-            if qp.timer_at.is_none_or(|s| t < s) {
-                qp.timer_at = Some(t);
-                self.timers.push(Reverse((t, qpn)));
-            }
+        let Some(t) = t else { return };
+        if qp.timer_at.is_some_and(|s| t >= s) {
+            return;
         }
+        qp.timer_at = Some(t);
+        if self.timers.len() == self.timers.capacity() {
+            // Before the heap grows: drop the stale entries (each QP has at
+            // most one live one, `(timer_at, qpn)`). A held ACK's short
+            // deadline lands in front of a retransmission deadline each
+            // round trip, and those stale entries would otherwise pile up
+            // until they come due (a ping-pong's 67 ms ACK timeout: one heap
+            // growth every few hundred round trips, an allocation on the
+            // post/poll path). `retain` works in place.
+            let qps = &self.qps;
+            self.timers.retain(|Reverse((at, q))| qps.get(q).is_some_and(|qp| qp.timer_at == Some(*at)));
+        }
+        self.timers.push(Reverse((t, qpn)));
     }
 
     /// Fire every timer due at `now`.
