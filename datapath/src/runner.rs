@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::nic::Nic;
 
@@ -34,23 +34,6 @@ impl Default for IdlePolicy {
 /// How long a datapath thread sleeps at a time while an application
 /// thread drives the datapath (it looks again after each).
 const DRIVEN_PARK: Duration = Duration::from_micros(100);
-
-/// After standing back this long without a break, the datapath thread
-/// looks only every [`DRIVEN_PARK_STEADY`]: a program that keeps polling
-/// (ib_write_bw's client) is then no longer interrupted 10,000 times a
-/// second by a thread that only looks and sleeps again (each wake-up is a
-/// context switch onto a core the program or its peer needs; `perf record`
-/// of `ib_write_bw -s 64` put about 8% of the client's CPU time in that
-/// thread, most of it in `finish_task_switch`). A program that stops
-/// polling without arming a CQ now and then (ib_write_lat spins on memory
-/// between polls) breaks the streak each time its datapath thread takes
-/// over, so it keeps the short look; one that stops after a long streak
-/// gets its datapath thread back within `DRIVE_WINDOW` plus the long look.
-const DRIVEN_STEADY_AFTER: Duration = Duration::from_millis(100);
-
-/// The look of a datapath thread standing back for longer than
-/// [`DRIVEN_STEADY_AFTER`].
-const DRIVEN_PARK_STEADY: Duration = Duration::from_millis(1);
 
 /// A running datapath thread. Stops (and joins) on drop.
 pub struct Runner {
@@ -104,19 +87,14 @@ impl Runner {
             // SAFETY: PR_SET_TIMERSLACK takes an integer, no pointers.
             let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
             let mut idle_polls: u32 = 0;
-            // Since when this thread stands back without a break.
-            let mut standing: Option<Instant> = None;
             while !flag.load(Ordering::Relaxed) {
                 // An application thread is driving the datapath itself
                 // (`Nic::drive`): stand back, off the cores it needs, until
                 // it stops (`Nic::stop_driving` unparks us) or goes quiet.
                 if nic.app_driving() {
-                    let since = *standing.get_or_insert_with(Instant::now);
-                    let steady = since.elapsed() >= DRIVEN_STEADY_AFTER;
-                    std::thread::park_timeout(if steady { DRIVEN_PARK_STEADY } else { DRIVEN_PARK });
+                    std::thread::park_timeout(DRIVEN_PARK);
                     continue;
                 }
-                standing = None;
                 let work = match shard {
                     Some(i) => nic.poll_shard(i),
                     None => nic.poll(),
