@@ -1090,24 +1090,4 @@ mod tests {
         assert!(!bare.is_local(&frame(OTHER_MAC, false, &V4)));
         assert!(bare.is_local(&frame(MAC, false, &V4)));
     }
-
-    /// `drive` moves the count a datapath thread watches (whatever the
-    /// count was before, it never reads as "not driving"), and
-    /// `stop_driving` sets it back to 0 so the thread takes over at once.
-    #[test]
-    fn driving_moves_the_count_and_stopping_clears_it() {
-        let nic = nic();
-        assert_eq!(nic.drives(), 0, "nobody drove yet");
-        nic.drive();
-        let first = nic.drives();
-        assert_ne!(first, 0);
-        nic.drive();
-        assert_ne!(nic.drives(), first, "a second drive moves the count");
-        nic.stop_driving();
-        assert_eq!(nic.drives(), 0);
-        nic.drives.store(u64::MAX, Ordering::Relaxed);
-        nic.drive();
-        assert_ne!(nic.drives(), 0, "the count skips 0 when it wraps");
-        assert_ne!(nic.drives(), u64::MAX);
-    }
 }
