@@ -197,12 +197,10 @@ pub struct Nic {
     mcast_limits: McastLimits,
     /// Whether `mcast` has any group: the per-frame check on transmit.
     mcast_any: AtomicBool,
-    /// How many times application threads drove the datapath
-    /// ([`Nic::drive`]) since they last stopped (0: not driving). A count,
-    /// not a time: driving reads no clock, and a datapath thread that sees
-    /// it move between its looks knows the application still drives
-    /// ([`Nic::drives`]).
-    drives: AtomicU64,
+    /// When (nanoseconds of `now()`, 0 = not) an application thread last
+    /// drove the datapath ([`Nic::drive`]): the datapath threads stand
+    /// back while it does ([`Nic::app_driving`]).
+    driven_at: AtomicU64,
     /// The datapath threads, woken when the application stops driving.
     runners: Mutex<Vec<std::thread::Thread>>,
     /// Counters.
@@ -284,7 +282,7 @@ impl Nic {
             mcast: RwLock::new(McastTable::default()),
             mcast_limits: McastLimits::default(),
             mcast_any: AtomicBool::new(false),
-            drives: AtomicU64::new(0),
+            driven_at: AtomicU64::new(0),
             runners: Mutex::new(Vec::new()),
             stats: NicStats::default(),
         }
@@ -658,19 +656,12 @@ impl Nic {
     /// An application thread drives the datapath (the C library's
     /// `ibv_poll_cq` finding its CQ empty, as a run-to-completion program
     /// calls [`Nic::poll`]): one poll iteration of every shard no other
-    /// thread is polling right now (never waits for one). Until about
+    /// thread is polling right now (never waits for one). Until
     /// [`DRIVE_WINDOW`] after the last such call the datapath threads stand
     /// back (sleep) instead of competing with the application for the
     /// cores; [`Nic::stop_driving`] hands the work back to them at once.
-    ///
-    /// The call only bumps a counter ([`Nic::drives`]) before polling: no
-    /// clock read (a `clock_gettime` per empty `ibv_poll_cq` was the C
-    /// path's one cost beyond a Rust program's own [`Nic::poll`]) and no
-    /// locked instruction (concurrent drivers may lose an increment; the
-    /// count still moves, which is all a datapath thread looks at).
     pub fn drive(&self) -> usize {
-        let n = self.drives.load(Ordering::Relaxed);
-        self.drives.store(n.wrapping_add(1).max(1), Ordering::Relaxed);
+        self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
         let mut work = 0;
         for (i, shard) in self.shards.iter().enumerate() {
             let engine = match shard.engine.try_lock() {
@@ -686,19 +677,17 @@ impl Nic {
     /// The application is about to block (it arms a CQ to sleep on its
     /// completion channel): the datapath threads take over now.
     pub fn stop_driving(&self) {
-        if self.drives.swap(0, Ordering::Relaxed) != 0 {
+        if self.driven_at.swap(0, Ordering::Relaxed) != 0 {
             for t in lock(&self.runners).iter() {
                 t.unpark();
             }
         }
     }
 
-    /// How many times application threads drove the datapath since they
-    /// last stopped ([`Nic::stop_driving`]); 0 if they are not driving. A
-    /// datapath thread stands back while this keeps moving between its
-    /// looks, and takes over once it stood still for [`DRIVE_WINDOW`].
-    pub fn drives(&self) -> u64 {
-        self.drives.load(Ordering::Relaxed)
+    /// Whether an application thread drove the datapath within [`DRIVE_WINDOW`].
+    pub fn app_driving(&self) -> bool {
+        let at = self.driven_at.load(Ordering::Relaxed);
+        at != 0 && self.now().as_nanos().saturating_sub(at) < DRIVE_WINDOW.as_nanos() as u64
     }
 
     /// Register a datapath thread (woken by [`Nic::stop_driving`]).

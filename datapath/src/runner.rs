@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::nic::{Nic, DRIVE_WINDOW};
+use crate::nic::Nic;
 
 /// What the poller does when a poll found no work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,10 +34,6 @@ impl Default for IdlePolicy {
 /// How long a datapath thread sleeps at a time while an application
 /// thread drives the datapath (it looks again after each).
 const DRIVEN_PARK: Duration = Duration::from_micros(100);
-
-/// Looks in a row that find the application's drive count unchanged
-/// before the datapath thread takes over: [`DRIVE_WINDOW`] of quiet.
-const QUIET_LOOKS: u32 = (DRIVE_WINDOW.as_micros() / DRIVEN_PARK.as_micros()) as u32;
 
 /// A running datapath thread. Stops (and joins) on drop.
 pub struct Runner {
@@ -91,21 +87,11 @@ impl Runner {
             // SAFETY: PR_SET_TIMERSLACK takes an integer, no pointers.
             let _ = unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1000 as libc::c_ulong) };
             let mut idle_polls: u32 = 0;
-            // The application's drive count at the last look, and how many
-            // looks since found it unchanged.
-            let (mut seen, mut still) = (0u64, 0u32);
             while !flag.load(Ordering::Relaxed) {
                 // An application thread is driving the datapath itself
                 // (`Nic::drive`): stand back, off the cores it needs, until
-                // it stops (`Nic::stop_driving` unparks us) or goes quiet
-                // (its count stood still for `DRIVE_WINDOW`).
-                let drives = nic.drives();
-                if drives != seen {
-                    (seen, still) = (drives, 0);
-                } else if drives != 0 && still < QUIET_LOOKS {
-                    still += 1;
-                }
-                if drives != 0 && still < QUIET_LOOKS {
+                // it stops (`Nic::stop_driving` unparks us) or goes quiet.
+                if nic.app_driving() {
                     std::thread::park_timeout(DRIVEN_PARK);
                     continue;
                 }
