@@ -9,8 +9,10 @@
 //!    `/run/urnic/net-<netns inode>-<interface>.lock`, one file per
 //!    (network namespace, interface name), held by the ports for as long as
 //!    they live. The kernel releases it when the holder closes the device or
-//!    dies, so a file left behind by a dead process is harmless and files
-//!    are never deleted (deleting a lock file races with the next locker).
+//!    dies. A closing holder removes its file while it still holds the lock
+//!    (a locker that opened the file before finds it gone after its flock
+//!    and starts over); a file left behind by a process that died, or by a
+//!    C program that exited without closing its device, is harmless.
 //!    The lock belongs to the open file description, so a second device in
 //!    the same process is refused too. Who holds it comes from `/proc/locks`;
 //! 3. no XDP program other than urnic's is attached to the interface (the
