@@ -1,6 +1,6 @@
 /*
  * The bookkeeping of the C test programs (bad_args.c, rdmacm_bad_args.c,
- * rdmacm_mcast.c, mcast_loop.c): one line per check ("ok"/"FAIL" and what
+ * rdmacm_mcast.c, mcast_loop.c, no_alloc.c): one line per check ("ok"/"FAIL" and what
  * was checked), a fatal precondition that stops the program, ERR/OK for a
  * call's -1/errno or 0, and the summary line "N checks, M failed" that the
  * Rust tests (c_programs.rs, rdmacm_c.rs, mckey_programs.rs) read. A

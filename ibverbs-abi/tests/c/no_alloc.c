@@ -20,6 +20,8 @@
 #include <string.h>
 #include <infiniband/verbs.h>
 
+#include "check.h"
+
 extern void *__libc_malloc(size_t);
 extern void *__libc_calloc(size_t, size_t);
 extern void *__libc_realloc(void *, size_t);
@@ -97,14 +99,6 @@ int posix_memalign(void **out, size_t a, size_t n)
 		return ENOMEM;
 	*out = p;
 	return 0;
-}
-
-static void need(int ok, const char *what)
-{
-	if (!ok) {
-		printf("FAIL %s (errno %d %s)\n", what, errno, strerror(errno));
-		exit(1);
-	}
 }
 
 /* Poll until `n` completions came, all successful. */
