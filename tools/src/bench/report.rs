@@ -36,10 +36,14 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
         runs.len()
     );
     t.push_str("|---|---|---|---|\n");
-    // One row: what is compared, urnic's figure, the baseline's, the ratio.
-    let row = |t: &mut String, measure: String, urnic: String, baseline: String, ratio: f64| {
-        let _ = writeln!(t, "| {measure} | {urnic} | {baseline} | {ratio:.2} |");
+    // One row: what is compared, urnic's figure, the baseline's, the median
+    // of the per-run ratios with their range (and issue 20's target, if the
+    // row has one).
+    let row = |t: &mut String, measure: String, urnic: String, baseline: String, ratios: Vec<f64>, target: Option<&str>| {
+        let _ = writeln!(t, "| {measure} | {urnic} | {baseline} | {} |", ratio_cell(ratios, target));
     };
+    // The per-run values of `f`.
+    let per = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
     let mbs = |v: f64| format!("{v:.0} MB/s");
     let mps = |v: f64| format!("{:.2} M/s", v / 1e6);
     let us = |v: f64| format!("{v:.1} us");
@@ -49,6 +53,7 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();
         let threads = if cores == Cores::One { "1 thread sending and receiving" } else { "a sender and a receiver thread" };
+        let bw_target = if cores == Cores::One { ">= 0.85" } else { ">= 0.95 in every run" };
         let w = med(&|r| r.urnic[i].write_64k);
         let raw = med(&|r| r.raw_1k[i]) * 1024.0 / 1e6;
         row(
@@ -56,7 +61,8 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             format!("64 KiB WRITE, MTU 1024, {c} vs raw AF_XDP ceiling ({frame1k}-byte frames, {threads}; payload bytes)"),
             mbs(w),
             mbs(raw),
-            med(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)),
+            per(&|r| r.urnic[i].write_64k / (r.raw_1k[i] * 1024.0 / 1e6)),
+            Some(bw_target),
         );
         let w4 = med(&|r| r.urnic[i].write_64k_mtu4096);
         let raw4 = med(&|r| r.raw_4k[i]) * 4096.0 / 1e6;
@@ -65,21 +71,24 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             format!("64 KiB WRITE, MTU 4096 (9000-byte veth), {c} vs raw AF_XDP ceiling ({frame4k}-byte frames, {threads})"),
             mbs(w4),
             mbs(raw4),
-            med(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)),
+            per(&|r| r.urnic[i].write_64k_mtu4096 / (r.raw_4k[i] * 4096.0 / 1e6)),
+            Some(bw_target),
         );
         row(
             &mut t,
             format!("64 KiB WRITE, MTU 1024, {c} vs kernel TCP single stream (iperf3, 1500-byte veth)"),
             mbs(w),
             mbs(tcp),
-            med(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)),
+            per(&|r| r.urnic[i].write_64k / (r.tcp_mbps / 8.0)),
+            None,
         );
         row(
             &mut t,
             format!("64 KiB WRITE, MTU 4096, {c} vs kernel TCP single stream (iperf3, 9000-byte veth)"),
             mbs(w4),
             mbs(tcp9k),
-            med(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)),
+            per(&|r| r.urnic[i].write_64k_mtu4096 / (r.tcp_mbps_9k / 8.0)),
+            None,
         );
         let m = med(&|r| r.urnic[i].msg_rate);
         row(
@@ -87,14 +96,16 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             format!("64 B WRITE message rate, {c} vs raw AF_XDP ceiling ({WRITE64_FRAME}-byte frames, {threads})"),
             mps(m),
             mps(med(&|r| r.raw_small[i])),
-            med(&|r| r.urnic[i].msg_rate / r.raw_small[i]),
+            per(&|r| r.urnic[i].msg_rate / r.raw_small[i]),
+            Some(">= 0.85"),
         );
         row(
             &mut t,
             format!("64 B WRITE message rate, {c} vs kernel TCP 64-byte writes (iperf3 -l 64 -N)"),
             mps(m),
             mps(med(&|r| r.tcp_msgs)),
-            med(&|r| r.urnic[i].msg_rate / r.tcp_msgs),
+            per(&|r| r.urnic[i].msg_rate / r.tcp_msgs),
+            None,
         );
         let send: fn(&Run, usize) -> &Vec<f64> = |r, i| &r.urnic[i].send_lat;
         let write: fn(&Run, usize) -> &Vec<f64> = |r, i| &r.urnic[i].write_lat;
@@ -102,12 +113,12 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             for (p, pl) in [(0.5, "p50"), (0.99, "p99")] {
                 let u = lat(&|r| f(r, i), p);
                 // Against each baseline: its figure and the per-run ratios.
-                let vs = |base: &dyn Fn(&Run) -> &Vec<f64>| (lat(base, p), med(&|r| lat_of(f(r, i), p) / lat_of(base(r), p)));
+                let vs = |base: &dyn Fn(&Run) -> &Vec<f64>| (lat(base, p), per(&|r| lat_of(f(r, i), p) / lat_of(base(r), p)));
                 let (k, ru) = vs(&|r| &r.udp_lat);
                 let (kt, rt) = vs(&|r| &r.tcp_lat);
                 let what = format!("8 B {name} latency {pl}, {c} vs");
-                row(&mut t, format!("{what} kernel UDP ping-pong {pl} (one-way)"), us(u), us(k), ru);
-                row(&mut t, format!("{what} kernel TCP ping-pong {pl} (one-way, TCP_NODELAY)"), us(u), us(kt), rt);
+                row(&mut t, format!("{what} kernel UDP ping-pong {pl} (one-way)"), us(u), us(k), ru, None);
+                row(&mut t, format!("{what} kernel TCP ping-pong {pl} (one-way, TCP_NODELAY)"), us(u), us(kt), rt, None);
             }
         }
         row(
@@ -115,7 +126,8 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
             format!("CPU seconds per GB moved, {c} (urnic: whole process; TCP: both iperf3 processes)"),
             format!("{:.2} s/GB", med(&|r| r.urnic[i].cpu_per_gb)),
             format!("{:.2} s/GB", med(&|r| r.tcp_cpu_per_gb)),
-            med(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb),
+            per(&|r| r.urnic[i].cpu_per_gb / r.tcp_cpu_per_gb),
+            None,
         );
         // One core only: with two, device B's thread spins between frames
         // and its user time is not work.
@@ -132,7 +144,8 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
                 ),
                 format!("{:.2} us", med(&|r| r.urnic[i].user_per_frame_4k)),
                 format!("{:.2} us", med(&|r| r.cpu_floor.total())),
-                med(&|r| r.urnic[i].user_per_frame_4k / r.cpu_floor.total()),
+                per(&|r| r.urnic[i].user_per_frame_4k / r.cpu_floor.total()),
+                Some("<= 1.25"),
             );
         }
     }
@@ -143,14 +156,19 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
         "1000 connected QPs sharing one device vs 1 QP, 64 KiB WRITE aggregate, 1 core".into(),
         mbs(med(&|r| r.many_qp)),
         mbs(med(&|r| r.one_qp)),
-        med(&|r| r.many_qp / r.one_qp),
+        per(&|r| r.many_qp / r.one_qp),
+        None,
     );
     let mem = med(&|r| r.mem_per_qp);
     let _ = writeln!(t, "| memory per QP (RSS growth / QPs created, 16-deep send queue) | {:.1} KiB | | |", mem / 1024.0);
     let c_runs: Vec<CPathRun> = runs.iter().filter_map(|r| r.c_path).collect();
     if c_runs.len() == runs.len() && !runs.is_empty() {
         for r in c_path_rows(&c_runs) {
-            row(&mut t, r.measure, r.c, r.rust, r.ratio);
+            let _ = writeln!(
+                t,
+                "| {} | {} | {} | {:.2} (runs {:.2}..{:.2}; target {}) |",
+                r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1, r.target
+            );
         }
     } else {
         let why = runs.iter().find_map(|r| r.c_path_skipped.clone()).unwrap_or_else(|| "not measured in every run".into());
@@ -327,6 +345,17 @@ pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Resu
     crate::out::outln!("written: {}", dir.display())?;
     Ok(())
 }
+/// A ratio cell: the median of the per-run ratios, their range, and the
+/// target if the row has one (issue 20's, in the same words as the README).
+fn ratio_cell(mut ratios: Vec<f64>, target: Option<&str>) -> String {
+    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    let m = median(&mut ratios);
+    match target {
+        Some(t) => format!("{m:.2} (runs {lo:.2}..{hi:.2}; target {t})"),
+        None => format!("{m:.2} (runs {lo:.2}..{hi:.2})"),
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -345,7 +374,7 @@ mod tests {
         let with = Run { c_path: Some(mk(1.0, 1.0)), ..Run::default() };
         assert!(summarize(&[with])
             .table
-            .contains("| C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth | 100 MB/s | 100 MB/s | 1.00 |"));
+            .contains("| C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth | 100 MB/s | 100 MB/s | 1.00 (runs 1.00..1.00; target >= 0.9) |"));
         let without = Run { c_path_skipped: Some("libibverbs.so.1 is not built".into()), ..Run::default() };
         assert!(summarize(&[without]).table.contains("not measured: libibverbs.so.1 is not built"));
     }
@@ -362,7 +391,7 @@ mod tests {
         };
         let s = summarize(&[mk(100.0, 200.0), mk(300.0, 400.0), mk(50.0, 50.0)]);
         let row = s.table.lines().find(|l| l.starts_with("| 64 KiB WRITE, MTU 1024, 1 core vs raw")).expect("row");
-        assert!(row.ends_with("| 100 MB/s | 200 MB/s | 0.75 |"), "{row}");
+        assert!(row.ends_with("| 100 MB/s | 200 MB/s | 0.75 (runs 0.50..1.00; target >= 0.85) |"), "{row}");
     }
 
     #[test]
