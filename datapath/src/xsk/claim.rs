@@ -11,8 +11,10 @@
 //!    they live. The kernel releases it when the holder closes the device or
 //!    dies. A closing holder removes its file while it still holds the lock
 //!    (a locker that opened the file before finds it gone after its flock
-//!    and starts over); a file left behind by a process that died, or by a
-//!    C program that exited without closing its device, is harmless.
+//!    and starts over). A file left behind by a process that died, or by a
+//!    C program that exited without closing its device, is harmless, and
+//!    the next claim removes it the same way ([`sweep_stale`]): files of
+//!    namespaces that no longer exist would otherwise pile up.
 //!    The lock belongs to the open file description, so a second device in
 //!    the same process is refused too. Who holds it comes from `/proc/locks`;
 //! 3. no XDP program other than urnic's is attached to the interface (the
@@ -147,6 +149,7 @@ impl InterfaceLock {
             return Err(XskError::Config(format!("{ifname:?} is not an interface name")));
         }
         lock_dir(dir)?;
+        sweep_stale(dir);
         let path = dir.join(format!("net-{netns_inode}-{ifname}.lock"));
         let io_err = |what: &str, source: io::Error| {
             let what = format!("{what} {}", path.display());
@@ -189,6 +192,37 @@ impl InterfaceLock {
     pub fn path(&self) -> &Path {
         &self.path
     }
+}
+
+/// Remove the lock files in `dir` that no one holds (their holders died or
+/// exited without closing their devices), each while holding its lock, as a
+/// closing holder does: a claimer that opened such a file just before finds
+/// it gone after its own flock and starts over. Files held, of other users
+/// (the sticky directory refuses), or not lock files are left alone;
+/// nothing here fails a claim. Returns how many were removed.
+pub fn sweep_stale(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut removed = 0;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if !(name.starts_with("net-") && name.ends_with(".lock")) {
+            continue;
+        }
+        let path = entry.path();
+        let flags = libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_CLOEXEC;
+        let Ok(file) = OpenOptions::new().read(true).custom_flags(flags).open(&path) else { continue };
+        let Ok(meta) = file.metadata() else { continue };
+        // SAFETY: flock on a file descriptor we own; no memory involved.
+        if !meta.is_file() || unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+            continue;
+        }
+        if same_file(&path, &meta) && std::fs::remove_file(&path).is_ok() {
+            removed += 1;
+        }
+        // Closing `file` releases the lock.
+    }
+    removed
 }
 
 /// Make the lock directory if needed: sticky and writable by everyone like
@@ -366,6 +400,29 @@ mod tests {
         let d = std::env::temp_dir().join(format!("urnic-lock-test-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         d
+    }
+
+    #[test]
+    fn a_claim_removes_the_lock_files_no_one_holds_and_only_those() {
+        let dir = temp_dir("sweep").join("run-urnic");
+        let held = InterfaceLock::acquire_in(&dir, 4026531840, "held0").unwrap();
+        // Left behind by processes that died: no one holds them.
+        for f in ["net-4026532177-u0.lock", "net-4026532178-u1.lock"] {
+            std::fs::write(dir.join(f), b"").unwrap();
+        }
+        // Not lock files: counters of `urnic stat`, anything else.
+        for f in ["bn0.16714.stat", "notes.txt"] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        let mine = InterfaceLock::acquire_in(&dir, 4026531840, "new0").unwrap();
+        let mut left: Vec<String> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        left.sort();
+        assert_eq!(left, ["bn0.16714.stat", "net-4026531840-held0.lock", "net-4026531840-new0.lock", "notes.txt"]);
+        // The held claim still excludes others.
+        assert!(matches!(InterfaceLock::acquire_in(&dir, 4026531840, "held0"), Err(XskError::InUse { .. })));
+        assert_eq!(sweep_stale(&dir), 0, "both claims are held");
+        drop((held, mine));
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 
     #[test]
