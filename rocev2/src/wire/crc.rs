@@ -23,11 +23,14 @@
 //! short buffers and CPUs without VPCLMULQDQ/AVX2 go through `crc32fast`
 //! (which runs the same kind of fold on its own, without the copy).
 
+#[cfg(target_arch = "x86_64")]
+use super::crc_short;
+
 /// The CRC-32 polynomial x^32 + x^26 + ... + 1 (bit 32 set, not reflected).
 const POLY: u64 = 0x1_04C1_1DB7;
 
 /// x^n mod P, not reflected (degree < 32).
-const fn xpow_mod(n: u32) -> u32 {
+pub(super) const fn xpow_mod(n: u32) -> u32 {
     let mut r: u64 = 1;
     let mut i = 0;
     while i < n {
@@ -59,6 +62,11 @@ pub fn update(crc: u32, data: &[u8]) -> u32 {
     // the hasher's set-up, which detects CPU features on every call.
     if data.is_empty() {
         return crc;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if (crc_short::SHORT_MIN..=crc_short::SHORT_MAX).contains(&data.len()) && crc_short::available() {
+        // SAFETY: the CPU has the instructions (checked just above).
+        return unsafe { crc_short::update(crc, data) };
     }
     let mut h = crc32fast::Hasher::new_with_initial(crc);
     h.update(data);

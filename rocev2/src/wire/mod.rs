@@ -15,6 +15,7 @@
 
 mod bth;
 pub mod crc;
+mod crc_short;
 mod error;
 mod ethernet;
 mod ext;
