@@ -96,10 +96,9 @@ pub unsafe fn copy_update_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
         // SAFETY: the CPU has the instructions (checked above); the caller
         // vouches for `src`.
         let register = unsafe { fused::fold_copy(!crc, src, dst) };
-        let mut h = crc32fast::Hasher::new_with_initial(!0);
-        h.update(&register);
-        h.update(&dst[dst.len() / 16 * 16..]);
-        return h.finalize();
+        // The folded register's CRC from a zero register (finished form
+        // `!0`), then the bytes after the last whole lane.
+        return update(update(!0, &register), &dst[dst.len() / 16 * 16..]);
     }
     // SAFETY: the caller vouches for `src` and that it does not overlap `dst`.
     unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
@@ -112,10 +111,10 @@ mod fused {
 
     use super::fold_keys;
 
-    /// Whether this CPU can run [`fold_copy`] (cached by `std`).
+    /// Whether this CPU can run [`fold_copy`] (detected once).
     #[inline]
     pub fn available() -> bool {
-        std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq")
+        super::crc_short::has(super::crc_short::FUSED)
     }
 
     const K1024: (u64, u64) = fold_keys(1024);

@@ -6,7 +6,7 @@
 //! detects the CPU's features again (about 40 instructions) before a fold of
 //! a few blocks that costs about as much; at five short CRCs a frame pair
 //! (callgrind, 64 B WRITE) that set-up was a third of the ICRC work. Here
-//! the one feature check is `std`'s cached one.
+//! the features are detected once for the process ([`has`]: one load).
 //!
 //! The method is the bit-reflected fold of Intel's white paper "Fast CRC
 //! Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal
@@ -42,11 +42,52 @@ const P_REFLECTED: u64 = 0x1_db71_0641;
 /// Barrett's μ = floor(x^64 / P(x)), bit-reflected (33 bits).
 const MU_REFLECTED: u64 = 0x1_f701_1641;
 
-/// Whether this CPU can run [`update`] (`std` caches the answer).
+/// Whether this CPU can run [`update`] and [`super::crc`]'s fused kernel,
+/// as bits ([`SHORT`], [`FUSED`]) plus [`KNOWN`], once detected.
+#[cfg(target_arch = "x86_64")]
+static FEATURES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// [`FEATURES`] bit: PCLMULQDQ, SSSE3 and SSE4.1 ([`update`]).
+#[cfg(target_arch = "x86_64")]
+pub const SHORT: u8 = 1;
+
+/// [`FEATURES`] bit: AVX2, VPCLMULQDQ and PCLMULQDQ (the fused copy kernel).
+#[cfg(target_arch = "x86_64")]
+pub const FUSED: u8 = 2;
+
+/// [`FEATURES`] bit: the others are valid.
+#[cfg(target_arch = "x86_64")]
+const KNOWN: u8 = 4;
+
+/// Whether the CPU has every feature of `bits` ([`SHORT`], [`FUSED`]): one
+/// load of a value detected once, where `std::is_x86_feature_detected!`
+/// costs about nine instructions per feature and call (three features per
+/// kernel, several kernels per frame).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has(bits: u8) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut f = FEATURES.load(Relaxed);
+    if f == 0 {
+        f = detect();
+        FEATURES.store(f, Relaxed);
+    }
+    f & bits == bits
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cold]
+fn detect() -> u8 {
+    let short = std::is_x86_feature_detected!("pclmulqdq") && std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("sse4.1");
+    let fused = std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq");
+    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 }
+}
+
+/// Whether this CPU can run [`update`].
 #[cfg(target_arch = "x86_64")]
 #[inline]
 pub fn available() -> bool {
-    std::is_x86_feature_detected!("pclmulqdq") && std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("sse4.1")
+    has(SHORT)
 }
 
 /// Continue the finished CRC `crc` over `data` (`SHORT_MIN..=SHORT_MAX`
