@@ -109,6 +109,7 @@ pub unsafe fn copy_update_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
 mod fused {
     use core::arch::x86_64::*;
 
+    use super::crc_short::fold as fold128;
     use super::fold_keys;
 
     /// Whether this CPU can run [`fold_copy`] (detected once).
@@ -129,14 +130,6 @@ mod fused {
         let lo = _mm256_clmulepi64_epi128(a, k, 0x00);
         let hi = _mm256_clmulepi64_epi128(a, k, 0x11);
         _mm256_xor_si256(_mm256_xor_si256(lo, hi), b)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq")]
-    fn fold128(a: __m128i, b: __m128i, k: __m128i) -> __m128i {
-        let lo = _mm_clmulepi64_si128(a, k, 0x00);
-        let hi = _mm_clmulepi64_si128(a, k, 0x11);
-        _mm_xor_si128(_mm_xor_si128(lo, hi), b)
     }
 
     #[inline]
