@@ -522,10 +522,7 @@ impl Engine {
             self.handle_mcast(now, &p, frame.len());
             return;
         }
-        if !self.qps.contains_key(&qpn) {
-            self.stats.rx_unknown_qpn += 1;
-            return;
-        }
+        // An unknown DestQP is counted there (`rx_unknown_qpn`): one lookup.
         self.handle_for_qp(now, qpn, &p, frame.len());
     }
 
