@@ -10,7 +10,7 @@
 //!   values of those fields in the repr are ignored. The UDP checksum is
 //!   emitted as given (0 for RoCEv2 over IPv4).
 
-use super::bth::BTH_LEN;
+use super::bth::{BthPacket, BTH_LEN};
 use super::crc;
 use super::error::{Header, WireError};
 use super::ethernet::{EthernetRepr, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
@@ -239,21 +239,45 @@ impl FrameRepr {
             }
         }
         UdpRepr { length: udp_len16, ..self.udp }.emit(&mut l3[ip_len..])?;
-        let mut transport = self.transport;
-        transport.bth.pad_count = pad as u8;
-        let payload_at = ip_len + UDP_LEN + ib_len;
-        transport.emit(&mut l3[ip_len + UDP_LEN..])?;
-        // The ICRC over the headers, the payload as `fill` writes it, the pad.
-        let crc = icrc::headers(l3, ip_len, payload_at)?;
-        let (_, tail) = l3.split_at_mut(payload_at);
-        let (payload, tail) = tail.split_at_mut(payload_len);
-        let crc = fill(payload, crc);
-        let (pad_bytes, icrc_bytes) = tail.split_at_mut(pad);
-        pad_bytes.fill(0);
-        let crc = crc::update(crc, pad_bytes);
-        icrc_bytes[..ICRC_LEN].copy_from_slice(&crc.to_le_bytes());
+        emit_transport_and_icrc(&self.transport, l3, ip_len, payload_len, fill)?;
         Ok(total)
     }
+}
+
+/// The part of an emit after the UDP header, shared by [`FrameRepr`] and
+/// [`HeaderTemplate`](super::template::HeaderTemplate): the transport
+/// headers at `l3[ip_len + UDP_LEN..]` with the pad count for `payload_len`,
+/// the payload through `fill`, zero pad bytes and the ICRC over the IP
+/// packet. `l3` must be exactly the IP packet (its length fields already
+/// written): headers, payload, pad and ICRC.
+pub(super) fn emit_transport_and_icrc(
+    transport: &TransportRepr,
+    l3: &mut [u8],
+    ip_len: usize,
+    payload_len: usize,
+    fill: impl FnOnce(&mut [u8], u32) -> u32,
+) -> Result<(), WireError> {
+    let ib_at = ip_len + UDP_LEN;
+    let ib_len = transport.emit(l3.get_mut(ib_at..).ok_or(WireError::BufferTooSmall)?)?;
+    // IBTA 9.2 (PadCnt): the pad this payload needs, whatever the repr says.
+    let pad = pad_for(payload_len);
+    if let Some(b) = l3.get_mut(ib_at..ib_at + BTH_LEN) {
+        BthPacket::new_unchecked(b).set_pad_count(pad as u8);
+    }
+    let payload_at = ib_at + ib_len;
+    if l3.len() != payload_at + payload_len + pad + ICRC_LEN {
+        return Err(WireError::BufferTooSmall);
+    }
+    // The ICRC over the headers, the payload as `fill` writes it, the pad.
+    let crc = icrc::headers(l3, ip_len, payload_at)?;
+    let (_, tail) = l3.split_at_mut(payload_at);
+    let (payload, tail) = tail.split_at_mut(payload_len);
+    let crc = fill(payload, crc);
+    let (pad_bytes, icrc_bytes) = tail.split_at_mut(pad);
+    pad_bytes.fill(0);
+    let crc = crc::update(crc, pad_bytes);
+    icrc_bytes.copy_from_slice(&crc.to_le_bytes());
+    Ok(())
 }
 
 /// Offset of the BTH in an Ethernet frame carrying RoCEv2 (IPv4 or IPv6,
