@@ -67,7 +67,7 @@ use crate::transport::responder::ResponderOutcome;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
-use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
+use crate::wire::{parse_frame_into, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
 /// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
 /// UDP, BTH, AETH and ICRC take 98 bytes).
@@ -499,13 +499,12 @@ impl Engine {
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
         self.last_now = self.last_now.max(now);
         self.stats.rx_frames += 1;
-        let p = match parse_frame(frame) {
-            Ok(p) => p,
-            Err(e) => {
-                *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
-                return;
-            }
-        };
+        // Parsed in place: the headers are written once, not moved out of results.
+        let mut p = ParsedFrame::EMPTY;
+        if let Err(e) = parse_frame_into(frame, &mut p) {
+            *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
+            return;
+        }
         let bth = p.repr.transport.bth;
         let qpn = bth.dest_qp;
         if qpn == GSI_QPN {
