@@ -26,6 +26,9 @@
 #[cfg(target_arch = "x86_64")]
 use super::crc_short;
 
+/// Longest run [`update_masked`] takes (longer ones are refused).
+pub const SHORT_MAX: usize = 127;
+
 /// The CRC-32 polynomial x^32 + x^26 + ... + 1 (bit 32 set, not reflected).
 const POLY: u64 = 0x1_04C1_1DB7;
 
@@ -71,6 +74,21 @@ pub fn update(crc: u32, data: &[u8]) -> u32 {
     let mut h = crc32fast::Hasher::new_with_initial(crc);
     h.update(data);
     h.finalize()
+}
+
+/// [`update`] over `data` with each byte ORed with `mask`'s byte at the
+/// same place (the ICRC's masked fields), reading `data` in place: `None`
+/// where the short kernel cannot take it (other lengths, no PCLMULQDQ, a
+/// `mask` shorter than `data`), and the caller masks a copy instead.
+#[inline]
+pub fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if crc_short::available() {
+        // SAFETY: the CPU has the instructions (checked just above).
+        return unsafe { crc_short::update_masked(crc, data, mask) };
+    }
+    let _ = (crc, data, mask);
+    None
 }
 
 /// Copy `src` into the start of `dst` (as many bytes as both have) and

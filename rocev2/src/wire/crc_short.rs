@@ -27,7 +27,7 @@ use super::crc::{fold_keys, xpow_mod};
 /// four lanes (or wider) at once, which beats one lane's chain of
 /// dependent multiplications (`benches/wire.rs` `crc_short`: at 128 bytes
 /// one lane took 1.09x the time of `crc32fast`'s Hasher, at 80 bytes 0.80x).
-pub const SHORT_MAX: usize = 127;
+pub const SHORT_MAX: usize = super::crc::SHORT_MAX;
 
 /// Shortest buffer this kernel takes (one whole lane).
 pub const SHORT_MIN: usize = 16;
@@ -100,21 +100,60 @@ pub fn available() -> bool {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
 pub unsafe fn update(crc: u32, data: &[u8]) -> u32 {
-    let len = data.len();
-    if len < SHORT_MIN {
+    if data.len() < SHORT_MIN {
         let mut h = crc32fast::Hasher::new_with_initial(crc);
         h.update(data);
         return h.finalize();
     }
+    // SAFETY: the caller vouches for the CPU (the same features).
+    unsafe { fold_run(crc, data, None) }
+}
+
+/// [`update`] over `data` with every byte ORed with the byte of `mask` at
+/// the same place, without writing the masked bytes anywhere: the ICRC's
+/// masked header fields (all ones) are set in the lanes as they are
+/// loaded. Copying the headers to a buffer and storing the ones there made
+/// every 16-byte load of that buffer wait for the byte stores before it
+/// (a store-forwarding stall, several per frame). `None` if `data` is not
+/// `SHORT_MIN..=SHORT_MAX` bytes or `mask` is shorter.
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+pub unsafe fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
+    if !(SHORT_MIN..=SHORT_MAX).contains(&data.len()) || mask.len() < data.len() {
+        return None;
+    }
+    // SAFETY: the caller vouches for the CPU (the same features).
+    Some(unsafe { fold_run(crc, data, Some(mask)) })
+}
+
+/// The fold of [`update`] for `SHORT_MIN..` bytes, each lane ORed with the
+/// same lane of `mask` if there is one (`mask` at least as long as `data`).
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+unsafe fn fold_run(crc: u32, data: &[u8], mask: Option<&[u8]>) -> u32 {
+    let len = data.len();
     let register = !crc;
     // `lead` bytes of the buffer make a partial first lane (0 = none).
     let lead = len % 16;
     let keys = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-    let load = |at: usize| -> __m128i {
+    let lane = |b: &[u8], at: usize| -> __m128i {
         // Every `at` below has 16 bytes after it (`at + 16 <= len`).
-        let b: &[u8; 16] = data.get(at..at + 16).and_then(|b| b.try_into().ok()).unwrap_or(&[0; 16]);
+        let b: &[u8; 16] = b.get(at..at + 16).and_then(|b| b.try_into().ok()).unwrap_or(&[0; 16]);
         // SAFETY: `b` is 16 readable bytes; loadu needs no alignment.
         unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+    };
+    let load = |at: usize| -> __m128i {
+        match mask {
+            Some(m) => _mm_or_si128(lane(data, at), lane(m, at)),
+            None => lane(data, at),
+        }
     };
     let (mut x, mut at) = if lead == 0 {
         (_mm_xor_si128(load(0), _mm_cvtsi32_si128(register as i32)), 16)
@@ -205,6 +244,19 @@ mod tests {
                     assert_eq!(got, reference(init, d), "len {len} offset {off} init {init:#x}");
                 }
             }
+        }
+        // Masked: the same as the CRC of the ORed copy; refused lengths.
+        let mask: Vec<u8> = buf.iter().rev().map(|b| b & 0x81).collect();
+        for len in SHORT_MIN..=SHORT_MAX {
+            let ored: Vec<u8> = buf[..len].iter().zip(&mask).map(|(a, m)| a | m).collect();
+            // SAFETY: available() said yes.
+            assert_eq!(unsafe { update_masked(7, &buf[..len], &mask) }, Some(reference(7, &ored)), "masked, len {len}");
+        }
+        // SAFETY: available() said yes (all three).
+        unsafe {
+            assert_eq!(update_masked(7, &buf[..15], &mask), None);
+            assert_eq!(update_masked(7, &buf[..SHORT_MAX + 1], &mask), None);
+            assert_eq!(update_masked(7, &buf[..40], &mask[..39]), None);
         }
         // CRC-32 of "123456789" continued from an empty start, padded to 16+.
         // SAFETY: available() said yes.
