@@ -643,23 +643,18 @@ impl Engine {
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);
-            } else if let Some(qp) = self.qps.get_mut(&qpn) {
+            } else if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
                 // A held ACK (responder, "held ACKs") gets its deadline in
                 // the timer queue: it leaves alone then at the latest.
-                if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
-                    qp.stats.resp_acks_held += 1;
-                    self.arm(qpn);
-                }
+                qp.stats.resp_acks_held += 1;
+                self.arm(qpn);
             }
         }
     }
 
     fn note_drained(&mut self, qpn: u32) {
         if let Some(qp) = self.qps.get_mut(&qpn) {
-            if qp.state == QpState::Sqd && !qp.drained_reported && qp.requester.outstanding() == 0 {
-                qp.drained_reported = true;
-                self.events.push_back(AsyncEvent::SqDrained(qpn));
-            }
+            check_drained(qp, &mut self.events);
         }
     }
 
@@ -799,12 +794,16 @@ impl Engine {
             // behind it (the QP is back on the ready list after a frame).
             qp.responder.release_hold();
         }
-        self.arm(qpn);
+        // `arm` and `note_drained` with the QP in hand (one lookup a frame).
+        let due = next_arm(qp, self.last_now);
+        if r.is_ok() {
+            check_drained(qp, &mut self.events);
+        }
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
+        }
         match r {
-            Ok(out) => {
-                self.note_drained(qpn);
-                out
-            }
+            Ok(out) => out,
             Err(SqFatal(_)) => {
                 self.enter_error(qpn, true);
                 None
@@ -868,13 +867,13 @@ impl Engine {
     /// than the entry the QP already has there.
     fn arm(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let rp = qp.rp.next_event(self.last_now);
-        let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min();
-        let Some(t) = t else { return };
-        if qp.timer_at.is_some_and(|s| t >= s) {
-            return;
+        if let Some(t) = next_arm(qp, self.last_now) {
+            self.queue_timer(t, qpn);
         }
-        qp.timer_at = Some(t);
+    }
+
+    /// Queue `qpn`'s timer entry for `t` (its `timer_at`, set by [`next_arm`]).
+    fn queue_timer(&mut self, t: Instant, qpn: u32) {
         if self.timers.len() == self.timers.capacity() {
             // Before the heap grows: drop the stale entries (each QP has at
             // most one live one, `(timer_at, qpn)`). A held ACK's short
@@ -927,5 +926,27 @@ impl Engine {
             }
             self.arm(qpn);
         }
+    }
+}
+
+/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
+/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
+/// if it is earlier than the entry the QP already has in the timer queue.
+fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
+    let rp = qp.rp.next_event(now);
+    let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min()?;
+    if qp.timer_at.is_some_and(|s| t >= s) {
+        return None;
+    }
+    qp.timer_at = Some(t);
+    Some(t)
+}
+
+/// A draining QP (SQD) whose requester has nothing outstanding reports
+/// `SqDrained` once.
+fn check_drained(qp: &mut Qp, events: &mut VecDeque<AsyncEvent>) {
+    if qp.state == QpState::Sqd && !qp.drained_reported && qp.requester.outstanding() == 0 {
+        qp.drained_reported = true;
+        events.push_back(AsyncEvent::SqDrained(qp.qpn));
     }
 }
