@@ -933,8 +933,11 @@ impl Engine {
 /// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
 /// if it is earlier than the entry the QP already has in the timer queue.
 fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
-    let rp = qp.rp.next_event(now);
-    let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min()?;
+    let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let t = earlier(earlier(qp.requester.next_timeout(), qp.rp.next_event(now)), qp.responder.hold_deadline())?;
     if qp.timer_at.is_some_and(|s| t >= s) {
         return None;
     }
