@@ -330,7 +330,7 @@ mod tests {
     }
 
     #[test]
-    fn repr_parse_and_emit_agree_with_the_view_on_any_bytes() {
+    fn any_header_parses_and_reemits_bit_for_bit() {
         let mut x = 0x2545_f491_u32;
         for _ in 0..2000 {
             let mut b = [0u8; BTH_LEN];
@@ -341,26 +341,9 @@ mod tests {
                 *byte = x as u8;
             }
             let r = BthRepr::parse(&b).unwrap();
-            let p = BthPacket::new_checked(&b[..]).unwrap();
-            let via_view = BthRepr {
-                opcode: p.opcode(),
-                solicited: p.solicited(),
-                mig_req: p.mig_req(),
-                pad_count: p.pad_count(),
-                tver: p.tver(),
-                pkey: p.pkey(),
-                fecn: p.fecn(),
-                becn: p.becn(),
-                resv6: p.resv6(),
-                dest_qp: p.dest_qp(),
-                ack_req: p.ack_req(),
-                resv7: p.resv7(),
-                psn: p.psn(),
-            };
-            assert_eq!(r, via_view, "{b:02x?}");
             let mut out = [0u8; BTH_LEN];
             assert_eq!(r.emit(&mut out), Ok(BTH_LEN));
-            assert_eq!(out, b);
+            assert_eq!(out, b, "{r:?}");
         }
     }
 }
