@@ -4,6 +4,15 @@
 //!   in frame bytes), urnic's one-pass `crc32fast` routine against a plain
 //!   byte-at-a-time table CRC-32 written here as the baseline, in the same
 //!   run. Both compute the same ICRC (checked before measuring).
+//! - `crc_short/*`: `crc::update` on the short runs a frame's ICRC is made
+//!   of (masked headers, small payloads: 16 to 128 bytes; urnic's own
+//!   one-lane carry-less-multiply kernel, up to 127 bytes) against a `crc32fast::Hasher` per
+//!   call, as `crc::update` did before, in the same run (same result, checked).
+//! - `icrc_headers/*`: the CRC of a WRITE's masked headers (IPv4, UDP, BTH,
+//!   RETH: 56 bytes) as `icrc::headers` computes it, the fields masked in
+//!   the loaded lanes, against the same headers copied to a stack buffer,
+//!   masked there with byte stores and then hashed (what it did before), in
+//!   the same run (same result, checked).
 //! - `parse_frame/*`: full parse + ICRC verify per frame, 64 B and 4 KiB.
 //! - `emit_with/*`: header emit + payload gather + ICRC per frame.
 //!
@@ -118,6 +127,48 @@ fn bench_icrc(c: &mut Criterion) {
     g.finish();
 }
 
+fn bench_crc_short(c: &mut Criterion) {
+    let mut g = c.benchmark_group("crc_short");
+    let data: Vec<u8> = (0..128u32).map(|i| (i * 37 + 11) as u8).collect();
+    let hasher = |crc: u32, d: &[u8]| {
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(d);
+        h.finalize()
+    };
+    // 40: IPv4 + UDP + BTH masked (a receive check's first run); 56: the
+    // same with a RETH (a WRITE's headers); 64 and 80: a 64 B payload, and
+    // with its RETH (the receive check's second run); 112: near the longest
+    // run the kernel takes; 128: `crc32fast` four-lane fold in both.
+    for len in [40usize, 56, 64, 80, 112, 128] {
+        let d = &data[..len];
+        assert_eq!(crc::update(icrc::LRH_CRC, d), hasher(icrc::LRH_CRC, d));
+        g.throughput(Throughput::Elements(1));
+        g.bench_with_input(BenchmarkId::new("urnic", len), &d, |b, d| b.iter(|| crc::update(black_box(icrc::LRH_CRC), black_box(d))));
+        g.bench_with_input(BenchmarkId::new("crc32fast_hasher", len), &d, |b, d| b.iter(|| hasher(black_box(icrc::LRH_CRC), black_box(d))));
+    }
+    g.finish();
+}
+
+fn bench_icrc_headers(c: &mut Criterion) {
+    let mut g = c.benchmark_group("icrc_headers");
+    let f = frame(64);
+    let l3 = &f[14..];
+    let upto = 20 + 8 + 12 + 16;
+    let copied = |p: &[u8]| {
+        let mut h = [0u8; icrc::HEADERS_MAX];
+        h[..upto].copy_from_slice(&p[..upto]);
+        for i in [1, 8, 10, 11, 26, 27, 32] {
+            h[i] = 0xff;
+        }
+        crc::update(icrc::LRH_CRC, &h[..upto])
+    };
+    assert_eq!(icrc::headers(l3, 20, upto), Ok(copied(l3)));
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("in_place", |b| b.iter(|| icrc::headers(black_box(l3), 20, upto).unwrap()));
+    g.bench_function("masked_copy", |b| b.iter(|| copied(black_box(l3))));
+    g.finish();
+}
+
 fn bench_parse(c: &mut Criterion) {
     let mut g = c.benchmark_group("parse_frame");
     for size in [64usize, 4096] {
@@ -160,5 +211,5 @@ fn bench_emit(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, bench_icrc, bench_parse, bench_emit);
+criterion_group!(benches, bench_icrc, bench_crc_short, bench_icrc_headers, bench_parse, bench_emit);
 criterion_main!(benches);

@@ -67,7 +67,7 @@ use crate::transport::responder::ResponderOutcome;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
-use crate::wire::{parse_frame, MacAddr, Opcode, Service, VlanTag};
+use crate::wire::{parse_frame_into, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
 /// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
 /// UDP, BTH, AETH and ICRC take 98 bytes).
@@ -499,13 +499,12 @@ impl Engine {
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
         self.last_now = self.last_now.max(now);
         self.stats.rx_frames += 1;
-        let p = match parse_frame(frame) {
-            Ok(p) => p,
-            Err(e) => {
-                *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
-                return;
-            }
-        };
+        // Parsed in place: the headers are written once, not moved out of results.
+        let mut p = ParsedFrame::EMPTY;
+        if let Err(e) = parse_frame_into(frame, &mut p) {
+            *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
+            return;
+        }
         let bth = p.repr.transport.bth;
         let qpn = bth.dest_qp;
         if qpn == GSI_QPN {
@@ -522,10 +521,7 @@ impl Engine {
             self.handle_mcast(now, &p, frame.len());
             return;
         }
-        if !self.qps.contains_key(&qpn) {
-            self.stats.rx_unknown_qpn += 1;
-            return;
-        }
+        // An unknown DestQP is counted there (`rx_unknown_qpn`): one lookup.
         self.handle_for_qp(now, qpn, &p, frame.len());
     }
 
@@ -647,23 +643,18 @@ impl Engine {
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);
-            } else if let Some(qp) = self.qps.get_mut(&qpn) {
+            } else if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
                 // A held ACK (responder, "held ACKs") gets its deadline in
                 // the timer queue: it leaves alone then at the latest.
-                if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
-                    qp.stats.resp_acks_held += 1;
-                    self.arm(qpn);
-                }
+                qp.stats.resp_acks_held += 1;
+                self.arm(qpn);
             }
         }
     }
 
     fn note_drained(&mut self, qpn: u32) {
         if let Some(qp) = self.qps.get_mut(&qpn) {
-            if qp.state == QpState::Sqd && !qp.drained_reported && qp.requester.outstanding() == 0 {
-                qp.drained_reported = true;
-                self.events.push_back(AsyncEvent::SqDrained(qpn));
-            }
+            check_drained(qp, &mut self.events);
         }
     }
 
@@ -803,12 +794,16 @@ impl Engine {
             // behind it (the QP is back on the ready list after a frame).
             qp.responder.release_hold();
         }
-        self.arm(qpn);
+        // `arm` and `note_drained` with the QP in hand (one lookup a frame).
+        let due = next_arm(qp, self.last_now);
+        if r.is_ok() {
+            check_drained(qp, &mut self.events);
+        }
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
+        }
         match r {
-            Ok(out) => {
-                self.note_drained(qpn);
-                out
-            }
+            Ok(out) => out,
             Err(SqFatal(_)) => {
                 self.enter_error(qpn, true);
                 None
@@ -872,13 +867,13 @@ impl Engine {
     /// than the entry the QP already has there.
     fn arm(&mut self, qpn: u32) {
         let Some(qp) = self.qps.get_mut(&qpn) else { return };
-        let rp = qp.rp.next_event(self.last_now);
-        let t = [qp.requester.next_timeout(), rp, qp.responder.hold_deadline()].into_iter().flatten().min();
-        let Some(t) = t else { return };
-        if qp.timer_at.is_some_and(|s| t >= s) {
-            return;
+        if let Some(t) = next_arm(qp, self.last_now) {
+            self.queue_timer(t, qpn);
         }
-        qp.timer_at = Some(t);
+    }
+
+    /// Queue `qpn`'s timer entry for `t` (its `timer_at`, set by [`next_arm`]).
+    fn queue_timer(&mut self, t: Instant, qpn: u32) {
         if self.timers.len() == self.timers.capacity() {
             // Before the heap grows: drop the stale entries (each QP has at
             // most one live one, `(timer_at, qpn)`). A held ACK's short
@@ -931,5 +926,30 @@ impl Engine {
             }
             self.arm(qpn);
         }
+    }
+}
+
+/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
+/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
+/// if it is earlier than the entry the QP already has in the timer queue.
+fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
+    let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
+        (Some(a), Some(b)) => Some(a.min(b)),
+        (a, b) => a.or(b),
+    };
+    let t = earlier(earlier(qp.requester.next_timeout(), qp.rp.next_event(now)), qp.responder.hold_deadline())?;
+    if qp.timer_at.is_some_and(|s| t >= s) {
+        return None;
+    }
+    qp.timer_at = Some(t);
+    Some(t)
+}
+
+/// A draining QP (SQD) whose requester has nothing outstanding reports
+/// `SqDrained` once.
+fn check_drained(qp: &mut Qp, events: &mut VecDeque<AsyncEvent>) {
+    if qp.state == QpState::Sqd && !qp.drained_reported && qp.requester.outstanding() == 0 {
+        qp.drained_reported = true;
+        events.push_back(AsyncEvent::SqDrained(qp.qpn));
     }
 }

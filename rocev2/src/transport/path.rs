@@ -2,17 +2,21 @@
 
 use crate::transport::attr::AddressVector;
 use crate::wire::{
-    EthernetRepr, FrameRepr, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4, ETHERTYPE_IPV6, IPPROTO_UDP,
-    ROCEV2_UDP_PORT,
+    crc, EthernetRepr, FrameRepr, HeaderTemplate, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    IPPROTO_UDP, ROCEV2_UDP_PORT,
 };
 
 /// Everything below the BTH for frames sent on one path: built once per QP
-/// (or per UD destination) and reused for every packet.
+/// (or per UD destination) and reused for every packet, as headers and as
+/// the bytes every frame starts with ([`HeaderTemplate`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PathHeaders {
     eth: EthernetRepr,
     ip: IpRepr,
     udp: UdpRepr,
+    /// `eth`, `ip` and `udp` emitted; `None` if they cannot be (a repr no
+    /// frame can carry: every emit then reports the headers' own error).
+    template: Option<HeaderTemplate>,
 }
 
 impl PathHeaders {
@@ -49,7 +53,7 @@ impl PathHeaders {
             })
         };
         let udp = UdpRepr { src_port: sport, dst_port: ROCEV2_UDP_PORT, length: 0, checksum: 0 };
-        PathHeaders { eth, ip, udp }
+        PathHeaders { eth, ip, udp, template: HeaderTemplate::new(&eth, &ip, &udp).ok() }
     }
 
     /// Set the ECN bits of outgoing frames (0 not-ECT, 2 ECT(0), 1 ECT(1)).
@@ -58,6 +62,7 @@ impl PathHeaders {
             IpRepr::V4(v4) => v4.ecn = ecn & 3,
             IpRepr::V6(v6) => v6.traffic_class = (v6.traffic_class & !3) | (ecn & 3),
         }
+        self.template = HeaderTemplate::new(&self.eth, &self.ip, &self.udp).ok();
     }
 
     /// Set the IPv4 identification of the next frame (rxe increments it per frame).
@@ -75,7 +80,10 @@ impl PathHeaders {
     /// Emit a whole frame into `buf`, letting `fill` write the payload in place.
     /// Returns the frame length.
     pub fn emit_with(&self, transport: TransportRepr, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
-        self.frame(transport).emit_with(payload_len, buf, fill)
+        self.emit_with_crc(transport, payload_len, buf, |dst, crc| {
+            fill(dst);
+            crc::update(crc, dst)
+        })
     }
 
     /// [`emit_with`](Self::emit_with) with a `fill` that continues the ICRC
@@ -87,6 +95,15 @@ impl PathHeaders {
         buf: &mut [u8],
         fill: impl FnOnce(&mut [u8], u32) -> u32,
     ) -> Result<usize, WireError> {
-        self.frame(transport).emit_with_crc(payload_len, buf, fill)
+        match &self.template {
+            Some(t) => {
+                let ident = match self.ip {
+                    IpRepr::V4(v4) => v4.ident,
+                    IpRepr::V6(_) => 0,
+                };
+                t.emit_with_crc(ident, &transport, payload_len, buf, fill)
+            }
+            None => self.frame(transport).emit_with_crc(payload_len, buf, fill),
+        }
     }
 }

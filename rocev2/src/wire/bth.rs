@@ -328,4 +328,22 @@ mod tests {
         assert_eq!(r.emit(&mut b[..11]), Err(WireError::BufferTooSmall));
         assert_eq!(BthRepr::parse(&b[..11]), Err(WireError::Truncated(Header::Bth)));
     }
+
+    #[test]
+    fn any_header_parses_and_reemits_bit_for_bit() {
+        let mut x = 0x2545_f491_u32;
+        for _ in 0..2000 {
+            let mut b = [0u8; BTH_LEN];
+            for byte in &mut b {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *byte = x as u8;
+            }
+            let r = BthRepr::parse(&b).unwrap();
+            let mut out = [0u8; BTH_LEN];
+            assert_eq!(r.emit(&mut out), Ok(BTH_LEN));
+            assert_eq!(out, b, "{r:?}");
+        }
+    }
 }

@@ -23,11 +23,17 @@
 //! short buffers and CPUs without VPCLMULQDQ/AVX2 go through `crc32fast`
 //! (which runs the same kind of fold on its own, without the copy).
 
+#[cfg(target_arch = "x86_64")]
+use super::crc_short;
+
+/// Longest run [`update_masked`] takes (longer ones are refused).
+pub const SHORT_MAX: usize = 127;
+
 /// The CRC-32 polynomial x^32 + x^26 + ... + 1 (bit 32 set, not reflected).
 const POLY: u64 = 0x1_04C1_1DB7;
 
 /// x^n mod P, not reflected (degree < 32).
-const fn xpow_mod(n: u32) -> u32 {
+pub(super) const fn xpow_mod(n: u32) -> u32 {
     let mut r: u64 = 1;
     let mut i = 0;
     while i < n {
@@ -60,9 +66,29 @@ pub fn update(crc: u32, data: &[u8]) -> u32 {
     if data.is_empty() {
         return crc;
     }
+    #[cfg(target_arch = "x86_64")]
+    if (crc_short::SHORT_MIN..=crc_short::SHORT_MAX).contains(&data.len()) && crc_short::available() {
+        // SAFETY: the CPU has the instructions (checked just above).
+        return unsafe { crc_short::update(crc, data) };
+    }
     let mut h = crc32fast::Hasher::new_with_initial(crc);
     h.update(data);
     h.finalize()
+}
+
+/// [`update`] over `data` with each byte ORed with `mask`'s byte at the
+/// same place (the ICRC's masked fields), reading `data` in place: `None`
+/// where the short kernel cannot take it (other lengths, no PCLMULQDQ, a
+/// `mask` shorter than `data`), and the caller masks a copy instead.
+#[inline]
+pub fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
+    #[cfg(target_arch = "x86_64")]
+    if crc_short::available() {
+        // SAFETY: the CPU has the instructions (checked just above).
+        return unsafe { crc_short::update_masked(crc, data, mask) };
+    }
+    let _ = (crc, data, mask);
+    None
 }
 
 /// Copy `src` into the start of `dst` (as many bytes as both have) and
@@ -88,10 +114,9 @@ pub unsafe fn copy_update_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
         // SAFETY: the CPU has the instructions (checked above); the caller
         // vouches for `src`.
         let register = unsafe { fused::fold_copy(!crc, src, dst) };
-        let mut h = crc32fast::Hasher::new_with_initial(!0);
-        h.update(&register);
-        h.update(&dst[dst.len() / 16 * 16..]);
-        return h.finalize();
+        // The folded register's CRC from a zero register (finished form
+        // `!0`), then the bytes after the last whole lane.
+        return update(update(!0, &register), &dst[dst.len() / 16 * 16..]);
     }
     // SAFETY: the caller vouches for `src` and that it does not overlap `dst`.
     unsafe { std::ptr::copy_nonoverlapping(src, dst.as_mut_ptr(), dst.len()) };
@@ -102,12 +127,13 @@ pub unsafe fn copy_update_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
 mod fused {
     use core::arch::x86_64::*;
 
+    use super::crc_short::fold as fold128;
     use super::fold_keys;
 
-    /// Whether this CPU can run [`fold_copy`] (cached by `std`).
+    /// Whether this CPU can run [`fold_copy`] (detected once).
     #[inline]
     pub fn available() -> bool {
-        std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq")
+        super::crc_short::has(super::crc_short::FUSED)
     }
 
     const K1024: (u64, u64) = fold_keys(1024);
@@ -122,14 +148,6 @@ mod fused {
         let lo = _mm256_clmulepi64_epi128(a, k, 0x00);
         let hi = _mm256_clmulepi64_epi128(a, k, 0x11);
         _mm256_xor_si256(_mm256_xor_si256(lo, hi), b)
-    }
-
-    #[inline]
-    #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq")]
-    fn fold128(a: __m128i, b: __m128i, k: __m128i) -> __m128i {
-        let lo = _mm_clmulepi64_si128(a, k, 0x00);
-        let hi = _mm_clmulepi64_si128(a, k, 0x11);
-        _mm_xor_si128(_mm_xor_si128(lo, hi), b)
     }
 
     #[inline]

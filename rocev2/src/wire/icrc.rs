@@ -54,6 +54,11 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
     if end < rest {
         return Err(WireError::Truncated(Header::Bth));
     }
+    // A small packet (a 64 B WRITE's 120 bytes) in one masked run.
+    let version = covered.first().map_or(0, |b| b >> 4);
+    if let Some(crc) = crc::update_masked(LRH_CRC, covered, mask_for(version, ip_header_len)) {
+        return Ok(crc);
+    }
     let crc = headers(covered, ip_header_len, rest)?;
     Ok(crc::update(crc, &covered[rest..]))
 }
@@ -61,6 +66,50 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
 /// Longest header run [`headers`] takes: an IPv4 header with options, UDP,
 /// BTH and the longest extension headers a packet carries (AtomicETH, 28).
 pub const HEADERS_MAX: usize = 60 + UDP_LEN + BTH_LEN + 28;
+
+/// The ICRC's masks (A17.3.3) over an IP header of `ip_len` bytes (20 for
+/// IPv4 without options, 40 for IPv6), UDP and BTH, and zeros after them
+/// (extension headers and payload): ones where a variant field lies. `N`
+/// covers the longest run the short CRC kernel takes, so a small packet's
+/// whole ICRC is one masked run.
+const fn header_mask<const N: usize>(ip_len: usize) -> [u8; N] {
+    let mut m = [0u8; N];
+    if ip_len == IPV6_LEN {
+        m[0] = 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
+        m[1] = 0xff; // ... and the flow label
+        m[2] = 0xff;
+        m[3] = 0xff;
+        m[7] = 0xff; // hop limit
+    } else {
+        m[1] = 0xff; // TOS (DSCP + ECN)
+        m[8] = 0xff; // TTL
+        m[10] = 0xff; // header checksum
+        m[11] = 0xff;
+    }
+    m[ip_len + 6] = 0xff; // UDP checksum
+    m[ip_len + 7] = 0xff;
+    m[ip_len + UDP_LEN + 4] = 0xff; // BTH: FECN, BECN, resv6
+    m
+}
+
+/// [`header_mask`] for IPv4 without options.
+const MASK_V4: [u8; MASK_LEN] = header_mask(20);
+
+/// [`header_mask`] for IPv6.
+const MASK_V6: [u8; MASK_LEN] = header_mask(IPV6_LEN);
+
+/// Bytes a mask covers: every run the short CRC kernel takes.
+const MASK_LEN: usize = crc::SHORT_MAX;
+
+/// The mask of an IP header of `ip_header_len` bytes with version
+/// `version`: IPv4 without options and IPv6 (empty for anything else).
+fn mask_for(version: u8, ip_header_len: usize) -> &'static [u8] {
+    match (version, ip_header_len) {
+        (4, 20) => &MASK_V4,
+        (6, IPV6_LEN) => &MASK_V6,
+        _ => &[],
+    }
+}
 
 /// The CRC (finished form, to continue with [`crc::update`]) of the ICRC's
 /// start: the masked LRH, then `packet[..upto]` with the IP, UDP and BTH
@@ -77,9 +126,16 @@ pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, 
     if upto < bth + BTH_LEN {
         return Err(WireError::Truncated(Header::Bth));
     }
-    // The masked headers are copied into one buffer, so the hasher sees one
-    // run rather than several small ones: small updates go through
-    // crc32fast's slow path.
+    // The usual headers (IPv4 without options, IPv6) are masked as the CRC
+    // loads them, in place: no copy, no stores for loads to wait on.
+    if upto > HEADERS_MAX {
+        return Err(WireError::BufferTooSmall);
+    }
+    if let Some(crc) = crc::update_masked(LRH_CRC, covered, mask_for(version, ip_header_len)) {
+        return Ok(crc);
+    }
+    // Otherwise the masked headers are copied into one buffer, so the CRC
+    // runs over them at once rather than over several small runs.
     let mut hdr = [0u8; HEADERS_MAX];
     match version {
         4 => {
@@ -186,6 +242,54 @@ mod tests {
         let mut cont = crc32fast::Hasher::new_with_initial(LRH_CRC);
         cont.update(&data);
         assert_eq!(cont.finalize(), whole.finalize());
+    }
+
+    #[test]
+    fn headers_and_compute_masked_in_place_equal_a_masked_copy() {
+        // The reference: copy, set the variant fields to ones (A17.3.3), CRC.
+        fn reference(p: &[u8], ip_len: usize, upto: usize) -> u32 {
+            let mut h = p[..upto].to_vec();
+            if ip_len == IPV6_LEN {
+                h[0] |= 0x0f;
+                h[1..4].fill(0xff);
+                h[7] = 0xff;
+            } else {
+                for i in [1, 8, 10, 11] {
+                    h[i] = 0xff;
+                }
+            }
+            h[ip_len + 6] = 0xff;
+            h[ip_len + 7] = 0xff;
+            h[ip_len + UDP_LEN + 4] = 0xff;
+            let mut c = crc32fast::Hasher::new_with_initial(LRH_CRC);
+            c.update(&h);
+            c.finalize()
+        }
+        let mut x = 0x1357_9bdf_u32;
+        for round in 0..300 {
+            let mut p = [0u8; 200];
+            for b in &mut p {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                *b = x as u8;
+            }
+            let (ip_len, first) = match round % 3 {
+                0 => (20, 0x45),
+                1 => (IPV6_LEN, 0x60 | (p[0] & 0x0f)),
+                _ => (24, 0x46),
+            };
+            p[0] = first;
+            let min = ip_len + UDP_LEN + BTH_LEN;
+            for upto in [min, min + 4, min + 16, min + 28, HEADERS_MAX.min(min + 28 + 9)] {
+                assert_eq!(headers(&p, ip_len, upto), Ok(reference(&p, ip_len, upto)), "ip_len {ip_len} upto {upto}");
+            }
+            // The whole ICRC: one masked run up to 127 bytes, two runs beyond.
+            for end in [min, 100, 120, 126, 127, 128, 150, 200] {
+                assert_eq!(compute(&p, ip_len, end), Ok(reference(&p, ip_len, end)), "ip_len {ip_len} end {end}");
+            }
+        }
+        assert_eq!(headers(&[0x45; 200], 20, HEADERS_MAX + 1), Err(WireError::BufferTooSmall));
     }
 
     #[test]

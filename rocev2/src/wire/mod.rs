@@ -15,6 +15,7 @@
 
 mod bth;
 pub mod crc;
+mod crc_short;
 mod error;
 mod ethernet;
 mod ext;
@@ -26,6 +27,7 @@ mod ipv4;
 mod ipv6;
 pub mod opcode;
 pub mod sport;
+mod template;
 mod transport_headers;
 mod udp;
 pub mod view;
@@ -37,12 +39,13 @@ pub use ext::{
     rnr_timer_nanos, AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr,
     IethPacket, ImmDtPacket, NakCode, RethPacket, RethRepr,
 };
-pub use frame::{pad_for, parse_frame, parse_l3, peek_dest_qpn, peek_opcode, FrameRepr, ParsedFrame, ParsedL3};
+pub use frame::{pad_for, parse_frame, parse_frame_into, parse_l3, peek_dest_qpn, peek_opcode, FrameRepr, ParsedFrame, ParsedL3};
 pub use icrc::ICRC_LEN;
 pub use ip::{ipv4_mapped, IpRepr, IPPROTO_UDP};
 pub use ipv4::{internet_checksum, Ipv4Packet, Ipv4Repr, IPV4_LEN};
 pub use ipv6::{Ipv6Packet, Ipv6Repr, IPV6_LEN};
 pub use opcode::{HeaderLayout, Opcode, Segment, Service};
+pub use template::HeaderTemplate;
 pub use transport_headers::TransportRepr;
 pub use udp::{UdpPacket, UdpRepr, ROCEV2_UDP_PORT, UDP_LEN};
 pub use view::FrameView;

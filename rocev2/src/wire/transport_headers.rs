@@ -55,6 +55,18 @@ impl TransportRepr {
     /// manufacturer opcodes are not handled by urnic), `BadTver` (IBTA 9.2:
     /// the transport header version is 0), `Truncated(ExtHeaders)`.
     pub fn parse(b: &[u8]) -> Result<(TransportRepr, usize), WireError> {
+        let mut r = TransportRepr::bth_only(BthRepr::new(super::opcode::Opcode(0), 0, crate::psn::Psn::new(0)));
+        let len = r.parse_into(b)?;
+        Ok((r, len))
+    }
+
+    /// [`parse`](Self::parse) into `self`, for a caller that parses into a
+    /// structure of its own rather than moving a returned one (the receive
+    /// path: the headers are written once, where they are used). Every
+    /// field is overwritten (the extension headers the opcode does not carry
+    /// with `None`); after an error `self` holds whatever was parsed
+    /// before it. Returns the number of bytes the headers took.
+    pub fn parse_into(&mut self, b: &[u8]) -> Result<usize, WireError> {
         let bth = BthRepr::parse(b)?;
         let layout = bth.opcode.layout().ok_or(WireError::UnknownOpcode(bth.opcode.0))?;
         if bth.tver != 0 {
@@ -62,38 +74,45 @@ impl TransportRepr {
         }
         let len = Self::header_len(&layout);
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        let mut r = TransportRepr::bth_only(bth);
+        self.bth = bth;
         // `h` holds all `len` bytes, so every header below is complete.
         let at = |off: usize| h.get(off..).unwrap_or(&[]);
         let mut off = BTH_LEN;
         // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH],
         // [AETH], [AtomicAckETH], [ImmDt | IETH].
+        self.deth = None;
         if layout.deth {
-            r.deth = Some(DethRepr::parse(at(off))?);
+            self.deth = Some(DethRepr::parse(at(off))?);
             off += DethPacket::<&[u8]>::LEN;
         }
+        self.reth = None;
         if layout.reth {
-            r.reth = Some(RethRepr::parse(at(off))?);
+            self.reth = Some(RethRepr::parse(at(off))?);
             off += RethPacket::<&[u8]>::LEN;
         }
+        self.atomic_eth = None;
         if layout.atomic_eth {
-            r.atomic_eth = Some(AtomicEthRepr::parse(at(off))?);
+            self.atomic_eth = Some(AtomicEthRepr::parse(at(off))?);
             off += AtomicEthPacket::<&[u8]>::LEN;
         }
+        self.aeth = None;
         if layout.aeth {
-            r.aeth = Some(AethRepr::parse(at(off))?);
+            self.aeth = Some(AethRepr::parse(at(off))?);
             off += AethPacket::<&[u8]>::LEN;
         }
+        self.atomic_ack = None;
         if layout.atomic_ack_eth {
-            r.atomic_ack = Some(AtomicAckEthPacket::new_checked(at(off))?.orig_remote_data());
+            self.atomic_ack = Some(AtomicAckEthPacket::new_checked(at(off))?.orig_remote_data());
             off += AtomicAckEthPacket::<&[u8]>::LEN;
         }
+        self.immediate = None;
         if layout.immdt {
-            r.immediate = Some(ImmDtPacket::new_checked(at(off))?.immediate());
+            self.immediate = Some(ImmDtPacket::new_checked(at(off))?.immediate());
             off += ImmDtPacket::<&[u8]>::LEN;
         }
+        self.invalidate_rkey = None;
         if layout.ieth {
-            r.invalidate_rkey = Some(IethPacket::new_checked(at(off))?.rkey());
+            self.invalidate_rkey = Some(IethPacket::new_checked(at(off))?.rkey());
             off += IethPacket::<&[u8]>::LEN;
         }
         if layout.cnp_reserved {
@@ -101,7 +120,7 @@ impl TransportRepr {
             off += CnpPacket::<&[u8]>::LEN;
         }
         debug_assert_eq!(off, len);
-        Ok((r, len))
+        Ok(len)
     }
 
     /// Emit the BTH and the extension headers the opcode calls for. A header

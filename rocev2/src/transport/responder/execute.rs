@@ -240,7 +240,12 @@ impl Responder {
                 }
                 // The whole DMA range is checked at FIRST/ONLY, before any byte
                 // is written; a zero-length WRITE needs no valid key (rxe check_rkey).
-                if dma > 0 && ctx.memory.remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma, Access::REMOTE_WRITE).is_err() {
+                // An ONLY carries the whole range (`len == dma`, checked above),
+                // so the placement below checks exactly it before it writes a
+                // byte, and nothing between here and there can fail: one
+                // resolution of the R_Key instead of two.
+                if dma > 0 && seg != Segment::Only && ctx.memory.remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma, Access::REMOTE_WRITE).is_err()
+                {
                     return Err(Fault::RemoteAccess);
                 }
                 (reth.rkey, reth.va, dma, reth.dma_len)

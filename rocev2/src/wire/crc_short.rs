@@ -1,0 +1,265 @@
+//! CRC-32 (the ICRC's: reflected polynomial 0xEDB88320) of short buffers,
+//! 16 to [`SHORT_MAX`] bytes, in one carry-less-multiply lane: the masked
+//! headers of every frame (40 to 104 bytes) and the payload of small ones.
+//!
+//! `crc32fast` computes the same, but each call builds a `Hasher`, which
+//! detects the CPU's features again (about 40 instructions) before a fold of
+//! a few blocks that costs about as much; at five short CRCs a frame pair
+//! (callgrind, 64 B WRITE) that set-up was a third of the ICRC work. Here
+//! the features are detected once for the process ([`has`]: one load).
+//!
+//! The method is the bit-reflected fold of Intel's white paper "Fast CRC
+//! Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal
+//! et al., 2009), as [`super::crc`]'s fused kernel uses it, with its final
+//! reduction (128 → 64 → 32 bits, then Barrett). A buffer whose length is
+//! not a multiple of 16 is treated as if it had leading zero bytes up to the
+//! next multiple: with the CRC register entering as a change to the first 4
+//! message bytes, leading zeros before it do not change the result, so the
+//! partial block comes first (shifted up inside its lane) and every later
+//! load is a whole 16 bytes of the buffer.
+
+#[cfg(target_arch = "x86_64")]
+use core::arch::x86_64::*;
+
+use super::crc::{fold_keys, xpow_mod};
+
+/// Longest buffer this kernel takes; from 128 bytes on `crc32fast` folds
+/// four lanes (or wider) at once, which beats one lane's chain of
+/// dependent multiplications (`benches/wire.rs` `crc_short`: at 128 bytes
+/// one lane took 1.09x the time of `crc32fast`'s Hasher, at 80 bytes 0.80x).
+pub const SHORT_MAX: usize = super::crc::SHORT_MAX;
+
+/// Shortest buffer this kernel takes (one whole lane).
+pub const SHORT_MIN: usize = 16;
+
+/// Fold one lane forward by 128 bits (low, high multiplier).
+const K128: (u64, u64) = fold_keys(128);
+
+/// x^64 mod P, bit-reflected and shifted as the 96 → 64-bit step needs it.
+const K64: u64 = (xpow_mod(64).reverse_bits() as u64) << 1;
+
+/// The polynomial P(x), bit-reflected, with its x^32 term (Barrett's P).
+const P_REFLECTED: u64 = 0x1_db71_0641;
+
+/// Barrett's μ = floor(x^64 / P(x)), bit-reflected (33 bits).
+const MU_REFLECTED: u64 = 0x1_f701_1641;
+
+/// Whether this CPU can run [`update`] and [`super::crc`]'s fused kernel,
+/// as bits ([`SHORT`], [`FUSED`]) plus [`KNOWN`], once detected.
+#[cfg(target_arch = "x86_64")]
+static FEATURES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(0);
+
+/// [`FEATURES`] bit: PCLMULQDQ, SSSE3 and SSE4.1 ([`update`]).
+#[cfg(target_arch = "x86_64")]
+pub const SHORT: u8 = 1;
+
+/// [`FEATURES`] bit: AVX2, VPCLMULQDQ and PCLMULQDQ (the fused copy kernel).
+#[cfg(target_arch = "x86_64")]
+pub const FUSED: u8 = 2;
+
+/// [`FEATURES`] bit: the others are valid.
+#[cfg(target_arch = "x86_64")]
+const KNOWN: u8 = 4;
+
+/// Whether the CPU has every feature of `bits` ([`SHORT`], [`FUSED`]): one
+/// load of a value detected once, where `std::is_x86_feature_detected!`
+/// costs about nine instructions per feature and call (three features per
+/// kernel, several kernels per frame).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn has(bits: u8) -> bool {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut f = FEATURES.load(Relaxed);
+    if f == 0 {
+        f = detect();
+        FEATURES.store(f, Relaxed);
+    }
+    f & bits == bits
+}
+
+#[cfg(target_arch = "x86_64")]
+#[cold]
+fn detect() -> u8 {
+    let short = std::is_x86_feature_detected!("pclmulqdq") && std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("sse4.1");
+    let fused = std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq");
+    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 }
+}
+
+/// Whether this CPU can run [`update`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub fn available() -> bool {
+    has(SHORT)
+}
+
+/// Continue the finished CRC `crc` over `data` (`SHORT_MIN..=SHORT_MAX`
+/// bytes; other lengths are accepted but meant for `crc32fast`).
+///
+/// # Safety
+/// The CPU must have PCLMULQDQ, SSSE3 and SSE4.1 ([`available`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+pub unsafe fn update(crc: u32, data: &[u8]) -> u32 {
+    if data.len() < SHORT_MIN {
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(data);
+        return h.finalize();
+    }
+    // SAFETY: the caller vouches for the CPU (the same features).
+    unsafe { fold_run(crc, data, None) }
+}
+
+/// [`update`] over `data` with every byte ORed with the byte of `mask` at
+/// the same place, without writing the masked bytes anywhere: the ICRC's
+/// masked header fields (all ones) are set in the lanes as they are
+/// loaded. Copying the headers to a buffer and storing the ones there made
+/// every 16-byte load of that buffer wait for the byte stores before it
+/// (a store-forwarding stall, several per frame). `None` if `data` is not
+/// `SHORT_MIN..=SHORT_MAX` bytes or `mask` is shorter.
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+pub unsafe fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
+    if !(SHORT_MIN..=SHORT_MAX).contains(&data.len()) || mask.len() < data.len() {
+        return None;
+    }
+    // SAFETY: the caller vouches for the CPU (the same features).
+    Some(unsafe { fold_run(crc, data, Some(mask)) })
+}
+
+/// The fold of [`update`] for `SHORT_MIN..` bytes, each lane ORed with the
+/// same lane of `mask` if there is one (`mask` at least as long as `data`).
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+unsafe fn fold_run(crc: u32, data: &[u8], mask: Option<&[u8]>) -> u32 {
+    let len = data.len();
+    let register = !crc;
+    // `lead` bytes of the buffer make a partial first lane (0 = none).
+    let lead = len % 16;
+    let keys = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
+    let lane = |b: &[u8], at: usize| -> __m128i {
+        // Every `at` below has 16 bytes after it (`at + 16 <= len`).
+        let b: &[u8; 16] = b.get(at..at + 16).and_then(|b| b.try_into().ok()).unwrap_or(&[0; 16]);
+        // SAFETY: `b` is 16 readable bytes; loadu needs no alignment.
+        unsafe { _mm_loadu_si128(b.as_ptr().cast()) }
+    };
+    let load = |at: usize| -> __m128i {
+        match mask {
+            Some(m) => _mm_or_si128(lane(data, at), lane(m, at)),
+            None => lane(data, at),
+        }
+    };
+    let (mut x, mut at) = if lead == 0 {
+        (_mm_xor_si128(load(0), _mm_cvtsi32_si128(register as i32)), 16)
+    } else {
+        // The first lane: `16 - lead` zero bytes, then the buffer's first
+        // `lead` bytes (its first 16 bytes shifted up by `16 - lead`: byte
+        // i of the lane takes byte i - (16 - lead), or zero where that is
+        // negative, which sets the shuffle index's top bit).
+        let first = _mm_xor_si128(load(0), _mm_cvtsi32_si128(register as i32));
+        let index = _mm_add_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm_set1_epi8(lead as i8 - 16));
+        let head = _mm_shuffle_epi8(first, index);
+        // The second lane is bytes `lead..lead + 16`; the register's bytes
+        // beyond `lead` (lead < 4) belong to it.
+        let spill = if lead < 4 { register >> (8 * lead) } else { 0 };
+        let second = _mm_xor_si128(load(lead), _mm_cvtsi32_si128(spill as i32));
+        (fold(head, second, keys), lead + 16)
+    };
+    while at + 16 <= len {
+        x = fold(x, load(at), keys);
+        at += 16;
+    }
+    reduce(x)
+}
+
+/// Fold lane `a` forward by the distance `keys` were made for
+/// ([`fold_keys`]) onto `b`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq")]
+pub(super) fn fold(a: __m128i, b: __m128i, keys: __m128i) -> __m128i {
+    let lo = _mm_clmulepi64_si128(a, keys, 0x00);
+    let hi = _mm_clmulepi64_si128(a, keys, 0x11);
+    _mm_xor_si128(_mm_xor_si128(lo, hi), b)
+}
+
+/// The finished CRC of a 128-bit lane (the CRC register after the bytes
+/// it stands for, complemented).
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq,sse4.1")]
+fn reduce(x: __m128i) -> u32 {
+    let low32 = _mm_set_epi32(0, 0, 0, -1);
+    // 128 → 96 bits: the low 64 bits times x^96 mod P (the 128-bit fold's
+    // high key), added to the high 64.
+    let k = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x10), _mm_srli_si128(x, 8));
+    // 96 → 64 bits: the low 32 bits times x^64 mod P, added to the rest.
+    let x = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x, low32), _mm_set_epi64x(0, K64 as i64), 0x00), _mm_srli_si128(x, 4));
+    // Barrett: T1 = (R mod x^32) · μ, T2 = (T1 mod x^32) · P, CRC = (R ^ T2) / x^32
+    // (the reflected form keeps the result in bits 32..64).
+    let pmu = _mm_set_epi64x(MU_REFLECTED as i64, P_REFLECTED as i64);
+    let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pmu, 0x10);
+    let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
+    !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    use super::*;
+
+    fn reference(crc: u32, data: &[u8]) -> u32 {
+        let mut h = crc32fast::Hasher::new_with_initial(crc);
+        h.update(data);
+        h.finalize()
+    }
+
+    #[test]
+    fn matches_crc32fast_for_every_short_length_start_and_initial_value() {
+        if !available() {
+            eprintln!("this CPU has no PCLMULQDQ/SSSE3/SSE4.1: the short kernel is not used here");
+            return;
+        }
+        let mut x = 0x9e37_79b9_u32;
+        let buf: Vec<u8> = (0..400)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for len in 0..=SHORT_MAX + 40 {
+            for off in [0, 1, 7, 15, 16, 33] {
+                for init in [0, !0, 0xdead_beef, crate::wire::icrc::LRH_CRC, 0x0000_00ff, 0xff00_0000] {
+                    let d = &buf[off..off + len];
+                    // SAFETY: available() said yes.
+                    let got = unsafe { update(init, d) };
+                    assert_eq!(got, reference(init, d), "len {len} offset {off} init {init:#x}");
+                }
+            }
+        }
+        // Masked: the same as the CRC of the ORed copy; refused lengths.
+        let mask: Vec<u8> = buf.iter().rev().map(|b| b & 0x81).collect();
+        for len in SHORT_MIN..=SHORT_MAX {
+            let ored: Vec<u8> = buf[..len].iter().zip(&mask).map(|(a, m)| a | m).collect();
+            // SAFETY: available() said yes.
+            assert_eq!(unsafe { update_masked(7, &buf[..len], &mask) }, Some(reference(7, &ored)), "masked, len {len}");
+        }
+        // SAFETY: available() said yes (all three).
+        unsafe {
+            assert_eq!(update_masked(7, &buf[..15], &mask), None);
+            assert_eq!(update_masked(7, &buf[..SHORT_MAX + 1], &mask), None);
+            assert_eq!(update_masked(7, &buf[..40], &mask[..39]), None);
+        }
+        // CRC-32 of "123456789" continued from an empty start, padded to 16+.
+        // SAFETY: available() said yes.
+        assert_eq!(unsafe { update(0, b"123456789abcdefgh") }, reference(0, b"123456789abcdefgh"));
+    }
+}
