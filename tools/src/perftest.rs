@@ -404,6 +404,9 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
+/// Above this message size perftest signals every WR (no CQ moderation).
+const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
+
 struct Res {
     ctx: Context,
     qp: Qp,
@@ -643,7 +646,11 @@ fn bw_test(
         }
     } else {
         let depth = u64::from(o.tx_depth.max(1));
-        let cq_mod = depth.clamp(1, 100);
+        // perftest's CQ moderation: 100 (DEF_CQ_MOD) or the depth if
+        // smaller, but off (every WR signalled) for messages larger than
+        // 8 KiB (perftest_parameters.c: MSG_SIZE_CQ_MOD_LIMIT,
+        // DISABLED_CQ_MOD_VALUE), as ib_write_bw -s 65536 runs.
+        let cq_mod = if size > MSG_SIZE_CQ_MOD_LIMIT { 1 } else { depth.clamp(1, 100) };
         let (mut posted, mut done) = (0u64, 0u64);
         let mut window = (Instant::now(), 0u64);
         let mut off = 0usize;
