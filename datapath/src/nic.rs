@@ -684,7 +684,7 @@ impl Nic {
     /// `acks_deferred`.
     pub fn poll_shard(&self, i: usize) -> usize {
         let Some(shard) = self.shards.get(i) else { return 0 };
-        self.poll_locked(i, shard, lock(&shard.engine))
+        self.poll_locked(i, shard, lock(&shard.engine), false)
     }
 
     /// An application thread drives the datapath (the C library's
@@ -695,20 +695,33 @@ impl Nic {
     /// back (sleep) instead of competing with the application for the
     /// cores; [`Nic::stop_driving`] hands the work back to them at once.
     pub fn drive(&self) -> usize {
-        self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
-        (0..self.shards.len()).map(|i| self.try_poll(i)).sum()
+        // The first iteration stamps the drive time with the clock it reads
+        // anyway (a clock read is most of what driving adds to a poll).
+        let mut work = 0;
+        let mut stamped = false;
+        for i in 0..self.shards.len() {
+            if let Some(w) = self.try_poll(i, !stamped) {
+                work += w;
+                stamped = true;
+            }
+        }
+        if !stamped {
+            self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
+        }
+        work
     }
 
     /// One poll iteration of shard `i` unless another thread is polling it
-    /// right now (then nothing: never waits).
-    fn try_poll(&self, i: usize) -> usize {
-        let Some(shard) = self.shards.get(i) else { return 0 };
+    /// right now (then `None`: never waits); `driver`: an application
+    /// thread's, which stamps the drive time.
+    fn try_poll(&self, i: usize, driver: bool) -> Option<usize> {
+        let shard = self.shards.get(i)?;
         let engine = match shard.engine.try_lock() {
             Ok(g) => g,
             Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-            Err(std::sync::TryLockError::WouldBlock) => return 0,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
         };
-        self.poll_locked(i, shard, engine)
+        Some(self.poll_locked(i, shard, engine, driver))
     }
 
     /// The application is about to block (it arms a CQ to sleep on its
@@ -760,7 +773,7 @@ impl Nic {
     /// right now (never waits for one). Unlike [`Nic::drive`] it leaves the
     /// application's drive time alone. Returns the work done.
     pub fn serve(&self, shards: std::ops::Range<usize>) -> usize {
-        let work = shards.filter(|&i| self.work_pending(i)).map(|i| self.try_poll(i)).sum();
+        let work = shards.filter(|&i| self.work_pending(i)).filter_map(|i| self.try_poll(i, false)).sum();
         if work > 0 {
             self.stats.served_polls.fetch_add(1, Ordering::Relaxed);
         }
@@ -772,11 +785,17 @@ impl Nic {
         lock(&self.runners).push(t);
     }
 
-    fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>) -> usize {
+    /// One poll iteration of shard `i` with its engine locked; `driver`:
+    /// an application thread's ([`Nic::drive`]), which stamps the drive time
+    /// with this iteration's clock.
+    fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>, driver: bool) -> usize {
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
         let mut port = lock(&shard.port);
         let mut work = self.ring_doorbells(shard, &mut engine);
         let now = self.now();
+        if driver {
+            self.driven_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        }
 
         // Link state changes become async events (IBV_EVENT_PORT_ACTIVE/ERR).
         if i == 0 {
