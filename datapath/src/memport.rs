@@ -307,6 +307,10 @@ impl Port for MemPort {
         self.link.load(Ordering::Acquire)
     }
 
+    fn rx_pending(&mut self) -> bool {
+        !self.inbox.is_empty()
+    }
+
     fn flush(&mut self) -> Result<(), PortError> {
         // A frame held back for reordering goes out once nothing follows it.
         if let Some(h) = self.held.take() {

@@ -101,6 +101,9 @@ pub struct NicStats {
     /// CM events dropped because nobody read the CM event queue (it holds
     /// more than the agent's id bound can produce at once).
     pub cm_event_drops: AtomicU64,
+    /// Poll iterations a standing-back datapath thread ran for work that
+    /// an application driving the datapath left waiting ([`Nic::serve`]).
+    pub served_polls: AtomicU64,
 }
 
 impl NicStats {
@@ -123,6 +126,7 @@ impl NicStats {
             ("loopback_frames", g(&self.loopback_frames)),
             ("loopback_drops", g(&self.loopback_drops)),
             ("cm_event_drops", g(&self.cm_event_drops)),
+            ("served_polls", g(&self.served_polls)),
         ]
         .into_iter()
     }
@@ -158,6 +162,10 @@ struct Shard {
     loopback_free: ArrayQueue<Vec<u8>>,
     /// The last poll left a batch of bare ACKs unkicked (see `poll_shard`).
     ack_deferred: AtomicBool,
+    /// When (nanoseconds of `Nic::now`) the engine's next timer is due as
+    /// of its last poll; `u64::MAX`: none. What a datapath thread standing
+    /// back watches, without the engine's lock ([`Nic::serve`]).
+    next_timer: AtomicU64,
 }
 
 impl Shard {
@@ -208,12 +216,22 @@ pub struct Nic {
 }
 
 /// How long after an application thread's last [`Nic::drive`] the datapath
-/// threads keep standing back. A program that polls its CQ and then spins
-/// on memory instead (ib_write_lat waits for the peer's WRITE so) gets its
-/// datapath thread back within this plus a park (`runner::DRIVEN_PARK`);
-/// shorter windows made the parked threads' wakeups cost more than they
-/// saved (ib_send_lat p50 4.5 -> 13-20 us on this 2-core host).
+/// threads keep standing back (they take the polling loop back after it).
+/// Shorter windows made the parked threads' wakeups cost more than they
+/// saved (ib_send_lat p50 4.5 -> 13-20 us on this 2-core host). Within
+/// the window a standing-back thread still serves work the application
+/// leaves waiting once it has not driven for [`DRIVE_QUIET`] ([`Nic::serve`]).
 pub const DRIVE_WINDOW: std::time::Duration = std::time::Duration::from_micros(200);
+
+/// How long an application that drives the datapath may leave it alone
+/// before a standing-back datapath thread serves what waits (received
+/// frames, due timers, posted WRs, an unkicked batch): a program that
+/// polls its CQ and then spins on memory (ib_write_lat waits for the peer's
+/// WRITE so) is served as by an HCA instead of after [`DRIVE_WINDOW`]. An
+/// application in a polling loop drives every microsecond or two, so a
+/// thread that finds it quiet for this long is not racing it. (Having
+/// found such work, the thread watches more closely for a while: `runner`.)
+pub const DRIVE_QUIET: std::time::Duration = std::time::Duration::from_micros(20);
 
 /// Lock a mutex, recovering the data if a panicking thread poisoned it.
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -276,6 +294,7 @@ impl Nic {
                 loopback: ArrayQueue::new(LOOPBACK),
                 loopback_free: ArrayQueue::new(LOOPBACK),
                 ack_deferred: AtomicBool::new(false),
+                next_timer: AtomicU64::new(u64::MAX),
             })
             .collect();
         Nic {
@@ -665,7 +684,7 @@ impl Nic {
     /// `acks_deferred`.
     pub fn poll_shard(&self, i: usize) -> usize {
         let Some(shard) = self.shards.get(i) else { return 0 };
-        self.poll_locked(i, shard, lock(&shard.engine))
+        self.poll_locked(i, shard, lock(&shard.engine), false)
     }
 
     /// An application thread drives the datapath (the C library's
@@ -676,17 +695,33 @@ impl Nic {
     /// back (sleep) instead of competing with the application for the
     /// cores; [`Nic::stop_driving`] hands the work back to them at once.
     pub fn drive(&self) -> usize {
-        self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
+        // The first iteration stamps the drive time with the clock it reads
+        // anyway (a clock read is most of what driving adds to a poll).
         let mut work = 0;
-        for (i, shard) in self.shards.iter().enumerate() {
-            let engine = match shard.engine.try_lock() {
-                Ok(g) => g,
-                Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
-                Err(std::sync::TryLockError::WouldBlock) => continue,
-            };
-            work += self.poll_locked(i, shard, engine);
+        let mut stamped = false;
+        for i in 0..self.shards.len() {
+            if let Some(w) = self.try_poll(i, !stamped) {
+                work += w;
+                stamped = true;
+            }
+        }
+        if !stamped {
+            self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
         }
         work
+    }
+
+    /// One poll iteration of shard `i` unless another thread is polling it
+    /// right now (then `None`: never waits); `driver`: an application
+    /// thread's, which stamps the drive time.
+    fn try_poll(&self, i: usize, driver: bool) -> Option<usize> {
+        let shard = self.shards.get(i)?;
+        let engine = match shard.engine.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(self.poll_locked(i, shard, engine, driver))
     }
 
     /// The application is about to block (it arms a CQ to sleep on its
@@ -701,8 +736,48 @@ impl Nic {
 
     /// Whether an application thread drove the datapath within [`DRIVE_WINDOW`].
     pub fn app_driving(&self) -> bool {
+        self.since_driven().is_some_and(|d| d < DRIVE_WINDOW)
+    }
+
+    /// How long ago an application thread last drove the datapath
+    /// ([`Nic::drive`]); `None` if it never did or handed the work back
+    /// ([`Nic::stop_driving`]).
+    pub fn since_driven(&self) -> Option<std::time::Duration> {
         let at = self.driven_at.load(Ordering::Relaxed);
-        at != 0 && self.now().as_nanos().saturating_sub(at) < DRIVE_WINDOW.as_nanos() as u64
+        (at != 0).then(|| std::time::Duration::from_nanos(self.now().as_nanos().saturating_sub(at)))
+    }
+
+    /// Whether shard `i` has work waiting for a poll, seen without a syscall
+    /// and without waiting for a lock: received frames in its port (not
+    /// looked at while another thread holds the port: that one is polling),
+    /// frames handed over or looped back, rung doorbells, transmissions not
+    /// yet kicked (a deferred ACK batch), a due timer (a held ACK's bound, a
+    /// retransmission).
+    pub fn work_pending(&self, i: usize) -> bool {
+        let Some(shard) = self.shards.get(i) else { return false };
+        if shard.rung() || !shard.inbox.is_empty() || !shard.loopback.is_empty() {
+            return true;
+        }
+        if shard.next_timer.load(Ordering::Relaxed) <= self.now().as_nanos() {
+            return true;
+        }
+        match shard.port.try_lock() {
+            Ok(mut p) => p.rx_pending() || p.tx_pending(),
+            Err(_) => false,
+        }
+    }
+
+    /// What a datapath thread standing back for a driving application does
+    /// (`runner`): one poll iteration of each shard in `shards` that has work
+    /// waiting ([`Nic::work_pending`]) and that no other thread is polling
+    /// right now (never waits for one). Unlike [`Nic::drive`] it leaves the
+    /// application's drive time alone. Returns the work done.
+    pub fn serve(&self, shards: std::ops::Range<usize>) -> usize {
+        let work = shards.filter(|&i| self.work_pending(i)).filter_map(|i| self.try_poll(i, false)).sum();
+        if work > 0 {
+            self.stats.served_polls.fetch_add(1, Ordering::Relaxed);
+        }
+        work
     }
 
     /// Register a datapath thread (woken by [`Nic::stop_driving`]).
@@ -710,11 +785,17 @@ impl Nic {
         lock(&self.runners).push(t);
     }
 
-    fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>) -> usize {
+    /// One poll iteration of shard `i` with its engine locked; `driver`:
+    /// an application thread's ([`Nic::drive`]), which stamps the drive time
+    /// with this iteration's clock.
+    fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>, driver: bool) -> usize {
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
         let mut port = lock(&shard.port);
         let mut work = self.ring_doorbells(shard, &mut engine);
         let now = self.now();
+        if driver {
+            self.driven_at.store(now.as_nanos().max(1), Ordering::Relaxed);
+        }
 
         // Link state changes become async events (IBV_EVENT_PORT_ACTIVE/ERR).
         if i == 0 {
@@ -887,6 +968,7 @@ impl Nic {
                 }
             }
         }
+        shard.next_timer.store(engine.next_timeout().map_or(u64::MAX, Instant::as_nanos), Ordering::Relaxed);
         work
     }
 
@@ -1099,5 +1181,44 @@ mod tests {
         let bare = Nic::new(engine, Box::new(MemHub::new(2).attach(MAC, 1500, Default::default())), 16);
         assert!(!bare.is_local(&frame(OTHER_MAC, false, &V4)));
         assert!(bare.is_local(&frame(MAC, false, &V4)));
+    }
+
+    #[test]
+    fn serve_takes_only_waiting_work_and_never_waits() {
+        let hub = MemHub::new(3);
+        let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+        let nic = Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16);
+        let mut peer = hub.attach(OTHER_MAC, 1500, Default::default());
+        let served = || nic.stats.served_polls.load(Ordering::Relaxed);
+        nic.poll();
+        assert!(!nic.work_pending(0), "nothing waits after a poll");
+        assert_eq!(nic.serve(0..1), 0);
+        assert_eq!(served(), 0, "no poll without work");
+
+        let f = frame(MAC, false, &V4);
+        assert!(peer
+            .transmit_with(&mut |buf: &mut [u8]| {
+                buf[..f.len()].copy_from_slice(&f);
+                Some(f.len())
+            })
+            .unwrap());
+        assert!(nic.work_pending(0), "a received frame waits");
+        // Another thread in an iteration (here: this one, holding the
+        // engine): serving does not wait for it and leaves the frame.
+        nic.with_engine_of(0, |_| assert_eq!(nic.serve(0..1), 0));
+        assert!(nic.work_pending(0));
+
+        assert_eq!(nic.since_driven(), None);
+        assert!(nic.serve(0..1) > 0, "the frame is taken");
+        assert!(!nic.work_pending(0));
+        assert_eq!(served(), 1);
+        assert_eq!(nic.stats.rx_frames.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.since_driven(), None, "serving is not the application driving");
+        assert!(!nic.app_driving());
+
+        nic.drive();
+        assert!(nic.since_driven().is_some_and(|d| d < DRIVE_WINDOW) && nic.app_driving());
+        nic.stop_driving();
+        assert_eq!(nic.since_driven(), None);
     }
 }

@@ -64,6 +64,13 @@ pub trait Port: Send {
         false
     }
 
+    /// Whether received frames wait to be taken, looked at without a
+    /// syscall and without taking any: what a datapath thread standing back
+    /// watches (`runner`). Default: not known, so no.
+    fn rx_pending(&mut self) -> bool {
+        false
+    }
+
     /// Port-specific counters (name, value) for `urnic stat`. Default: none.
     fn counters(&self) -> Vec<(String, u64)> {
         Vec::new()

@@ -884,6 +884,11 @@ impl Port for XskPort {
         !self.pending.is_empty() || self.in_flight > 0
     }
 
+    fn rx_pending(&mut self) -> bool {
+        // The RX ring's producer position, read from the shared ring.
+        self.rx.nb_avail_exact() > 0
+    }
+
     fn counters(&self) -> Vec<(String, u64)> {
         let s = self.stats;
         let mut v = vec![

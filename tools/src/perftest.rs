@@ -404,6 +404,9 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
+/// Above this message size perftest signals every WR (no CQ moderation).
+const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
+
 struct Res {
     ctx: Context,
     qp: Qp,
@@ -643,7 +646,11 @@ fn bw_test(
         }
     } else {
         let depth = u64::from(o.tx_depth.max(1));
-        let cq_mod = depth.clamp(1, 100);
+        // perftest's CQ moderation: 100 (DEF_CQ_MOD) or the depth if
+        // smaller, but off (every WR signalled) for messages larger than
+        // 8 KiB (perftest_parameters.c: MSG_SIZE_CQ_MOD_LIMIT,
+        // DISABLED_CQ_MOD_VALUE), as ib_write_bw -s 65536 runs.
+        let cq_mod = if size > MSG_SIZE_CQ_MOD_LIMIT { 1 } else { depth.clamp(1, 100) };
         let (mut posted, mut done) = (0u64, 0u64);
         let mut window = (Instant::now(), 0u64);
         let mut off = 0usize;
@@ -745,27 +752,52 @@ fn lat_test(o: &Opts, r: &Res, ch: &Channel, rem: &Keys, is_client: bool, recv_s
     let send = |flags| SendWr { wr_id: 1, op: SendOp::Send, payload: Payload::Sgl(vec![r.mr.sge(0, size as u32)]), flags, ud: None };
     match o.test {
         Test::SendLat => {
-            // Ping-pong: the client sends first, the server answers each receive.
+            // Ping-pong: the client sends first, the server answers each
+            // receive. As perftest's run_iter_lat_send with its latency
+            // default tx depth 1 (so CQ moderation 1: every SEND signalled),
+            // each side waits for its SEND's completion, i.e. the peer's
+            // ACK, before it polls for the next receive: an iteration ends
+            // when both the peer's message and the ACK of our own are in.
+            // The one CQ holds both kinds; they are counted as they come.
+            let (mut sends, mut recvs) = (0u64, 0u64);
+            let mut wait_for = |want_sends: u64, want_recvs: u64, wc: &mut [WorkCompletion]| -> Result<()> {
+                let mut watch = Watch::new(ch);
+                while sends < want_sends || recvs < want_recvs {
+                    let n = poll(r, wc)?;
+                    for w in &wc[..n] {
+                        match w.opcode {
+                            WcOpcode::Recv => recvs += 1,
+                            WcOpcode::Send => sends += 1,
+                            _ => {}
+                        }
+                    }
+                    if n == 0 {
+                        watch.idle(done.get(), o.iters)?;
+                    }
+                }
+                Ok(())
+            };
             let mut t = Instant::now();
-            for _ in 0..iters {
+            for i in 1..=iters as u64 {
                 if is_client {
                     r.qp.post_send(&send(SendFlags::SIGNALED)).context("Couldn't post send")?;
-                    wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
-                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
-                    let now = Instant::now();
-                    samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
-                    t = now;
-                    done.set(done.get() + 1);
+                    wait_for(i, i, &mut wc)?;
                 } else {
-                    wait(&|w| w.opcode == WcOpcode::Recv, &mut wc)?;
-                    r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
-                    r.qp.post_send(&send(SendFlags::SIGNALED)).context("Couldn't post send")?;
-                    // The server measures too, from one ping to the next.
-                    let now = Instant::now();
-                    samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
-                    t = now;
-                    done.set(done.get() + 1);
+                    wait_for(i - 1, i, &mut wc)?;
                 }
+                r.qp.post_recv(&RecvWr { wr_id: 0, sgl: vec![recv_sge] }).context("Couldn't post receive")?;
+                if !is_client {
+                    r.qp.post_send(&send(SendFlags::SIGNALED)).context("Couldn't post send")?;
+                }
+                // Both sides measure, from one ping to the next.
+                let now = Instant::now();
+                samples.push(now.duration_since(t).as_secs_f64() * 1e6 / 2.0);
+                t = now;
+                done.set(done.get() + 1);
+            }
+            // The server's last SEND completes too before it reports.
+            if !is_client {
+                wait_for(iters as u64, iters as u64, &mut wc)?;
             }
         }
         Test::WriteLat => {

@@ -172,7 +172,10 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
         }
     } else {
         let why = runs.iter().find_map(|r| r.c_path_skipped.clone()).unwrap_or_else(|| "not measured in every run".into());
-        let _ = writeln!(t, "| C path (Debian's ib_write_bw / ib_send_lat on urnic's libibverbs.so.1 vs urnic perf) | not measured: {why} | | |");
+        let _ = writeln!(
+            t,
+            "| C path (Debian's ib_write_bw / ib_send_lat / ib_write_lat on urnic's libibverbs.so.1 vs urnic perf) | not measured: {why} | | |"
+        );
     }
     let pool = |f: &dyn Fn(&Run) -> &Vec<f64>| runs.iter().flat_map(|r| f(r).iter().copied()).collect::<Vec<_>>();
     let latency = vec![
@@ -365,12 +368,19 @@ mod tests {
     #[test]
     fn c_path_rows_pair_c_with_rust_run_by_run_or_say_why_they_are_missing() {
         // C / Rust per run: 0.9, 1.0, 0.5 -> median 0.9, range 0.50..1.00.
-        let mk = |c: f64, rust: f64| CPathRun { rate: (c * 1e6, rust * 1e6), bw: (c * 100.0, rust * 100.0), lat_p50: (2.0 * c, 2.0 * rust) };
+        let mk = |c: f64, rust: f64| CPathRun {
+            rate: (c * 1e6, rust * 1e6),
+            bw: (c * 100.0, rust * 100.0),
+            lat_p50: (2.0 * c, 2.0 * rust),
+            write_lat_p50: (3.0 * c, 3.0 * rust),
+        };
         let t = c_path_table(&[mk(0.9, 1.0), mk(1.0, 1.0), mk(0.5, 1.0)]);
         let rate = t.lines().find(|l| l.contains("message rate")).expect("rate row");
         assert!(rate.ends_with("| 0.900 M/s | 1.000 M/s | 0.90 | 0.50..1.00 | >= 0.9 |"), "{rate}");
         let lat = t.lines().find(|l| l.contains("ib_send_lat")).expect("latency row");
         assert!(lat.ends_with("| 1.80 us | 2.00 us | 0.90 | 0.50..1.00 | <= 1.1 |"), "{lat}");
+        let wlat = t.lines().find(|l| l.contains("ib_write_lat")).expect("WRITE latency row");
+        assert!(wlat.ends_with("| 2.70 us | 3.00 us | 0.90 | 0.50..1.00 | - |"), "{wlat}");
         let with = Run { c_path: Some(mk(1.0, 1.0)), ..Run::default() };
         assert!(summarize(&[with])
             .table
