@@ -164,11 +164,8 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     let c_runs: Vec<CPathRun> = runs.iter().filter_map(|r| r.c_path).collect();
     if c_runs.len() == runs.len() && !runs.is_empty() {
         for r in c_path_rows(&c_runs) {
-            let _ = writeln!(
-                t,
-                "| {} | {} | {} | {:.2} (runs {:.2}..{:.2}; target {}) |",
-                r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1, r.target
-            );
+            let target = if r.target == "-" { String::new() } else { format!("; target {}", r.target) };
+            let _ = writeln!(t, "| {} | {} | {} | {:.2} (runs {:.2}..{:.2}{target}) |", r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1);
         }
     } else {
         let why = runs.iter().find_map(|r| r.c_path_skipped.clone()).unwrap_or_else(|| "not measured in every run".into());
