@@ -303,14 +303,19 @@ impl Requester {
         SqFatal(status)
     }
 
-    /// Build the next request packet into `buf`, if any is due.
+    /// Build the next request packet into `buf`, if any is due, along
+    /// `path` (the QP's own, used in place; UD sends carry theirs per WR and
+    /// ignore it; a connected QP without one sends nothing).
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
         ctx: &mut RequesterCtx<'_>,
-        path: &mut PathHeaders,
+        path: Option<&mut PathHeaders>,
         buf: &mut [u8],
     ) -> Result<Option<usize>, SqFatal> {
+        if path.is_none() && ctx.qp_type != QpType::Ud {
+            return Ok(None);
+        }
         if self.rnr_until.is_some_and(|t| now < t) {
             return Ok(None);
         }
@@ -411,7 +416,14 @@ impl Requester {
     }
 
     /// Emit the packet at the cursor and advance it.
-    fn emit(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, path: &mut PathHeaders, buf: &mut [u8], pmtu: u64) -> Result<usize, SqFatal> {
+    fn emit(
+        &mut self,
+        now: Instant,
+        ctx: &mut RequesterCtx<'_>,
+        path: Option<&mut PathHeaders>,
+        buf: &mut [u8],
+        pmtu: u64,
+    ) -> Result<usize, SqFatal> {
         let i = self.cur;
         let w = &self.wqes[i];
         let first_psn = w.first_psn.expect("assigned above");
@@ -493,6 +505,8 @@ impl Requester {
             ud_path = PathHeaders::new(&ud.av, ud.av.udp_sport.unwrap_or_else(|| sport::ud_sport(ctx.qpn)));
             &mut ud_path
         } else {
+            // `poll_transmit` sends nothing on a connected QP without a path.
+            let Some(path) = path else { return Err(self.fatal(i, WcStatus::LocQpOpErr, ctx)) };
             path
         };
         self.ident = self.ident.wrapping_add(1);
