@@ -361,8 +361,12 @@ impl Requester {
                 }
                 // Local checks before the first packet (ConnectX/rxe: a bad lkey
                 // completes with LOC_PROT_ERR and the QP enters ERR).
+                // A SEND or WRITE that fits one packet skips it: that packet's
+                // gather checks the same SGEs (every one of non-zero length)
+                // before it copies a byte, and fails with the same status.
                 let needed = if w.is_rd_atomic() { Access::LOCAL_WRITE } else { Access::empty() };
-                if let WqePayload::Sgl(sgl) = &w.wr.payload {
+                let gathered_at_once = matches!(w.kind, Kind::Send | Kind::Write) && w.len <= pmtu;
+                if let (WqePayload::Sgl(sgl), false) = (&w.wr.payload, gathered_at_once) {
                     if ctx.memory.local_check(ctx.pd, sgl, needed).is_err() {
                         let i = self.cur;
                         return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
