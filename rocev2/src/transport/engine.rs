@@ -441,8 +441,16 @@ impl Engine {
         }
         let sig_all = qp.init.sq_sig_all;
         qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
-        self.arm(qpn);
-        self.wake(qpn);
+        // `arm` and `wake` with the QP in hand (one lookup a post).
+        let due = next_arm(qp, self.last_now);
+        let wake = !qp.ready;
+        qp.ready = true;
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
+        }
+        if wake {
+            self.ready.push_back(qpn);
+        }
         Ok(())
     }
 
