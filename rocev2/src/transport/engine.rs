@@ -49,7 +49,7 @@ use std::cmp::Reverse;
 use crate::hash::IntMap;
 use crate::transport::dcqcn::{DcqcnParams, ReactionPoint};
 pub use crate::transport::events::{AsyncEvent, EngineError, EngineStats, WireErrorKind};
-use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, req_parts, resp_ctx, resp_parts, Qp};
+use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, req_parts, resp_parts, Qp};
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
@@ -641,12 +641,10 @@ impl Engine {
             self.note_drained(qpn);
         } else {
             let out = {
-                let mut ctx = match resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) {
-                    Some(c) => c,
-                    None => return,
+                let Some((responder, mut ctx, _)) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) else {
+                    return;
                 };
-                let (responder, ctx) = (&mut ctx.0, &mut ctx.1);
-                responder.handle_request(now, ctx, p)
+                responder.handle_request(now, &mut ctx, p)
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);

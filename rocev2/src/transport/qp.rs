@@ -355,18 +355,8 @@ pub(crate) fn req_parts<'a>(
     )
 }
 
-/// The responder and its context, borrowed out of a QP (its own RQ or its SRQ).
-pub(crate) fn resp_ctx<'a>(
-    qp: &'a mut Qp,
-    memory: &'a MemoryTable,
-    srqs: &'a mut IntMap<SrqId, RecvQueue>,
-    completions: &'a mut VecDeque<Completion>,
-    events: &'a mut VecDeque<AsyncEvent>,
-) -> Option<(&'a mut Responder, ResponderCtx<'a>)> {
-    resp_parts(qp, memory, srqs, completions, events).map(|(responder, ctx, _)| (responder, ctx))
-}
-
-/// [`resp_ctx`] and the QP's path beside them, borrowed in place.
+/// The responder and its context, borrowed out of a QP (its own RQ or its
+/// SRQ), and the QP's path beside them, borrowed in place.
 pub(crate) fn resp_parts<'a>(
     qp: &'a mut Qp,
     memory: &'a MemoryTable,
@@ -408,7 +398,7 @@ pub(crate) fn flush_responder(
     completions: &mut VecDeque<Completion>,
     events: &mut VecDeque<AsyncEvent>,
 ) {
-    if let Some((responder, mut ctx)) = resp_ctx(qp, memory, srqs, completions, events) {
+    if let Some((responder, mut ctx, _)) = resp_parts(qp, memory, srqs, completions, events) {
         responder.flush(&mut ctx);
     }
 }
