@@ -480,3 +480,53 @@ fn dcqcn_off_for_a_qp_counts_cnps_without_limiting() {
     p.a.engine.handle_frame(Instant::from_nanos(20_000), &cnp);
     assert!(p.a.engine.qp_dcqcn(qa).unwrap().is_limited());
 }
+
+/// A SEND or WRITE whose SGE list has a bad local key anywhere (rxe/ConnectX:
+/// LOC_PROT_ERR, the QP enters ERR) sends no request frame and leaves the
+/// peer's memory untouched, whether the message fits one packet (whose gather
+/// is the check) or spans several (checked whole before the first); WRs of
+/// one packet over several good SGEs move their bytes in order.
+#[test]
+fn bad_local_key_fails_before_any_request_frame() {
+    let mtu = Mtu::Mtu1024;
+    for len in [1usize, 100, mtu.bytes() as usize, 3 * mtu.bytes() as usize] {
+        for bad_at in 0..3 {
+            for send in [false, true] {
+                let mut p = pair(Opts { mtu, ..Opts::default() });
+                pattern(&mut p.a, 0, len, 3);
+                // Three SGEs cover `len`: 1 byte, the rest but one, 1 byte (or fewer for tiny messages).
+                let parts = [1.min(len), len.saturating_sub(2), len.saturating_sub(1 + len.saturating_sub(2))];
+                let mut off = 0;
+                let mut sgl = Vec::new();
+                for (i, n) in parts.into_iter().enumerate() {
+                    let mut sge = p.a.sge(off, n as u32);
+                    if i == bad_at && n > 0 {
+                        sge.lkey ^= 0x80;
+                    }
+                    sgl.push(sge);
+                    off += n;
+                }
+                let bad = parts[bad_at] > 0;
+                let op = if send { SendOp::Send } else { SendOp::Write { remote: p.b.remote(8192) } };
+                if send {
+                    p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 5, sgl: vec![p.b.sge(8192, BUF as u32 - 8192)] }).unwrap();
+                }
+                p.a.engine.post_send(p.a.qpn, wr(1, op, sgl)).unwrap();
+                p.run();
+                let c = p.a.completions();
+                let at = format!("len {len}, bad SGE {bad_at}, send {send}");
+                assert_eq!(c.len(), 1, "{at}");
+                let requests = p.log().iter().filter(|s| s.dir == Dir::AtoB).count();
+                if bad {
+                    assert_eq!(c[0].status, WcStatus::LocProtErr, "{at}");
+                    assert_eq!(p.a.qp_state(), QpState::Err, "{at}");
+                    assert_eq!(requests, 0, "{at}");
+                    assert!(p.b.mem()[8192..8192 + len].iter().all(|&b| b == 0), "{at}");
+                } else {
+                    assert_eq!(c[0].status, WcStatus::Success, "{at}");
+                    assert_eq!(&p.b.mem()[8192..8192 + len], &p.a.mem()[..len], "{at}");
+                }
+            }
+        }
+    }
+}

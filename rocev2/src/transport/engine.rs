@@ -49,7 +49,7 @@ use std::cmp::Reverse;
 use crate::hash::IntMap;
 use crate::transport::dcqcn::{DcqcnParams, ReactionPoint};
 pub use crate::transport::events::{AsyncEvent, EngineError, EngineStats, WireErrorKind};
-use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, resp_ctx, Qp, UNUSED_PATH};
+use crate::transport::qp::{emit_cnp, flush_completion, flush_responder, from_peer, req_ctx, req_parts, resp_parts, Qp};
 use std::collections::{BinaryHeap, VecDeque};
 use std::sync::Arc;
 
@@ -60,7 +60,6 @@ use crate::transport::gsi::Gsi;
 use crate::transport::ids::PdId;
 use crate::transport::mcast::{is_multicast_gid, McastLimits, McastTable, MULTICAST_QPN};
 use crate::transport::memory::MemoryTable;
-use crate::transport::path::PathHeaders;
 use crate::transport::recv::RecvQueue;
 use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
@@ -442,8 +441,16 @@ impl Engine {
         }
         let sig_all = qp.init.sq_sig_all;
         qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
-        self.arm(qpn);
-        self.wake(qpn);
+        // `arm` and `wake` with the QP in hand (one lookup a post).
+        let due = next_arm(qp, self.last_now);
+        let wake = !qp.ready;
+        qp.ready = true;
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
+        }
+        if wake {
+            self.ready.push_back(qpn);
+        }
         Ok(())
     }
 
@@ -634,12 +641,10 @@ impl Engine {
             self.note_drained(qpn);
         } else {
             let out = {
-                let mut ctx = match resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) {
-                    Some(c) => c,
-                    None => return,
+                let Some((responder, mut ctx, _)) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) else {
+                    return;
                 };
-                let (responder, ctx) = (&mut ctx.0, &mut ctx.1);
-                responder.handle_request(now, ctx, p)
+                responder.handle_request(now, &mut ctx, p)
             };
             if let ResponderOutcome::QpError(_) = out {
                 self.enter_error(qpn, true);
@@ -706,9 +711,9 @@ impl Engine {
         let qp = self.qps.get_mut(&qpn)?;
         // A due CNP goes before anything else.
         if qp.cnp_due {
-            if let Some(path) = qp.path {
+            if let Some(path) = &qp.path {
                 qp.cnp_due = false;
-                if let Some(len) = emit_cnp(&path, qp.attr.dest_qp_num, self.config.dcqcn.cnp_dscp, buf) {
+                if let Some(len) = emit_cnp(path, qp.attr.dest_qp_num, self.config.dcqcn.cnp_dscp, buf) {
                     qp.stats.np_cnps_sent += 1;
                     qp.stats.tx_packets += 1;
                     qp.stats.tx_bytes += len as u64;
@@ -742,12 +747,11 @@ impl Engine {
     /// The next response of `qpn`'s responder, if any.
     fn transmit_response(&mut self, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
-        let path = qp.path?;
         let dest = qp.attr.dest_qp_num;
         let (out, fatal) = {
-            let mut c = resp_ctx(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
-            let (responder, ctx) = (&mut c.0, &mut c.1);
-            let out = responder.poll_transmit(ctx, &path, dest, buf);
+            // The path is used in place.
+            let (responder, mut ctx, path) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
+            let out = responder.poll_transmit(&mut ctx, path?, dest, buf);
             (out, responder.take_fatal())
         };
         if let Some(len) = out {
@@ -775,19 +779,11 @@ impl Engine {
         if !qp.rp.may_send(now) {
             return None;
         }
-        let mut path = match (qp.init.qp_type, qp.path) {
-            // UD sends carry their own path per WR; this one is never used.
-            (QpType::Ud, p) => p.unwrap_or_else(|| PathHeaders::new(&UNUSED_PATH, 0)),
-            (_, Some(p)) => p,
-            (_, None) => return None,
-        };
+        // The path is used in place (UD sends carry their own per WR).
         let r = {
-            let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
-            requester.poll_transmit(now, &mut ctx, &mut path, buf)
+            let (requester, mut ctx, path) = req_parts(qp, &self.memory, &mut self.completions);
+            requester.poll_transmit(now, &mut ctx, path, buf)
         };
-        if qp.init.qp_type != QpType::Ud {
-            qp.path = Some(path);
-        }
         if let Ok(Some(len)) = r {
             qp.rp.on_sent(now, len);
             // The reply a held ACK waited for: the ACK leaves next, right

@@ -2,8 +2,8 @@
 
 use crate::transport::attr::AddressVector;
 use crate::wire::{
-    crc, EthernetRepr, FrameRepr, HeaderTemplate, IpRepr, Ipv4Repr, Ipv6Repr, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
-    IPPROTO_UDP, ROCEV2_UDP_PORT,
+    CopyOnly, EthernetRepr, FrameRepr, HeaderTemplate, IpRepr, Ipv4Repr, Ipv6Repr, PayloadFill, TransportRepr, UdpRepr, WireError, ETHERTYPE_IPV4,
+    ETHERTYPE_IPV6, IPPROTO_UDP, ROCEV2_UDP_PORT,
 };
 
 /// Everything below the BTH for frames sent on one path: built once per QP
@@ -80,21 +80,13 @@ impl PathHeaders {
     /// Emit a whole frame into `buf`, letting `fill` write the payload in place.
     /// Returns the frame length.
     pub fn emit_with(&self, transport: TransportRepr, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
-        self.emit_with_crc(transport, payload_len, buf, |dst, crc| {
-            fill(dst);
-            crc::update(crc, dst)
-        })
+        self.emit_with_crc(transport, payload_len, buf, CopyOnly(fill))
     }
 
     /// [`emit_with`](Self::emit_with) with a `fill` that continues the ICRC
-    /// over the payload it writes ([`FrameRepr::emit_with_crc`]).
-    pub fn emit_with_crc(
-        &self,
-        transport: TransportRepr,
-        payload_len: usize,
-        buf: &mut [u8],
-        fill: impl FnOnce(&mut [u8], u32) -> u32,
-    ) -> Result<usize, WireError> {
+    /// over the payload it writes ([`FrameRepr::emit_with_crc`]), or any
+    /// [`PayloadFill`] ([`FrameRepr::emit_filled`]).
+    pub fn emit_with_crc(&self, transport: TransportRepr, payload_len: usize, buf: &mut [u8], fill: impl PayloadFill) -> Result<usize, WireError> {
         match &self.template {
             Some(t) => {
                 let ident = match self.ip {
@@ -103,7 +95,7 @@ impl PathHeaders {
                 };
                 t.emit_with_crc(ident, &transport, payload_len, buf, fill)
             }
-            None => self.frame(transport).emit_with_crc(payload_len, buf, fill),
+            None => self.frame(transport).emit_filled(payload_len, buf, fill),
         }
     }
 }

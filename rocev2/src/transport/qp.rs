@@ -291,7 +291,7 @@ pub(crate) fn emit_cnp(path: &PathHeaders, dest_qp: u32, dscp: u8, buf: &mut [u8
 /// (not yet connected): nobody is the peer.
 pub(crate) fn from_peer(av: Option<&AddressVector>, ip: &crate::wire::IpRepr) -> bool {
     let Some(av) = av else { return false };
-    av.sgid == ip.dst_gid() && av.dgid == ip.src_gid()
+    ip.is_between(&av.dgid, &av.sgid)
 }
 
 /// The UDP source port of an RC/UC path, unless the path names one: Linux's
@@ -302,6 +302,7 @@ fn rc_port(av: &AddressVector, qpn: u32, dest: u32) -> u16 {
     av.udp_sport.unwrap_or_else(|| sport::udp_sport(av.flow_label, qpn, dest))
 }
 
+#[cfg(test)]
 pub(crate) const UNUSED_PATH: AddressVector = AddressVector {
     dmac: [0; 6],
     smac: [0; 6],
@@ -320,6 +321,17 @@ pub(crate) fn req_ctx<'a>(
     memory: &'a MemoryTable,
     completions: &'a mut VecDeque<Completion>,
 ) -> (&'a mut Requester, RequesterCtx<'a>) {
+    let (requester, ctx, _) = req_parts(qp, memory, completions);
+    (requester, ctx)
+}
+
+/// [`req_ctx`] and the QP's path beside them, borrowed in place (not copied
+/// out and back per frame: with its header template it is about 200 bytes).
+pub(crate) fn req_parts<'a>(
+    qp: &'a mut Qp,
+    memory: &'a MemoryTable,
+    completions: &'a mut VecDeque<Completion>,
+) -> (&'a mut Requester, RequesterCtx<'a>, Option<&'a mut PathHeaders>) {
     (
         &mut qp.requester,
         RequesterCtx {
@@ -339,17 +351,19 @@ pub(crate) fn req_ctx<'a>(
             max_rd_atomic: qp.attr.max_rd_atomic,
             draining: qp.state == QpState::Sqd,
         },
+        qp.path.as_mut(),
     )
 }
 
-/// The responder and its context, borrowed out of a QP (its own RQ or its SRQ).
-pub(crate) fn resp_ctx<'a>(
+/// The responder and its context, borrowed out of a QP (its own RQ or its
+/// SRQ), and the QP's path beside them, borrowed in place.
+pub(crate) fn resp_parts<'a>(
     qp: &'a mut Qp,
     memory: &'a MemoryTable,
     srqs: &'a mut IntMap<SrqId, RecvQueue>,
     completions: &'a mut VecDeque<Completion>,
     events: &'a mut VecDeque<AsyncEvent>,
-) -> Option<(&'a mut Responder, ResponderCtx<'a>)> {
+) -> Option<(&'a mut Responder, ResponderCtx<'a>, Option<&'a PathHeaders>)> {
     let recv_queue = match (&mut qp.rq, qp.init.srq) {
         (Some(rq), _) => rq,
         (None, Some(id)) => srqs.get_mut(&id)?,
@@ -373,6 +387,7 @@ pub(crate) fn resp_ctx<'a>(
             max_dest_rd_atomic: qp.attr.max_dest_rd_atomic,
             stats: &mut qp.stats,
         },
+        qp.path.as_ref(),
     ))
 }
 
@@ -383,7 +398,7 @@ pub(crate) fn flush_responder(
     completions: &mut VecDeque<Completion>,
     events: &mut VecDeque<AsyncEvent>,
 ) {
-    if let Some((responder, mut ctx)) = resp_ctx(qp, memory, srqs, completions, events) {
+    if let Some((responder, mut ctx, _)) = resp_parts(qp, memory, srqs, completions, events) {
         responder.flush(&mut ctx);
     }
 }

@@ -24,7 +24,7 @@ use crate::transport::path::PathHeaders;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{SendWqe, WqePayload};
 use crate::transport::wr::{Completion, SendFlags, SendOp, WcStatus, WorkCompletion};
-use crate::wire::{crc, sport, Opcode};
+use crate::wire::{crc, sport, Opcode, PayloadFill};
 use crate::wire::{AtomicEthRepr, BthRepr, DethRepr, RethRepr, TransportRepr};
 
 /// AckReq at least every this many packets of a long message (rxe: 64 unacked packets).
@@ -303,14 +303,19 @@ impl Requester {
         SqFatal(status)
     }
 
-    /// Build the next request packet into `buf`, if any is due.
+    /// Build the next request packet into `buf`, if any is due, along
+    /// `path` (the QP's own, used in place; UD sends carry theirs per WR and
+    /// ignore it; a connected QP without one sends nothing).
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
         ctx: &mut RequesterCtx<'_>,
-        path: &mut PathHeaders,
+        path: Option<&mut PathHeaders>,
         buf: &mut [u8],
     ) -> Result<Option<usize>, SqFatal> {
+        if path.is_none() && ctx.qp_type != QpType::Ud {
+            return Ok(None);
+        }
         if self.rnr_until.is_some_and(|t| now < t) {
             return Ok(None);
         }
@@ -356,8 +361,12 @@ impl Requester {
                 }
                 // Local checks before the first packet (ConnectX/rxe: a bad lkey
                 // completes with LOC_PROT_ERR and the QP enters ERR).
+                // A SEND or WRITE that fits one packet skips it: that packet's
+                // gather checks the same SGEs (every one of non-zero length)
+                // before it copies a byte, and fails with the same status.
                 let needed = if w.is_rd_atomic() { Access::LOCAL_WRITE } else { Access::empty() };
-                if let WqePayload::Sgl(sgl) = &w.wr.payload {
+                let gathered_at_once = matches!(w.kind, Kind::Send | Kind::Write) && w.len <= pmtu;
+                if let (WqePayload::Sgl(sgl), false) = (&w.wr.payload, gathered_at_once) {
                     if ctx.memory.local_check(ctx.pd, sgl, needed).is_err() {
                         let i = self.cur;
                         return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
@@ -411,7 +420,14 @@ impl Requester {
     }
 
     /// Emit the packet at the cursor and advance it.
-    fn emit(&mut self, now: Instant, ctx: &mut RequesterCtx<'_>, path: &mut PathHeaders, buf: &mut [u8], pmtu: u64) -> Result<usize, SqFatal> {
+    fn emit(
+        &mut self,
+        now: Instant,
+        ctx: &mut RequesterCtx<'_>,
+        path: Option<&mut PathHeaders>,
+        buf: &mut [u8],
+        pmtu: u64,
+    ) -> Result<usize, SqFatal> {
         let i = self.cur;
         let w = &self.wqes[i];
         let first_psn = w.first_psn.expect("assigned above");
@@ -493,26 +509,17 @@ impl Requester {
             ud_path = PathHeaders::new(&ud.av, ud.av.udp_sport.unwrap_or_else(|| sport::ud_sport(ctx.qpn)));
             &mut ud_path
         } else {
+            // `poll_transmit` sends nothing on a connected QP without a path.
+            let Some(path) = path else { return Err(self.fatal(i, WcStatus::LocQpOpErr, ctx)) };
             path
         };
         self.ident = self.ident.wrapping_add(1);
         path.set_ident(self.ident);
         let mut gather_failed = false;
-        let memory = ctx.memory;
-        let pd = ctx.pd;
-        let payload = &w.wr.payload;
-        // The payload is copied and the ICRC continued over it in one pass.
-        let res = path.emit_with_crc(t, payload_len, buf, |dst, crc| match payload {
-            WqePayload::Inline(data) => {
-                let s = payload_off as usize;
-                crc::copy_update(crc, data.get(s..).unwrap_or_default(), dst)
-            }
-            WqePayload::Sgl(sgl) => memory.local_gather_crc(pd, sgl, payload_off, dst, crc).unwrap_or_else(|_| {
-                dst.fill(0);
-                gather_failed = true;
-                crc
-            }),
-        });
+        // The payload is copied and the ICRC continued over it in one pass
+        // (or, in a small frame, copied and then covered with the headers).
+        let fill = Gather { memory: ctx.memory, pd: ctx.pd, payload: &w.wr.payload, offset: payload_off, failed: &mut gather_failed };
+        let res = path.emit_with_crc(t, payload_len, buf, fill);
         let n = match res {
             Ok(n) => n,
             Err(_) => return Err(self.fatal(i, WcStatus::LocLenErr, ctx)),
@@ -546,6 +553,55 @@ impl Requester {
             }
         }
         Ok(n)
+    }
+}
+
+/// One packet's payload from a send WQE, from byte `offset` of its message:
+/// inline bytes, or gathered from its SGEs (checked as they are read; a
+/// failed gather zeroes the payload and sets `failed`).
+struct Gather<'a> {
+    memory: &'a MemoryTable,
+    pd: PdId,
+    payload: &'a WqePayload,
+    offset: u64,
+    failed: &'a mut bool,
+}
+
+impl Gather<'_> {
+    /// The inline bytes from `offset` on.
+    fn inline(data: &[u8], offset: u64) -> &[u8] {
+        data.get(offset as usize..).unwrap_or_default()
+    }
+}
+
+impl PayloadFill for Gather<'_> {
+    const COPIES: bool = true;
+
+    fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32 {
+        match self.payload {
+            WqePayload::Inline(data) => crc::copy_update(crc, Self::inline(data, self.offset), dst),
+            WqePayload::Sgl(sgl) => self.memory.local_gather_crc(self.pd, sgl, self.offset, dst, crc).unwrap_or_else(|_| {
+                dst.fill(0);
+                *self.failed = true;
+                crc
+            }),
+        }
+    }
+
+    fn copy(self, dst: &mut [u8]) {
+        match self.payload {
+            WqePayload::Inline(data) => {
+                let src = Self::inline(data, self.offset);
+                let n = src.len().min(dst.len());
+                dst[..n].copy_from_slice(&src[..n]);
+            }
+            WqePayload::Sgl(sgl) => {
+                if self.memory.local_gather(self.pd, sgl, self.offset, dst).is_err() {
+                    dst.fill(0);
+                    *self.failed = true;
+                }
+            }
+        }
     }
 }
 

@@ -242,10 +242,7 @@ impl FrameRepr {
     /// so the caller can gather the payload straight into `buf`.
     /// Returns the frame length.
     pub fn emit_with(&self, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8])) -> Result<usize, WireError> {
-        self.emit_with_crc(payload_len, buf, |dst, crc| {
-            fill(dst);
-            crc::update(crc, dst)
-        })
+        self.emit_filled(payload_len, buf, CopyOnly(fill))
     }
 
     /// [`emit_with`](Self::emit_with) for a `fill` that also continues the
@@ -254,6 +251,13 @@ impl FrameRepr {
     /// e.g. with [`crc::copy_update`], which copies and computes in one pass.
     /// A `fill` that returns anything else makes a frame with a bad ICRC.
     pub fn emit_with_crc(&self, payload_len: usize, buf: &mut [u8], fill: impl FnOnce(&mut [u8], u32) -> u32) -> Result<usize, WireError> {
+        self.emit_filled(payload_len, buf, fill)
+    }
+
+    /// [`emit_with_crc`](Self::emit_with_crc) with any [`PayloadFill`] (such
+    /// a closure is one): a filler that can also just copy lets a small
+    /// frame's ICRC be taken in one run.
+    pub fn emit_filled(&self, payload_len: usize, buf: &mut [u8], fill: impl PayloadFill) -> Result<usize, WireError> {
         let ib_len = self.layout_len()?;
         let layout_payload = self.transport.bth.opcode.layout().is_some_and(|l| l.payload);
         if payload_len > 0 && !layout_payload {
@@ -287,18 +291,64 @@ impl FrameRepr {
     }
 }
 
+/// What writes a frame's payload in place during an emit
+/// ([`FrameRepr::emit_with_crc`]): a closure `(dst, crc) -> crc` that copies
+/// and continues the ICRC in one pass, or a filler that can also just copy.
+pub trait PayloadFill {
+    /// Whether [`copy`](Self::copy) costs less than [`copy_crc`](Self::copy_crc)
+    /// (it skips the CRC): then a frame whose ICRC covers at most
+    /// [`crc::SHORT_MAX`] bytes takes it in one run over headers and payload
+    /// together, after the copy.
+    const COPIES: bool = false;
+
+    /// Write the payload into `dst` and return `crc` (the CRC of everything
+    /// before it, finished form) continued over the bytes written.
+    fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32;
+
+    /// Write the payload into `dst`, nothing else (called instead of
+    /// [`copy_crc`](Self::copy_crc) only when [`COPIES`](Self::COPIES)).
+    fn copy(self, dst: &mut [u8]);
+}
+
+impl<F: FnOnce(&mut [u8], u32) -> u32> PayloadFill for F {
+    fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32 {
+        self(dst, crc)
+    }
+
+    fn copy(self, dst: &mut [u8]) {
+        // Not called (`COPIES` is false): the closure's CRC has no use here.
+        self(dst, 0);
+    }
+}
+
+/// A [`PayloadFill`] from a closure that only writes the payload.
+pub struct CopyOnly<F>(pub F);
+
+impl<F: FnOnce(&mut [u8])> PayloadFill for CopyOnly<F> {
+    const COPIES: bool = true;
+
+    fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32 {
+        (self.0)(dst);
+        crc::update(crc, dst)
+    }
+
+    fn copy(self, dst: &mut [u8]) {
+        (self.0)(dst);
+    }
+}
+
 /// The part of an emit after the UDP header, shared by [`FrameRepr`] and
 /// [`HeaderTemplate`](super::template::HeaderTemplate): the transport
 /// headers at `l3[ip_len + UDP_LEN..]` with the pad count for `payload_len`,
 /// the payload through `fill`, zero pad bytes and the ICRC over the IP
 /// packet. `l3` must be exactly the IP packet (its length fields already
 /// written): headers, payload, pad and ICRC.
-pub(super) fn emit_transport_and_icrc(
+pub(super) fn emit_transport_and_icrc<F: PayloadFill>(
     transport: &TransportRepr,
     l3: &mut [u8],
     ip_len: usize,
     payload_len: usize,
-    fill: impl FnOnce(&mut [u8], u32) -> u32,
+    fill: F,
 ) -> Result<(), WireError> {
     let ib_at = ip_len + UDP_LEN;
     let ib_len = transport.emit(l3.get_mut(ib_at..).ok_or(WireError::BufferTooSmall)?)?;
@@ -311,11 +361,24 @@ pub(super) fn emit_transport_and_icrc(
     if l3.len() != payload_at + payload_len + pad + ICRC_LEN {
         return Err(WireError::BufferTooSmall);
     }
+    let end = payload_at + payload_len + pad;
+    if F::COPIES && end <= crc::SHORT_MAX {
+        // A small packet (a 64 B WRITE's 120 bytes): the payload copied and
+        // the pad zeroed first, then the ICRC over all of it in one masked
+        // run, instead of a run over the headers continued over the payload.
+        let (_, tail) = l3.split_at_mut(payload_at);
+        let (payload, tail) = tail.split_at_mut(payload_len);
+        fill.copy(payload);
+        tail[..pad].fill(0);
+        let crc = icrc::compute(l3, ip_len, end)?;
+        l3[end..].copy_from_slice(&crc.to_le_bytes());
+        return Ok(());
+    }
     // The ICRC over the headers, the payload as `fill` writes it, the pad.
     let crc = icrc::headers(l3, ip_len, payload_at)?;
     let (_, tail) = l3.split_at_mut(payload_at);
     let (payload, tail) = tail.split_at_mut(payload_len);
-    let crc = fill(payload, crc);
+    let crc = fill.copy_crc(payload, crc);
     let (pad_bytes, icrc_bytes) = tail.split_at_mut(pad);
     pad_bytes.fill(0);
     let crc = crc::update(crc, pad_bytes);

@@ -39,7 +39,9 @@ pub use ext::{
     rnr_timer_nanos, AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr,
     IethPacket, ImmDtPacket, NakCode, RethPacket, RethRepr,
 };
-pub use frame::{pad_for, parse_frame, parse_frame_into, parse_l3, peek_dest_qpn, peek_opcode, FrameRepr, ParsedFrame, ParsedL3};
+pub use frame::{
+    pad_for, parse_frame, parse_frame_into, parse_l3, peek_dest_qpn, peek_opcode, CopyOnly, FrameRepr, ParsedFrame, ParsedL3, PayloadFill,
+};
 pub use icrc::ICRC_LEN;
 pub use ip::{ipv4_mapped, IpRepr, IPPROTO_UDP};
 pub use ipv4::{internet_checksum, Ipv4Packet, Ipv4Repr, IPV4_LEN};

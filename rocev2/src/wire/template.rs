@@ -15,7 +15,7 @@
 
 use super::error::WireError;
 use super::ethernet::EthernetRepr;
-use super::frame::{emit_transport_and_icrc, pad_for};
+use super::frame::{emit_transport_and_icrc, pad_for, PayloadFill};
 use super::icrc::ICRC_LEN;
 use super::ip::IpRepr;
 use super::transport_headers::TransportRepr;
@@ -85,7 +85,8 @@ impl HeaderTemplate {
     /// Emit a whole frame: these headers (IPv4 identification `ident`), then
     /// `transport`, the payload through `fill` (as in
     /// [`FrameRepr::emit_with_crc`](super::FrameRepr::emit_with_crc): it
-    /// gets the CRC so far and returns it continued over the payload), pad
+    /// gets the CRC so far and returns it continued over the payload; or any
+    /// [`PayloadFill`], as [`FrameRepr::emit_filled`](super::FrameRepr::emit_filled)), pad
     /// and ICRC. Returns the frame length.
     ///
     /// Errors: `UnknownOpcode`, `UnexpectedPayload` (payload for an opcode
@@ -96,7 +97,7 @@ impl HeaderTemplate {
         transport: &TransportRepr,
         payload_len: usize,
         buf: &mut [u8],
-        fill: impl FnOnce(&mut [u8], u32) -> u32,
+        fill: impl PayloadFill,
     ) -> Result<usize, WireError> {
         let op = transport.bth.opcode;
         let layout = op.layout().ok_or(WireError::UnknownOpcode(op.0))?;
@@ -139,7 +140,9 @@ impl HeaderTemplate {
 mod tests {
     use super::*;
     use crate::psn::Psn;
-    use crate::wire::{crc, BthRepr, EthernetRepr, FrameRepr, Ipv4Repr, Ipv6Repr, Opcode, RethRepr, VlanTag, ETHERTYPE_IPV4, ETHERTYPE_IPV6};
+    use crate::wire::{
+        crc, BthRepr, CopyOnly, EthernetRepr, FrameRepr, Ipv4Repr, Ipv6Repr, Opcode, RethRepr, VlanTag, ETHERTYPE_IPV4, ETHERTYPE_IPV6,
+    };
 
     fn paths() -> Vec<(EthernetRepr, IpRepr, UdpRepr)> {
         let mut v = Vec::new();
@@ -191,7 +194,8 @@ mod tests {
             let t = HeaderTemplate::new(&eth, &ip, &udp).unwrap();
             for transport in transports() {
                 let has_payload = transport.bth.opcode.layout().is_some_and(|l| l.payload);
-                let lens: &[usize] = if has_payload { &[0, 1, 2, 3, 4, 64, 1021, 4096] } else { &[0] };
+                // 40–72: either side of the one-run ICRC's limit (127 covered bytes).
+                let lens: &[usize] = if has_payload { &[0, 1, 2, 3, 4, 40, 51, 52, 64, 71, 72, 1021, 4096] } else { &[0] };
                 for &n in lens {
                     for ident in [0u16, 1, 0x7fff, 0xfffe, 0xffff] {
                         let mut ip = ip;
@@ -206,6 +210,11 @@ mod tests {
                         assert_eq!(gn, wn, "{ip:?} {transport:?} {n}");
                         assert_eq!(got[..gn], want[..wn], "{ip:?} {:?} payload {n} ident {ident}", transport.bth.opcode);
                         assert!(crate::wire::parse_frame(&got[..gn]).is_ok());
+                        // A filler that only copies (small frames: one ICRC run over headers and payload).
+                        let mut copied = vec![0x3cu8; 4300];
+                        let cn = t.emit_with_crc(ident, &transport, n, &mut copied, CopyOnly(|d: &mut [u8]| d.copy_from_slice(&data[..d.len()])));
+                        assert_eq!(cn, Ok(wn));
+                        assert_eq!(copied[..wn], want[..wn], "{ip:?} {:?} payload {n} ident {ident}, copy only", transport.bth.opcode);
                     }
                 }
             }
@@ -226,7 +235,7 @@ mod tests {
         assert_eq!(t.emit_with_crc(0, &write, 70_000, &mut [0u8; 200], fill), Err(WireError::FieldOverflow));
         // The largest payload whose lengths still fit their fields.
         let mut big = vec![0u8; 66_000];
-        assert!(t.emit_with_crc(0, &write, 65_000, &mut big, |d, c| crc::update(c, d)).is_ok());
+        assert!(t.emit_with_crc(0, &write, 65_000, &mut big, |d: &mut [u8], c: u32| crc::update(c, d)).is_ok());
         assert_eq!(t.emit_with_crc(0, &write, 65_500, &mut big, fill), Err(WireError::FieldOverflow));
     }
 }

@@ -111,7 +111,10 @@ impl Table {
         if len == 0 {
             return Ok(());
         }
-        // Pass 1 checks everything, pass 2 moves: no byte moves unless all pieces are valid.
+        // Pass 1 checks everything, pass 2 moves: no byte moves unless all
+        // pieces are valid. A range within one SGE (a small message, most
+        // frames of a large one) moves in pass 1, with the key resolved once.
+        let mut single = None;
         for pass in 0..2 {
             let mut pos = 0u64; // start of the current SGE in the concatenation
             for s in sgl {
@@ -131,7 +134,13 @@ impl Table {
                 let host = self.resolve_local(pd, s.lkey, addr, to - from, needed)?;
                 if pass == 1 {
                     f(host, (from - offset) as usize, (to - from) as usize);
+                } else if from == offset && to == end {
+                    single = Some(host);
                 }
+            }
+            if let Some(host) = single {
+                f(host, 0, len);
+                break;
             }
         }
         Ok(())

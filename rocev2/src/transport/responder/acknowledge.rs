@@ -192,7 +192,7 @@ impl Responder {
         let tr = response(opcode, dest_qpn, psn, aeth, None);
         let mut read = Ok(());
         let (memory, pd, qpn) = (ctx.memory, ctx.pd, ctx.qpn);
-        let emitted = path.emit_with_crc(tr, n as usize, buf, |dst, crc| {
+        let emitted = path.emit_with_crc(tr, n as usize, buf, |dst: &mut [u8], crc: u32| {
             if dst.is_empty() {
                 return crc;
             }
