@@ -312,7 +312,8 @@ enum PeerState {
     /// arrives).
     Closed,
     /// Sent its next exchange message: it finished the test while this
-    /// side still waits for completions (it ran fewer iterations).
+    /// side still waits for completions (it ran fewer iterations, unless
+    /// this side has done them all and waits for its last ACK).
     Ahead,
 }
 
@@ -356,6 +357,11 @@ impl<'a> Watch<'a> {
         }
         let peer = self.ch.peer_name();
         match self.ch.peer_state()? {
+            // Every iteration done here: the peer may rightly be in the
+            // closing exchange while our last SEND's completion (its ACK,
+            // which it may hold for a reply that never comes, up to
+            // `EngineConfig::ack_hold`) is still on its way.
+            PeerState::Ahead if done >= iters => {}
             PeerState::Ahead => {
                 bail!("the {peer} finished the test after {done} of our {iters} iterations (both sides must run the same -n)")
             }
