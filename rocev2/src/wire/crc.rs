@@ -25,32 +25,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::crc_short;
-
-/// Longest run [`update_masked`] takes (longer ones are refused).
-pub const SHORT_MAX: usize = 127;
-
-/// The CRC-32 polynomial x^32 + x^26 + ... + 1 (bit 32 set, not reflected).
-const POLY: u64 = 0x1_04C1_1DB7;
-
-/// x^n mod P, not reflected (degree < 32).
-pub(super) const fn xpow_mod(n: u32) -> u32 {
-    let mut r: u64 = 1;
-    let mut i = 0;
-    while i < n {
-        r <<= 1;
-        if r & (1 << 32) != 0 {
-            r ^= POLY;
-        }
-        i += 1;
-    }
-    r as u32
-}
-
-/// The two multipliers that fold a 128-bit lane forward by `d` bits (low
-/// half, high half), in the reflected domain.
-pub const fn fold_keys(d: u32) -> (u64, u64) {
-    ((xpow_mod(d + 32).reverse_bits() as u64) << 1, (xpow_mod(d - 32).reverse_bits() as u64) << 1)
-}
+pub use super::crc_short::{fold_keys, SHORT_MAX};
 
 /// Copies shorter than this take `copy_from_slice` + `crc32fast`: the fused
 /// kernel's set-up and final folds cost more than they save.
@@ -261,7 +236,7 @@ mod tests {
         // Linux's crc32-pclmul and zlib use them), and x^64 mod P.
         assert_eq!(fold_keys(512), (0x1_5444_2bd4, 0x1_c6e4_1596));
         assert_eq!(fold_keys(128), (0x1_7519_97d0, 0x0_ccaa_009e));
-        assert_eq!((xpow_mod(64).reverse_bits() as u64) << 1, 0x1_63cd_6124);
+        assert_eq!((crate::wire::crc_short::xpow_mod(64).reverse_bits() as u64) << 1, 0x1_63cd_6124);
     }
 
     #[test]

@@ -21,13 +21,36 @@
 #[cfg(target_arch = "x86_64")]
 use core::arch::x86_64::*;
 
-use super::crc::{fold_keys, xpow_mod};
-
-/// Longest buffer this kernel takes; from 128 bytes on `crc32fast` folds
+/// Longest buffer this kernel takes (and the longest run
+/// [`super::crc::update_masked`] takes); from 128 bytes on `crc32fast` folds
 /// four lanes (or wider) at once, which beats one lane's chain of
 /// dependent multiplications (`benches/wire.rs` `crc_short`: at 128 bytes
 /// one lane took 1.09x the time of `crc32fast`'s Hasher, at 80 bytes 0.80x).
-pub const SHORT_MAX: usize = super::crc::SHORT_MAX;
+pub const SHORT_MAX: usize = 127;
+
+/// The CRC-32 polynomial x^32 + x^26 + ... + 1 (bit 32 set, not reflected).
+const POLY: u64 = 0x1_04C1_1DB7;
+
+/// x^n mod P, not reflected (degree < 32).
+pub(super) const fn xpow_mod(n: u32) -> u32 {
+    let mut r: u64 = 1;
+    let mut i = 0;
+    while i < n {
+        r <<= 1;
+        if r & (1 << 32) != 0 {
+            r ^= POLY;
+        }
+        i += 1;
+    }
+    r as u32
+}
+
+/// The two multipliers that fold a 128-bit lane forward by `d` bits (low
+/// half, high half), in the reflected domain (this kernel's and
+/// [`super::crc`]'s fused one).
+pub const fn fold_keys(d: u32) -> (u64, u64) {
+    ((xpow_mod(d + 32).reverse_bits() as u64) << 1, (xpow_mod(d - 32).reverse_bits() as u64) << 1)
+}
 
 /// Shortest buffer this kernel takes (one whole lane).
 pub const SHORT_MIN: usize = 16;
@@ -237,7 +260,7 @@ mod tests {
             .collect();
         for len in 0..=SHORT_MAX + 40 {
             for off in [0, 1, 7, 15, 16, 33] {
-                for init in [0, !0, 0xdead_beef, crate::wire::icrc::LRH_CRC, 0x0000_00ff, 0xff00_0000] {
+                for init in [0, !0, 0xdead_beef, 0x2144_df1c /* the ICRC's start, icrc::LRH_CRC */, 0x0000_00ff, 0xff00_0000] {
                     let d = &buf[off..off + len];
                     // SAFETY: available() said yes.
                     let got = unsafe { update(init, d) };
