@@ -443,13 +443,9 @@ impl Engine {
         qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
         // `arm` and `wake` with the QP in hand (one lookup a post).
         let due = next_arm(qp, self.last_now);
-        let wake = !qp.ready;
-        qp.ready = true;
+        mark_ready(qp, &mut self.ready);
         if let Some(t) = due {
             self.queue_timer(t, qpn);
-        }
-        if wake {
-            self.ready.push_back(qpn);
         }
         Ok(())
     }
@@ -610,10 +606,7 @@ impl Engine {
         }
         // Whatever this frame does to the QP (ACK, request, NAK), it may
         // have something to send afterwards.
-        if !qp.ready {
-            qp.ready = true;
-            self.ready.push_back(qpn);
-        }
+        mark_ready(qp, &mut self.ready);
         qp.stats.rx_packets += 1;
         qp.stats.rx_bytes += len as u64;
         // DCQCN notification point: CE-marked packets of a connected QP are
@@ -852,10 +845,7 @@ impl Engine {
     /// Put `qpn` on the ready list (once).
     fn wake(&mut self, qpn: u32) {
         if let Some(qp) = self.qps.get_mut(&qpn) {
-            if !qp.ready {
-                qp.ready = true;
-                self.ready.push_back(qpn);
-            }
+            mark_ready(qp, &mut self.ready);
         }
     }
 
@@ -907,10 +897,7 @@ impl Engine {
             if qp.responder.expire_hold(now) {
                 qp.stats.resp_acks_hold_expired += 1;
             }
-            if !qp.ready {
-                qp.ready = true;
-                self.ready.push_back(qpn);
-            }
+            mark_ready(qp, &mut self.ready);
             if qp.requester.next_timeout().is_some_and(|d| d <= now) {
                 let r = {
                     let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
@@ -939,6 +926,15 @@ fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
     }
     qp.timer_at = Some(t);
     Some(t)
+}
+
+/// Put `qp` on the ready list (the QPs `poll_transmit` visits) unless it
+/// is there already.
+fn mark_ready(qp: &mut Qp, ready: &mut VecDeque<u32>) {
+    if !qp.ready {
+        qp.ready = true;
+        ready.push_back(qp.qpn);
+    }
 }
 
 /// A draining QP (SQD) whose requester has nothing outstanding reports
