@@ -67,14 +67,15 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
 /// BTH and the longest extension headers a packet carries (AtomicETH, 28).
 pub const HEADERS_MAX: usize = 60 + UDP_LEN + BTH_LEN + 28;
 
-/// The ICRC's masks (A17.3.3) over an IP header of `ip_len` bytes (20 for
-/// IPv4 without options, 40 for IPv6), UDP and BTH, and zeros after them
-/// (extension headers and payload): ones where a variant field lies. `N`
+/// The ICRC's masks (A17.3.3) over an IPv6 header (`v6`) or an IPv4 header
+/// of `ip_len` bytes, UDP and BTH, and zeros after them (extension headers
+/// and payload): ones where a variant field lies. For the usual headers `N`
 /// covers the longest run the short CRC kernel takes, so a small packet's
-/// whole ICRC is one masked run.
-const fn header_mask<const N: usize>(ip_len: usize) -> [u8; N] {
+/// whole ICRC is one masked run; [`headers`] masks its copy of other
+/// headers with it too.
+const fn header_mask<const N: usize>(v6: bool, ip_len: usize) -> [u8; N] {
     let mut m = [0u8; N];
-    if ip_len == IPV6_LEN {
+    if v6 {
         m[0] = 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
         m[1] = 0xff; // ... and the flow label
         m[2] = 0xff;
@@ -93,10 +94,10 @@ const fn header_mask<const N: usize>(ip_len: usize) -> [u8; N] {
 }
 
 /// [`header_mask`] for IPv4 without options.
-const MASK_V4: [u8; MASK_LEN] = header_mask(20);
+const MASK_V4: [u8; MASK_LEN] = header_mask(false, 20);
 
 /// [`header_mask`] for IPv6.
-const MASK_V6: [u8; MASK_LEN] = header_mask(IPV6_LEN);
+const MASK_V6: [u8; MASK_LEN] = header_mask(true, IPV6_LEN);
 
 /// Bytes a mask covers: every run the short CRC kernel takes.
 const MASK_LEN: usize = crc::SHORT_MAX;
@@ -136,35 +137,16 @@ pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, 
     }
     // Otherwise the masked headers are copied into one buffer, so the CRC
     // runs over them at once rather than over several small runs.
-    let mut hdr = [0u8; HEADERS_MAX];
     match version {
-        4 => {
-            let bad_ihl = WireError::BadIhl((ip_header_len / 4).min(255) as u8);
-            if !(20..=60).contains(&ip_header_len) {
-                return Err(bad_ihl);
-            }
-            hdr.get_mut(..upto).ok_or(WireError::BufferTooSmall)?.copy_from_slice(covered);
-            hdr[1] = 0xff; // TOS (DSCP + ECN)
-            hdr[8] = 0xff; // TTL
-            hdr[10] = 0xff; // header checksum
-            hdr[11] = 0xff;
-        }
-        6 => {
-            if ip_header_len != IPV6_LEN {
-                return Err(WireError::BadIpLength);
-            }
-            hdr.get_mut(..upto).ok_or(WireError::BufferTooSmall)?.copy_from_slice(covered);
-            hdr[0] |= 0x0f; // traffic class (low nibble of byte 0, high of byte 1)
-            hdr[1] = 0xff; // ... and the flow label
-            hdr[2] = 0xff;
-            hdr[3] = 0xff;
-            hdr[7] = 0xff; // hop limit
-        }
+        4 if !(20..=60).contains(&ip_header_len) => return Err(WireError::BadIhl((ip_header_len / 4).min(255) as u8)),
+        6 if ip_header_len != IPV6_LEN => return Err(WireError::BadIpLength),
+        4 | 6 => {}
         v => return Err(WireError::BadIpVersion(v)),
     }
-    hdr[udp + 6] = 0xff; // UDP checksum
-    hdr[udp + 7] = 0xff;
-    hdr[bth + 4] = 0xff; // FECN, BECN, resv6
+    let mut hdr: [u8; HEADERS_MAX] = header_mask(version == 6, ip_header_len);
+    for (h, &c) in hdr.iter_mut().zip(covered) {
+        *h |= c;
+    }
     Ok(crc::update(LRH_CRC, &hdr[..upto]))
 }
 
