@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context as _, Result};
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::median;
+use super::metrics::{median, spread};
 use crate::progress::Progress;
 
 /// 64-byte WRITEs per message-rate measurement (about a second here).
@@ -293,17 +293,14 @@ pub(super) struct CPathRow {
     pub(super) ratio: f64,
     pub(super) range: (f64, f64),
     /// The issue's target: at least (bandwidth) or at most (latency);
-    /// "-" where the issue sets none.
-    pub(super) target: &'static str,
+    /// `None` where the issue sets none.
+    pub(super) target: Option<&'static str>,
 }
 
 /// The three C-path rows over `runs` (medians; ratios paired run by run).
 pub(super) fn c_path_rows(runs: &[CPathRun]) -> Vec<CPathRow> {
     let med = |f: &dyn Fn(&CPathRun) -> f64| median(&mut runs.iter().map(f).collect::<Vec<_>>());
-    let range = |f: &dyn Fn(&CPathRun) -> f64| {
-        let v: Vec<f64> = runs.iter().map(f).collect();
-        (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
-    };
+    let range = |f: &dyn Fn(&CPathRun) -> f64| spread(&runs.iter().map(f).collect::<Vec<_>>());
     let mk = |measure: &str, f: &dyn Fn(&CPathRun) -> (f64, f64), fmt: &dyn Fn(f64) -> String, target| {
         let ratio = |r: &CPathRun| f(r).0 / f(r).1;
         CPathRow {
@@ -320,11 +317,16 @@ pub(super) fn c_path_rows(runs: &[CPathRun]) -> Vec<CPathRow> {
             "C path: ib_write_bw -s 64 (Debian's perftest on urnic's libibverbs.so.1) vs urnic perf write-bw -s 64, message rate",
             &|r| r.rate,
             &|v| format!("{:.3} M/s", v / 1e6),
-            ">= 0.9",
+            Some(">= 0.9"),
         ),
-        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MB/s"), ">= 0.9"),
-        mk("C path: ib_send_lat -s 8 vs urnic perf send-lat -s 8, p50 (t_typical, one-way)", &|r| r.lat_p50, &|v| format!("{v:.2} us"), "<= 1.1"),
-        mk("C path: ib_write_lat -s 8 vs urnic perf write-lat -s 8, p50 (t_typical, one-way)", &|r| r.write_lat_p50, &|v| format!("{v:.2} us"), "-"),
+        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MB/s"), Some(">= 0.9")),
+        mk(
+            "C path: ib_send_lat -s 8 vs urnic perf send-lat -s 8, p50 (t_typical, one-way)",
+            &|r| r.lat_p50,
+            &|v| format!("{v:.2} us"),
+            Some("<= 1.1"),
+        ),
+        mk("C path: ib_write_lat -s 8 vs urnic perf write-lat -s 8, p50 (t_typical, one-way)", &|r| r.write_lat_p50, &|v| format!("{v:.2} us"), None),
     ]
 }
 
@@ -338,7 +340,17 @@ pub(super) fn c_path_table(runs: &[CPathRun]) -> String {
     );
     t.push_str("|---|---|---|---|---|---|\n");
     for r in c_path_rows(runs) {
-        let _ = writeln!(t, "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {} |", r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1, r.target);
+        let _ = writeln!(
+            t,
+            "| {} | {} | {} | {:.2} | {:.2}..{:.2} | {} |",
+            r.measure,
+            r.c,
+            r.rust,
+            r.ratio,
+            r.range.0,
+            r.range.1,
+            r.target.unwrap_or("-")
+        );
     }
     t
 }

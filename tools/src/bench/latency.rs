@@ -25,7 +25,7 @@ use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::{median, pct};
+use super::metrics::{median, pct, spread};
 use super::raw_xdp::{RawPingPong, SEND8_FRAME};
 use super::urnic_runs::{rig, Poller, Rig};
 use super::Cores;
@@ -336,8 +336,7 @@ pub(super) fn rows(runs: &[&LatencyRun]) -> String {
         sp.outlier
     );
     let range = |v: &[f64]| {
-        let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
-        let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let (lo, hi) = spread(v);
         format!("{lo:.2}..{hi:.2}")
     };
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {

@@ -7,6 +7,11 @@ pub(super) fn median(v: &mut [f64]) -> f64 {
     pct(v, 0.5)
 }
 
+/// The lowest and the highest of `v` (infinities if empty).
+pub(super) fn spread(v: &[f64]) -> (f64, f64) {
+    (v.iter().copied().fold(f64::INFINITY, f64::min), v.iter().copied().fold(f64::NEG_INFINITY, f64::max))
+}
+
 /// The `p` quantile (nearest rank; sorts `v`); NaN if empty.
 pub(super) fn pct(v: &mut [f64], p: f64) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));

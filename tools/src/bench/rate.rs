@@ -24,7 +24,7 @@ use anyhow::Result;
 use rocev2::wire::crc;
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::median;
+use super::metrics::{median, spread};
 use super::raw_xdp::{raw_afxdp, raw_afxdp_cpu, write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::{urnic_rate, urnic_write_64k};
 use super::{bracketed, veth_pairs, Cores};
@@ -218,7 +218,7 @@ pub fn run_only(n: usize) -> Result<()> {
     drop(p);
     let med = |f: &dyn Fn(&RateRun) -> f64| {
         let mut v: Vec<f64> = all.iter().map(f).collect();
-        let (lo, hi) = v.iter().fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), &x| (a.min(x), b.max(x)));
+        let (lo, hi) = spread(&v);
         (median(&mut v), lo, hi)
     };
     let line = |what: &str, (m, lo, hi): (f64, f64, f64), target: &str| format!("| {what} | {m:.2} | {lo:.2}–{hi:.2} | {target} |");

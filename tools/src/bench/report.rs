@@ -5,7 +5,7 @@
 use std::fmt::Write as _;
 
 use super::c_path::{c_path_rows, CPathRun};
-use super::metrics::{median, pct};
+use super::metrics::{median, pct, spread};
 use super::raw_xdp::{write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
 use super::{Cores, Run};
@@ -40,7 +40,7 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     // of the per-run ratios with their range (and issue 20's target, if the
     // row has one).
     let row = |t: &mut String, measure: String, urnic: String, baseline: String, ratios: Vec<f64>, target: Option<&str>| {
-        let _ = writeln!(t, "| {measure} | {urnic} | {baseline} | {} |", ratio_cell(ratios, target));
+        let _ = writeln!(t, "| {measure} | {urnic} | {baseline} | {} |", ratio_cell(median(&mut ratios.clone()), spread(&ratios), target));
     };
     // The per-run values of `f`.
     let per = |f: &dyn Fn(&Run) -> f64| runs.iter().map(f).collect::<Vec<_>>();
@@ -164,8 +164,7 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
     let c_runs: Vec<CPathRun> = runs.iter().filter_map(|r| r.c_path).collect();
     if c_runs.len() == runs.len() && !runs.is_empty() {
         for r in c_path_rows(&c_runs) {
-            let target = if r.target == "-" { String::new() } else { format!("; target {}", r.target) };
-            let _ = writeln!(t, "| {} | {} | {} | {:.2} (runs {:.2}..{:.2}{target}) |", r.measure, r.c, r.rust, r.ratio, r.range.0, r.range.1);
+            let _ = writeln!(t, "| {} | {} | {} | {} |", r.measure, r.c, r.rust, ratio_cell(r.ratio, r.range, r.target));
         }
     } else {
         let why = runs.iter().find_map(|r| r.c_path_skipped.clone()).unwrap_or_else(|| "not measured in every run".into());
@@ -345,12 +344,9 @@ pub(super) fn finish(dir: &std::path::Path, mut md: String, s: &Summary) -> Resu
     crate::out::outln!("written: {}", dir.display())?;
     Ok(())
 }
-/// A ratio cell: the median of the per-run ratios, their range, and the
-/// target if the row has one (issue 20's, in the same words as the README).
-fn ratio_cell(mut ratios: Vec<f64>, target: Option<&str>) -> String {
-    let lo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-    let hi = ratios.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-    let m = median(&mut ratios);
+/// A ratio cell: the median `m` of the per-run ratios, their range, and the
+/// target if the row has one (the issue's, in the same words as the README).
+fn ratio_cell(m: f64, (lo, hi): (f64, f64), target: Option<&str>) -> String {
     match target {
         Some(t) => format!("{m:.2} (runs {lo:.2}..{hi:.2}; target {t})"),
         None => format!("{m:.2} (runs {lo:.2}..{hi:.2})"),
