@@ -152,7 +152,7 @@ fn debian_programs_rxe_servers_urnic_clients() {
         guest.wait_for_marker(&case_marker(c.name));
         let mut argv = c.argv("urnic-eth0");
         argv.push(GUEST_IP.to_string());
-        let t = lab.urnic_client(&lib, &argv, c.name, &guest.log, &mut refused_before_connecting);
+        let t = lab.urnic_client(&lib, &argv, c.name, (&guest.log, &guest.share), &mut refused_before_connecting);
         eprintln!("{}: urnic client: {}", c.name, c.check_client_output(&t, "urnic"));
         ran.push(c.name);
     }
@@ -226,7 +226,7 @@ fn debian_rc_pingpong_over_link_local_gids_both_roles() {
 
     // rxe serves, urnic's library is the client (retrying until rxe listens).
     guest.wait_for_marker(&case_marker("ll_rxe_server"));
-    let t = lab.urnic_client(&lib, &argv(Some(GUEST_IP)), case.name, &guest.log, &mut refused_before_connecting);
+    let t = lab.urnic_client(&lib, &argv(Some(GUEST_IP)), case.name, (&guest.log, &guest.share), &mut refused_before_connecting);
     eprintln!("urnic client: {}", case.check_client_output(&t, "urnic"));
     link_local(&t, "urnic client");
 

@@ -260,7 +260,7 @@ fn rdmacm_programs_rxe_servers_urnic_clients() {
     for c in CASES {
         guest.wait_for_marker(&case_marker(c.name));
         let argv = c.argv(true, GUEST_IP);
-        let (log, pcap) = (guest.log.clone(), guest.pcap.clone());
+        let (log, share, pcap) = (guest.log.clone(), guest.share.clone(), guest.pcap.clone());
         let mut attempt = 0;
         let mut again = |out: &str| {
             if attempt < 10 && lost_race(c.race, out, &pcap) {
@@ -276,7 +276,7 @@ fn rdmacm_programs_rxe_servers_urnic_clients() {
             }
             refused_before_connecting(out)
         };
-        let t = lab.urnic_client(&lib, &argv, c.name, &log, &mut again);
+        let t = lab.urnic_client(&lib, &argv, c.name, (&log, &share), &mut again);
         c.check_client(&t, "urnic");
         if c.serves_on {
             tell_guest(&guest, &format!("{}.stop", c.name));

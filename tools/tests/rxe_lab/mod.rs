@@ -400,11 +400,13 @@ impl Lab {
     }
 
     /// Run urnic's client `argv` against the guest's server of case `name`
-    /// (the guest logging to `log`), again while `again` says so for its
-    /// output (a server that did not listen yet: nothing was exchanged); it
-    /// must then succeed. Returns its output. Hang guards: a client still
-    /// running after 300 s, or 300 s of runs again, fail the case.
-    pub fn urnic_client(&self, lib: &Path, argv: &[String], name: &str, log: &Path, again: &mut dyn FnMut(&str) -> bool) -> String {
+    /// (the guest's console `log` and 9p `share`),
+    /// again while `again` says so for its output (a server that did not
+    /// listen yet: nothing was exchanged); it must then succeed. Returns its
+    /// output. A failure shows the guest's console and its server's own
+    /// output so far (/host/NAME.out). Hang guards: a client still running
+    /// after 300 s, or 300 s of runs again, fail the case.
+    pub fn urnic_client(&self, lib: &Path, argv: &[String], name: &str, (log, share): (&Path, &Path), again: &mut dyn FnMut(&str) -> bool) -> String {
         let start = Instant::now();
         let out = loop {
             let o = bounded(self.ours(lib, argv), name);
@@ -416,8 +418,11 @@ impl Lab {
             std::thread::sleep(Duration::from_millis(500));
         };
         let t = text(&out);
-        let console = std::fs::read_to_string(log).unwrap_or_default();
-        assert!(out.status.success(), "{name}: urnic's client failed ({}):\n{t}\n--- rxe guest ---\n{console}", out.status);
+        if !out.status.success() {
+            let console = std::fs::read_to_string(log).unwrap_or_default();
+            let server = std::fs::read_to_string(share.join(format!("{name}.out"))).unwrap_or_default();
+            panic!("{name}: urnic's client failed ({}):\n{t}\n--- rxe's server ---\n{server}\n--- rxe guest ---\n{console}", out.status);
+        }
         t
     }
 
