@@ -127,18 +127,21 @@ impl EventFd {
     }
 
     /// Block until the counter is non-zero, then reset it; returns its value.
+    ///
+    /// One `read(2)`, so a signal interrupts it as it interrupts libibverbs'
+    /// read of the kernel's channel: with a handler installed without
+    /// `SA_RESTART` the wait fails with [`io::ErrorKind::Interrupted`]
+    /// (programs such as qperf end a test from SIGALRM and rely on the
+    /// blocked `ibv_get_cq_event` returning EINTR); with `SA_RESTART` the
+    /// kernel restarts the read.
     pub fn wait(&self) -> io::Result<u64> {
         let mut v: u64 = 0;
-        loop {
-            // SAFETY: reads 8 bytes into a valid u64 from our own descriptor.
-            let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
-            if n == 8 {
-                return Ok(v);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+        // SAFETY: reads 8 bytes into a valid u64 from our own descriptor.
+        let n = unsafe { libc::read(self.fd.as_raw_fd(), (&mut v as *mut u64).cast(), 8) };
+        if n == 8 {
+            Ok(v)
+        } else {
+            Err(io::Error::last_os_error())
         }
     }
 }
@@ -168,6 +171,8 @@ impl CompletionChannel {
     }
 
     /// Block until some CQ has an event (`ibv_get_cq_event`); returns its id.
+    /// A signal interrupts the wait as [`EventFd::wait`] says (an error of
+    /// kind [`io::ErrorKind::Interrupted`]).
     pub fn get_event(&self) -> io::Result<CqId> {
         loop {
             if let Some(cq) = self.ready.pop() {

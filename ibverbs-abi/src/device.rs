@@ -498,15 +498,12 @@ pub unsafe extern "C" fn ibv_get_async_event(ctx: *mut ibv_context, event: *mut 
                 }
                 continue;
             }
-            // Block on the event fd as libibverbs blocks on the kernel's.
+            // Block on the event fd as libibverbs blocks on the kernel's: one
+            // read, so a signal without SA_RESTART ends the wait with EINTR.
             let mut buf = 0u64;
             let n = libc::read(u.async_fd, &mut buf as *mut u64 as *mut c_void, 8);
             if n < 0 {
-                let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-                if e == libc::EINTR {
-                    continue;
-                }
-                set_errno(e);
+                set_errno(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
                 return -1;
             }
         }

@@ -5,6 +5,9 @@
 //!   calls the `rdma_*` functions with NULL and invalid arguments and in the
 //!   wrong states inside a network namespace holding one urnic device; every
 //!   answer must be librdmacm's (-1 and errno), never a crash.
+//! * `signals_interrupt_blocked_waits_as_the_kernels_channels_do`:
+//!   `tests/c/interrupted_waits.c`, blocking waits of both libraries under
+//!   SIGALRM with and without SA_RESTART.
 //! * `rdmacm_struct_layouts_match_the_c_compiler`: sizes, alignments and
 //!   field offsets of librdmacm's structs as cc lays them out, against
 //!   bindgen's translation in `urnic_ibverbs::cmffi`.
@@ -34,6 +37,16 @@ fn rdmacm_bad_arguments_get_librdmacm_answers() {
     require_rdmacm_toolchain();
     // Linked against urnic's libraries; the device's address is its argument.
     println!("{}", run_c_check("rdmacm_bad_args", "cmbad", &["librdmacm.so.1", "libibverbs.so.1"], true, 50));
+}
+
+/// `tests/c/interrupted_waits.c`: a signal ends a blocked
+/// `ibv_get_cq_event`, `ibv_get_async_event` or `rdma_get_cm_event` with
+/// EINTR when its handler lacks SA_RESTART (qperf ends its tests so), and
+/// with SA_RESTART the wait goes on to its event.
+#[test]
+fn signals_interrupt_blocked_waits_as_the_kernels_channels_do() {
+    require_rdmacm_toolchain();
+    println!("{}", run_c_check("interrupted_waits", "cmintr", &["librdmacm.so.1", "libibverbs.so.1"], true, 5));
 }
 
 fn items() -> Vec<Item> {

@@ -18,7 +18,10 @@ pub struct CompChannel {
 
 impl CompChannel {
     /// Block until a CQ armed with [`Cq::req_notify`] has a completion
-    /// (`ibv_get_cq_event`); returns that CQ's number.
+    /// (`ibv_get_cq_event`); returns that CQ's number. Like `read(2)` and
+    /// libibverbs, a signal whose handler was installed without
+    /// `SA_RESTART` ends the wait with an error of kind
+    /// [`ErrorKind::Io`] whose errno is EINTR (see [`Error::errno`]).
     pub fn get_cq_event(&self) -> Result<u32> {
         Ok(self.inner.get_event()?.0)
     }

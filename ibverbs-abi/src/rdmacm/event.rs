@@ -154,18 +154,15 @@ pub unsafe extern "C" fn urnic_rdma_destroy_event_channel(ch: *mut rdma_event_ch
 }
 
 /// Take the next event of `ch`: blocks in `read` on the fd unless it is
-/// O_NONBLOCK (then EAGAIN).
+/// O_NONBLOCK (then EAGAIN). As librdmacm's read of the kernel's channel, a
+/// signal whose handler lacks SA_RESTART ends the wait with EINTR.
 pub(crate) unsafe fn next_event(ch: *mut rdma_event_channel) -> Result<Box<UEvent>, c_int> {
     let Some(c) = uchannel(ch) else { return Err(libc::EINVAL) };
     loop {
         let mut v = 0u64;
         let n = libc::read(c.ch.fd, (&mut v as *mut u64).cast(), 8);
         if n < 0 {
-            let e = std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO);
-            if e == libc::EINTR {
-                continue;
-            }
-            return Err(e);
+            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
         // A count whose event was dropped with its id: wait for the next.
         if let Some(ev) = lock(&c.queue).pop_front() {

@@ -1,5 +1,5 @@
 /*
- * The bookkeeping of the C test programs (bad_args.c, rdmacm_bad_args.c,
+ * The bookkeeping of the C test programs (bad_args.c, rdmacm_bad_args.c, interrupted_waits.c,
  * rdmacm_mcast.c, mcast_loop.c, no_alloc.c): one line per check ("ok"/"FAIL" and what
  * was checked), a fatal precondition that stops the program, ERR/OK for a
  * call's -1/errno or 0, and the summary line "N checks, M failed" that the
