@@ -21,6 +21,16 @@ pub fn lib_dir(file: &str) -> PathBuf {
     panic!("urnic's {file} is not built: run `bash ibverbs-abi/link.sh release` (deploy/test.sh does)");
 }
 
+/// Whether perftest gave up on its report because it could not measure the
+/// CPU's clock: it times the cycle counter against gettimeofday over a few
+/// short sleeps and refuses a report when the fit's r² is below 0.9
+/// (perftest's get_clock.c, `sample_get_cpu_mhz`), which a loaded host's
+/// scheduling causes. Nothing of the run itself is in question: the pair may
+/// run again.
+pub fn perftest_clock_unmeasured(out: &str) -> bool {
+    out.contains("Correlation coefficient r^2:") && out.contains("Can't produce a report")
+}
+
 /// The numbers of perftest's result lines (`#bytes #iterations ...`).
 pub fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
     out.lines()

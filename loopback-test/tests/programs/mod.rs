@@ -12,7 +12,7 @@
 
 mod common;
 #[allow(unused_imports)] // Not every test binary of the harness reads perftest rows.
-pub use common::{lib_dir, perftest_rows};
+pub use common::{lib_dir, perftest_clock_unmeasured, perftest_rows};
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
