@@ -132,6 +132,27 @@ impl NicStats {
     }
 }
 
+/// What a batch of completions came to: added to [`NicStats`] once per
+/// batch rather than with a locked add per completion (about half of the
+/// delivery's cost per 64 B WRITE, `perf annotate`).
+#[derive(Debug, Default)]
+struct Delivered {
+    delivered: u64,
+    orphaned: u64,
+    overruns: u64,
+}
+
+impl Delivered {
+    /// Add the tally to `stats` (only the counters that moved).
+    fn count(&self, stats: &NicStats) {
+        for (n, c) in [(self.delivered, &stats.completions), (self.orphaned, &stats.completions_orphaned), (self.overruns, &stats.cq_overruns)] {
+            if n > 0 {
+                c.fetch_add(n, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
 enum Doorbell {
     Qp(u32),
     Srq(SrqId),
@@ -944,10 +965,12 @@ impl Nic {
         // dropped on the ring each time).
         if engine.has_completions() {
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
+            let mut tally = Delivered::default();
             while let Some(c) = engine.poll_completion() {
-                self.deliver_to(&cqs, c);
+                self.deliver_to(&cqs, c, &mut tally);
                 work += 1;
             }
+            tally.count(&self.stats);
         }
         while let Some(ev) = engine.poll_event() {
             self.push_event(ev);
@@ -1098,21 +1121,22 @@ impl Nic {
     }
 
     fn deliver(&self, c: Completion) {
-        self.deliver_to(&self.cqs.read().unwrap_or_else(|e| e.into_inner()), c);
+        let mut tally = Delivered::default();
+        self.deliver_to(&self.cqs.read().unwrap_or_else(|e| e.into_inner()), c, &mut tally);
+        tally.count(&self.stats);
     }
 
-    /// [`Nic::deliver`] with the CQ table already read-locked.
-    fn deliver_to(&self, cqs: &IntMap<CqId, Arc<CqRing>>, c: Completion) {
+    /// [`Nic::deliver`] with the CQ table already read-locked, counted in
+    /// `tally` (the caller adds a batch's tally to the counters once).
+    fn deliver_to(&self, cqs: &IntMap<CqId, Arc<CqRing>>, c: Completion, tally: &mut Delivered) {
         match cqs.get(&c.cq) {
             Some(ring) => {
-                self.stats.completions.fetch_add(1, Ordering::Relaxed);
+                tally.delivered += 1;
                 if !ring.push(c.wc, c.solicited) {
-                    self.stats.cq_overruns.fetch_add(1, Ordering::Relaxed);
+                    tally.overruns += 1;
                 }
             }
-            None => {
-                self.stats.completions_orphaned.fetch_add(1, Ordering::Relaxed);
-            }
+            None => tally.orphaned += 1,
         }
     }
 }
@@ -1181,6 +1205,28 @@ mod tests {
         let bare = Nic::new(engine, Box::new(MemHub::new(2).attach(MAC, 1500, Default::default())), 16);
         assert!(!bare.is_local(&frame(OTHER_MAC, false, &V4)));
         assert!(bare.is_local(&frame(MAC, false, &V4)));
+    }
+
+    /// The completion counters come out as they did with one locked add
+    /// per completion: delivered (overruns included), overruns, orphans.
+    #[test]
+    fn completion_counters_count_every_outcome() {
+        let nic = nic();
+        nic.attach_cq(Arc::new(CqRing::new(CqId(5), 2, None)));
+        let c = |cq: u32, wr_id| Completion::error(CqId(cq), 0x11, wr_id, WcOpcode::Send, WcStatus::WrFlushErr);
+        let cqs = nic.cqs.read().unwrap();
+        let mut tally = Delivered::default();
+        for wr_id in 0..3 {
+            nic.deliver_to(&cqs, c(5, wr_id), &mut tally);
+        }
+        nic.deliver_to(&cqs, c(6, 9), &mut tally);
+        drop(cqs);
+        let counts = || ["completions", "cq_overruns", "completions_orphaned"].map(|k| nic.stats.iter().find(|(n, _)| *n == k).unwrap().1);
+        assert_eq!(counts(), [0, 0, 0], "counted once per batch, at its end");
+        tally.count(&nic.stats);
+        assert_eq!(counts(), [3, 1, 1]);
+        nic.deliver(c(6, 10));
+        assert_eq!(counts(), [3, 1, 2], "a single delivery is counted at once");
     }
 
     #[test]

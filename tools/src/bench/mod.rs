@@ -266,12 +266,13 @@ fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
     Ok(out)
 }
 
-/// The raw AF_XDP ceiling alone at IB MTU `mtu`'s frame length, one thread,
+/// The raw AF_XDP ceiling alone at IB MTU `mtu`'s frame length (64: a
+/// 64 B WRITE ONLY's 138 bytes, the message rate's ceiling), one thread,
 /// 8 s (`urnic bench --ceiling-only MTU`, for profiling).
 pub fn ceiling_only(mtu: usize) -> Result<()> {
     let _ = VethPair::sweep_stale();
     let pair = VethPair::create("ceil", if mtu > 1024 { 9000 } else { 1500 }).context("namespaces (root)")?;
-    let frame = write_frame_len(mtu);
+    let frame = if mtu == 64 { WRITE64_FRAME } else { write_frame_len(mtu) };
     let pps = raw_afxdp(&pair, frame, Cores::One, 8.0)?;
     let (kfps, mbs) = (pps / 1e3, pps * mtu as f64 / 1e6);
     crate::out::outln!("raw AF_XDP ceiling, {frame}-byte frames, one thread: {kfps:.0} kframes/s, {mbs:.0} MB/s of payload")?;
