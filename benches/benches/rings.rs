@@ -3,7 +3,12 @@
 //!
 //! - `send_ring/*`: 128 send WRs pushed into a QP's send ring then taken
 //!   out (`QpRings::send`, what `post_send` and the datapath's doorbell
-//!   drain do: each WR written into its slot's box), one thread.
+//!   drain do: each WR written into its slot's box), one thread; against
+//!   the design it replaced (`arrayqueue_pair`: a free list of boxes and a
+//!   ring of filled ones, two crossbeam `ArrayQueue`s, four CASes a WR).
+//! - `send_ring_2threads/*`: the same across two threads: a poster thread
+//!   posts (retrying while the ring is full) while the measuring thread
+//!   drains, through a 128-entry ring.
 //! - `cq_ring/*`: 128 completions pushed into a CQ ring (`CqRing::push`,
 //!   with its arming check) then polled 16 at a time (`CqRing::poll`), one
 //!   thread.
@@ -18,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rocev2::transport::wqe::SendWqe;
+use crossbeam_queue::ArrayQueue;
+use rocev2::transport::wqe::{PayloadRef, SendWqe, SendWrRef};
 use rocev2::transport::wr::{CqId, Payload, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use urnic_datapath::queues::{CqRing, QpRings};
 
@@ -78,6 +84,51 @@ impl<T> Locked<T> {
     }
 }
 
+/// The send ring urnic had before `SendRing`, the baseline: boxes taken from
+/// a free list, filled, pushed into a ring; the consumer pops them and gives
+/// them back to the free list.
+struct ArrayQueuePair {
+    send: ArrayQueue<Box<SendWqe>>,
+    free: ArrayQueue<Box<SendWqe>>,
+}
+
+impl ArrayQueuePair {
+    fn new(depth: usize) -> ArrayQueuePair {
+        let free = ArrayQueue::new(3 * depth);
+        for _ in 0..2 * depth {
+            let _ = free.push(Box::new(SendWqe::empty()));
+        }
+        ArrayQueuePair { send: ArrayQueue::new(depth), free }
+    }
+
+    fn push(&self, wr: &SendWrRef<'_>) -> bool {
+        let mut b = self.free.pop().unwrap_or_else(|| Box::new(SendWqe::empty()));
+        b.fill_from(wr);
+        match self.send.push(b) {
+            Ok(()) => true,
+            Err(b) => {
+                let _ = self.free.push(b);
+                false
+            }
+        }
+    }
+
+    fn drain(&self, f: &mut dyn FnMut(&SendWqe)) {
+        while let Some(b) = self.send.pop() {
+            f(&b);
+            let _ = self.free.push(b);
+        }
+    }
+}
+
+fn drain_send_ring(rings: &QpRings, f: &mut dyn FnMut(&SendWqe)) {
+    let mut c = rings.send.consumer().expect("one consumer");
+    while let Some(b) = c.pop() {
+        f(&b);
+        c.recycle(b);
+    }
+}
+
 fn send_ring(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring");
     g.measurement_time(Duration::from_secs(2));
@@ -92,10 +143,20 @@ fn send_ring(c: &mut Criterion) {
             for wr in &wrs {
                 assert!(rings.push_send(&wr.borrowed()));
             }
-            let mut c = rings.send.consumer().expect("one consumer");
-            while let Some(wr) = c.pop() {
-                c.recycle(black_box(wr));
+            drain_send_ring(&rings, &mut |w| {
+                black_box(w);
+            });
+        })
+    });
+    let pair = ArrayQueuePair::new(BATCH);
+    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| {
+        b.iter(|| {
+            for wr in &wrs {
+                assert!(pair.push(&wr.borrowed()));
             }
+            pair.drain(&mut |w| {
+                black_box(w);
+            });
         })
     });
     // The mutex baseline moves boxes, each filled as a post fills its slot.
@@ -227,5 +288,59 @@ fn cq_ring_two_threads(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, send_ring, cq_ring, cq_ring_two_threads);
+/// Take every WR posted so far, handing each to the callback.
+type Drain<R> = fn(&R, &mut dyn FnMut(&SendWqe));
+
+/// Post `n` send WRs from a second thread (retrying while the ring is full)
+/// while this thread drains them; the time until the last one is taken.
+fn send_two_threads<R: Send + Sync + 'static>(ring: &Arc<R>, n: u64, post: fn(&R, &SendWrRef<'_>) -> bool, drain: Drain<R>) -> Duration {
+    let poster = {
+        let ring = Arc::clone(ring);
+        std::thread::spawn(move || {
+            for i in 0..n {
+                // As `send_wr`, without its allocation.
+                let sge = [Sge { addr: 0x1000 + i * 64, length: 64, lkey: 7 }];
+                let wr = SendWrRef { wr_id: i, op: SendOp::Send, payload: PayloadRef::Sgl(&sge), flags: SendFlags::SIGNALED, ud: None };
+                while !post(&ring, &wr) {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let t = std::time::Instant::now();
+    let mut next = 0u64;
+    while next < n {
+        drain(ring, &mut |w| {
+            assert_eq!(w.wr_id, next, "WRs out of order");
+            next += 1;
+        });
+    }
+    let elapsed = t.elapsed();
+    poster.join().expect("poster");
+    elapsed
+}
+
+fn send_ring_two_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("send_ring_2threads");
+    g.measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Elements(BATCH as u64));
+    const PER_SPAWN: u64 = 64;
+    fn run<R: Send + Sync + 'static>(ring: &Arc<R>, iters: u64, post: fn(&R, &SendWrRef<'_>) -> bool, drain: Drain<R>) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut left = iters;
+        while left > 0 {
+            let k = left.min(PER_SPAWN);
+            total += send_two_threads(ring, k * BATCH as u64, post, drain);
+            left -= k;
+        }
+        total
+    }
+    let rings = Arc::new(QpRings::new(1, CqId(0), CqId(1), BATCH, 1));
+    g.bench_function(BenchmarkId::new("sendring", BATCH), |b| b.iter_custom(|iters| run(&rings, iters, |r, w| r.push_send(w), drain_send_ring)));
+    let pair = Arc::new(ArrayQueuePair::new(BATCH));
+    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| b.iter_custom(|iters| run(&pair, iters, |r, w| r.push(w), |r, f| r.drain(f))));
+    g.finish();
+}
+
+criterion_group!(benches, send_ring, send_ring_two_threads, cq_ring, cq_ring_two_threads);
 criterion_main!(benches);

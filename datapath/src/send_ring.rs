@@ -47,9 +47,15 @@ pub struct SendRing {
     one_lap: usize,
     /// The next position a post claims.
     tail: Padded<AtomicUsize>,
+    /// What the consumer writes, on a line of its own (posts read only the
+    /// slots, `one_lap` and `tail`).
+    consumer: Padded<ConsumerSide>,
+}
+
+struct ConsumerSide {
     /// The next position the consumer takes (stored when a drain ends; read
-    /// by [`len`](Self::len) and [`is_empty`](Self::is_empty)).
-    head: Padded<AtomicUsize>,
+    /// by [`SendRing::len`] and [`SendRing::is_empty`]).
+    head: AtomicUsize,
     /// Set while a [`SendConsumer`] exists: at most one at a time.
     consuming: AtomicBool,
     /// Boxes waiting to replace the ones taken out (the consumer's only).
@@ -80,9 +86,7 @@ impl SendRing {
             slots,
             one_lap,
             tail: Padded(AtomicUsize::new(0)),
-            head: Padded(AtomicUsize::new(0)),
-            consuming: AtomicBool::new(false),
-            spares: UnsafeCell::new(spares),
+            consumer: Padded(ConsumerSide { head: AtomicUsize::new(0), consuming: AtomicBool::new(false), spares: UnsafeCell::new(spares) }),
         }
     }
 
@@ -147,7 +151,7 @@ impl SendRing {
 
     /// WRs posted (or being posted) and not yet taken by a finished drain.
     pub fn len(&self) -> usize {
-        let head = self.head.0.load(Ordering::Acquire);
+        let head = self.consumer.0.head.load(Ordering::Acquire);
         let tail = self.tail.0.load(Ordering::Acquire);
         let lap = |p: usize| p & !(self.one_lap - 1);
         let index = |p: usize| p & (self.one_lap - 1);
@@ -157,17 +161,17 @@ impl SendRing {
 
     /// Whether no WR waits (see [`len`](Self::len)).
     pub fn is_empty(&self) -> bool {
-        self.head.0.load(Ordering::Acquire) == self.tail.0.load(Ordering::Acquire)
+        self.consumer.0.head.load(Ordering::Acquire) == self.tail.0.load(Ordering::Acquire)
     }
 
     /// The ring's consumer, or `None` while another one exists (the
     /// datapath drains a QP's ring under its shard's engine lock, so this
     /// does not happen; the check keeps the ring sound regardless).
     pub fn consumer(&self) -> Option<SendConsumer<'_>> {
-        if self.consuming.swap(true, Ordering::Acquire) {
+        if self.consumer.0.consuming.swap(true, Ordering::Acquire) {
             return None;
         }
-        Some(SendConsumer { ring: self, head: self.head.0.load(Ordering::Relaxed) })
+        Some(SendConsumer { ring: self, head: self.consumer.0.head.load(Ordering::Relaxed) })
     }
 }
 
@@ -179,11 +183,11 @@ pub struct SendConsumer<'a> {
 }
 
 impl SendConsumer<'_> {
-    #[allow(clippy::vec_box)] // as `SendRing::spares`
+    #[allow(clippy::vec_box)] // as `ConsumerSide::spares`
     fn spares(&mut self) -> &mut Vec<Box<SendWqe>> {
         // SAFETY: only a `SendConsumer` touches the spares, and `consuming`
         // admits one at a time; `&mut self` keeps this borrow unique.
-        unsafe { &mut *self.ring.spares.get() }
+        unsafe { &mut *self.ring.consumer.0.spares.get() }
     }
 
     /// Keep the box of a reaped WQE for the next slot taken out (dropped if
@@ -222,8 +226,8 @@ impl SendConsumer<'_> {
 
 impl Drop for SendConsumer<'_> {
     fn drop(&mut self) {
-        self.ring.head.0.store(self.head, Ordering::Release);
-        self.ring.consuming.store(false, Ordering::Release);
+        self.ring.consumer.0.head.store(self.head, Ordering::Release);
+        self.ring.consumer.0.consuming.store(false, Ordering::Release);
     }
 }
 
