@@ -250,40 +250,36 @@ fn two_threads<R: Send + Sync + 'static>(
     elapsed
 }
 
+/// `iters` batches through `run(n)` (a thread spawned for `n` elements,
+/// the time it reports), one spawn per 64 batches: the spawn amortised.
+fn in_spawns(iters: u64, mut run: impl FnMut(u64) -> Duration) -> Duration {
+    const PER_SPAWN: u64 = 64;
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let k = left.min(PER_SPAWN);
+        total += run(k * BATCH as u64);
+        left -= k;
+    }
+    total
+}
+
 fn cq_ring_two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("cq_ring_2threads");
     g.measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(BATCH as u64));
-    // One spawn per sample, amortised over many batches.
-    const PER_SPAWN: u64 = 64;
     let ring = Arc::new(CqRing::new(CqId(0), CQ_DEPTH, None));
     g.bench_function(BenchmarkId::new("cqring", BATCH), |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let k = left.min(PER_SPAWN);
-                // A full ring refuses the push (and records an overrun the
-                // producer then retries past); the datapath never retries,
-                // which is what CQ sizing is for.
-                total += two_threads(&ring, k * BATCH as u64, |r, w| r.len() < r.capacity() && r.push(w, false), |r, o| r.poll(o));
-                left -= k;
-            }
-            total
+            // A full ring refuses the push (and records an overrun the
+            // producer then retries past); the datapath never retries,
+            // which is what CQ sizing is for.
+            in_spawns(iters, |n| two_threads(&ring, n, |r, w| r.len() < r.capacity() && r.push(w, false), |r, o| r.poll(o)))
         })
     });
     let locked = Arc::new(Locked::new(CQ_DEPTH));
     g.bench_function(BenchmarkId::new("mutex_vecdeque", BATCH), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let k = left.min(PER_SPAWN);
-                total += two_threads(&locked, k * BATCH as u64, |r, w| r.push(w).is_ok(), |r, o| r.poll(o));
-                left -= k;
-            }
-            total
-        })
+        b.iter_custom(|iters| in_spawns(iters, |n| two_threads(&locked, n, |r, w| r.push(w).is_ok(), |r, o| r.poll(o))))
     });
     g.finish();
 }
@@ -324,21 +320,14 @@ fn send_ring_two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring_2threads");
     g.measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(BATCH as u64));
-    const PER_SPAWN: u64 = 64;
-    fn run<R: Send + Sync + 'static>(ring: &Arc<R>, iters: u64, post: fn(&R, &SendWrRef<'_>) -> bool, drain: Drain<R>) -> Duration {
-        let mut total = Duration::ZERO;
-        let mut left = iters;
-        while left > 0 {
-            let k = left.min(PER_SPAWN);
-            total += send_two_threads(ring, k * BATCH as u64, post, drain);
-            left -= k;
-        }
-        total
-    }
     let rings = Arc::new(QpRings::new(1, CqId(0), CqId(1), BATCH, 1));
-    g.bench_function(BenchmarkId::new("sendring", BATCH), |b| b.iter_custom(|iters| run(&rings, iters, |r, w| r.push_send(w), drain_send_ring)));
+    g.bench_function(BenchmarkId::new("sendring", BATCH), |b| {
+        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&rings, n, |r, w| r.push_send(w), drain_send_ring)))
+    });
     let pair = Arc::new(ArrayQueuePair::new(BATCH));
-    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| b.iter_custom(|iters| run(&pair, iters, |r, w| r.push(w), |r, f| r.drain(f))));
+    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| {
+        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&pair, n, |r, w| r.push(w), |r, f| r.drain(f))))
+    });
     g.finish();
 }
 
