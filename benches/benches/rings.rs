@@ -3,7 +3,12 @@
 //!
 //! - `send_ring/*`: 128 send WRs pushed into a QP's send ring then taken
 //!   out (`QpRings::send`, what `post_send` and the datapath's doorbell
-//!   drain do), one thread.
+//!   drain do: each WR written into its slot's box), one thread; against
+//!   the design it replaced (`arrayqueue_pair`: a free list of boxes and a
+//!   ring of filled ones, two crossbeam `ArrayQueue`s, four CASes a WR).
+//! - `send_ring_2threads/*`: the same across two threads: a poster thread
+//!   posts (retrying while the ring is full) while the measuring thread
+//!   drains, through a 128-entry ring.
 //! - `cq_ring/*`: 128 completions pushed into a CQ ring (`CqRing::push`,
 //!   with its arming check) then polled 16 at a time (`CqRing::poll`), one
 //!   thread.
@@ -18,7 +23,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use rocev2::transport::wqe::SendWqe;
+use crossbeam_queue::ArrayQueue;
+use rocev2::transport::wqe::{PayloadRef, SendWqe, SendWrRef};
 use rocev2::transport::wr::{CqId, Payload, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
 use urnic_datapath::queues::{CqRing, QpRings};
 
@@ -78,31 +84,93 @@ impl<T> Locked<T> {
     }
 }
 
+/// The send ring urnic had before `SendRing`, the baseline: boxes taken from
+/// a free list, filled, pushed into a ring; the consumer pops them and gives
+/// them back to the free list.
+struct ArrayQueuePair {
+    send: ArrayQueue<Box<SendWqe>>,
+    free: ArrayQueue<Box<SendWqe>>,
+}
+
+impl ArrayQueuePair {
+    fn new(depth: usize) -> ArrayQueuePair {
+        let free = ArrayQueue::new(3 * depth);
+        for _ in 0..2 * depth {
+            let _ = free.push(Box::new(SendWqe::empty()));
+        }
+        ArrayQueuePair { send: ArrayQueue::new(depth), free }
+    }
+
+    fn push(&self, wr: &SendWrRef<'_>) -> bool {
+        let mut b = self.free.pop().unwrap_or_else(|| Box::new(SendWqe::empty()));
+        b.fill_from(wr);
+        match self.send.push(b) {
+            Ok(()) => true,
+            Err(b) => {
+                let _ = self.free.push(b);
+                false
+            }
+        }
+    }
+
+    fn drain(&self, f: &mut dyn FnMut(&SendWqe)) {
+        while let Some(b) = self.send.pop() {
+            f(&b);
+            let _ = self.free.push(b);
+        }
+    }
+}
+
+fn drain_send_ring(rings: &QpRings, f: &mut dyn FnMut(&SendWqe)) {
+    let mut c = rings.send.consumer().expect("one consumer");
+    while let Some(b) = c.pop() {
+        f(&b);
+        c.recycle(b);
+    }
+}
+
 fn send_ring(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring");
     g.measurement_time(Duration::from_secs(2));
     g.throughput(Throughput::Elements(BATCH as u64));
-    // Boxed WQEs: the ring carries the boxes a post fills in place.
-    let mut wrs: Vec<Box<SendWqe>> = (0..BATCH).map(|i| Box::new(SendWqe::from(send_wr(i)))).collect();
+    // The send ring: each post writes its WR into a slot's box in place; the
+    // consumer takes the boxes out and hands spares back, as the engine does
+    // once the WQEs are reaped.
+    let wrs: Vec<SendWr> = (0..BATCH).map(send_wr).collect();
     let rings = QpRings::new(1, CqId(0), CqId(1), BATCH, 1);
-    g.bench_function(BenchmarkId::new("arrayqueue", BATCH), |b| {
+    g.bench_function(BenchmarkId::new("sendring", BATCH), |b| {
         b.iter(|| {
-            while let Some(wr) = wrs.pop() {
-                assert!(rings.send.push(wr).is_ok());
+            for wr in &wrs {
+                assert!(rings.push_send(&wr.borrowed()));
             }
-            while let Some(wr) = rings.send.pop() {
-                wrs.push(black_box(wr));
-            }
+            drain_send_ring(&rings, &mut |w| {
+                black_box(w);
+            });
         })
     });
+    let pair = ArrayQueuePair::new(BATCH);
+    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| {
+        b.iter(|| {
+            for wr in &wrs {
+                assert!(pair.push(&wr.borrowed()));
+            }
+            pair.drain(&mut |w| {
+                black_box(w);
+            });
+        })
+    });
+    // The mutex baseline moves boxes, each filled as a post fills its slot.
+    let mut boxes: Vec<Box<SendWqe>> = wrs.iter().map(|w| Box::new(SendWqe::from(&w.borrowed()))).collect();
     let locked = Locked::new(BATCH);
     g.bench_function(BenchmarkId::new("mutex_vecdeque", BATCH), |b| {
         b.iter(|| {
-            while let Some(wr) = wrs.pop() {
-                assert!(locked.push(wr).is_ok());
+            for wr in &wrs {
+                let mut b = boxes.pop().expect("one box per WR");
+                b.fill_from(&wr.borrowed());
+                assert!(locked.push(b).is_ok());
             }
-            while let Some(wr) = locked.pop() {
-                wrs.push(black_box(wr));
+            while let Some(b) = locked.pop() {
+                boxes.push(black_box(b));
             }
         })
     });
@@ -182,43 +250,86 @@ fn two_threads<R: Send + Sync + 'static>(
     elapsed
 }
 
+/// `iters` batches through `run(n)` (a thread spawned for `n` elements,
+/// the time it reports), one spawn per 64 batches: the spawn amortised.
+fn in_spawns(iters: u64, mut run: impl FnMut(u64) -> Duration) -> Duration {
+    const PER_SPAWN: u64 = 64;
+    let mut total = Duration::ZERO;
+    let mut left = iters;
+    while left > 0 {
+        let k = left.min(PER_SPAWN);
+        total += run(k * BATCH as u64);
+        left -= k;
+    }
+    total
+}
+
 fn cq_ring_two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("cq_ring_2threads");
     g.measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(BATCH as u64));
-    // One spawn per sample, amortised over many batches.
-    const PER_SPAWN: u64 = 64;
     let ring = Arc::new(CqRing::new(CqId(0), CQ_DEPTH, None));
     g.bench_function(BenchmarkId::new("cqring", BATCH), |b| {
         b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let k = left.min(PER_SPAWN);
-                // A full ring refuses the push (and records an overrun the
-                // producer then retries past); the datapath never retries,
-                // which is what CQ sizing is for.
-                total += two_threads(&ring, k * BATCH as u64, |r, w| r.len() < r.capacity() && r.push(w, false), |r, o| r.poll(o));
-                left -= k;
-            }
-            total
+            // A full ring refuses the push (and records an overrun the
+            // producer then retries past); the datapath never retries,
+            // which is what CQ sizing is for.
+            in_spawns(iters, |n| two_threads(&ring, n, |r, w| r.len() < r.capacity() && r.push(w, false), |r, o| r.poll(o)))
         })
     });
     let locked = Arc::new(Locked::new(CQ_DEPTH));
     g.bench_function(BenchmarkId::new("mutex_vecdeque", BATCH), |b| {
-        b.iter_custom(|iters| {
-            let mut total = Duration::ZERO;
-            let mut left = iters;
-            while left > 0 {
-                let k = left.min(PER_SPAWN);
-                total += two_threads(&locked, k * BATCH as u64, |r, w| r.push(w).is_ok(), |r, o| r.poll(o));
-                left -= k;
-            }
-            total
-        })
+        b.iter_custom(|iters| in_spawns(iters, |n| two_threads(&locked, n, |r, w| r.push(w).is_ok(), |r, o| r.poll(o))))
     });
     g.finish();
 }
 
-criterion_group!(benches, send_ring, cq_ring, cq_ring_two_threads);
+/// Take every WR posted so far, handing each to the callback.
+type Drain<R> = fn(&R, &mut dyn FnMut(&SendWqe));
+
+/// Post `n` send WRs from a second thread (retrying while the ring is full)
+/// while this thread drains them; the time until the last one is taken.
+fn send_two_threads<R: Send + Sync + 'static>(ring: &Arc<R>, n: u64, post: fn(&R, &SendWrRef<'_>) -> bool, drain: Drain<R>) -> Duration {
+    let poster = {
+        let ring = Arc::clone(ring);
+        std::thread::spawn(move || {
+            for i in 0..n {
+                // As `send_wr`, without its allocation.
+                let sge = [Sge { addr: 0x1000 + i * 64, length: 64, lkey: 7 }];
+                let wr = SendWrRef { wr_id: i, op: SendOp::Send, payload: PayloadRef::Sgl(&sge), flags: SendFlags::SIGNALED, ud: None };
+                while !post(&ring, &wr) {
+                    std::hint::spin_loop();
+                }
+            }
+        })
+    };
+    let t = std::time::Instant::now();
+    let mut next = 0u64;
+    while next < n {
+        drain(ring, &mut |w| {
+            assert_eq!(w.wr_id, next, "WRs out of order");
+            next += 1;
+        });
+    }
+    let elapsed = t.elapsed();
+    poster.join().expect("poster");
+    elapsed
+}
+
+fn send_ring_two_threads(c: &mut Criterion) {
+    let mut g = c.benchmark_group("send_ring_2threads");
+    g.measurement_time(Duration::from_secs(3));
+    g.throughput(Throughput::Elements(BATCH as u64));
+    let rings = Arc::new(QpRings::new(1, CqId(0), CqId(1), BATCH, 1));
+    g.bench_function(BenchmarkId::new("sendring", BATCH), |b| {
+        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&rings, n, |r, w| r.push_send(w), drain_send_ring)))
+    });
+    let pair = Arc::new(ArrayQueuePair::new(BATCH));
+    g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| {
+        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&pair, n, |r, w| r.push(w), |r, f| r.drain(f))))
+    });
+    g.finish();
+}
+
+criterion_group!(benches, send_ring, send_ring_two_threads, cq_ring, cq_ring_two_threads);
 criterion_main!(benches);

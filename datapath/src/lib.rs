@@ -14,6 +14,7 @@ pub mod queues;
 pub mod raw;
 pub mod reassembly;
 pub mod runner;
+pub mod send_ring;
 pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};

@@ -1083,9 +1083,12 @@ impl Nic {
                 self.refuse(rings, wr_id, WcOpcode::Recv, e, true);
             }
         }
-        // Boxes of WQEs reaped since the last drain go back to the poster.
-        engine.recycle_send_wqes(rings.qpn, |b| rings.recycle_send(b));
-        while let Some(wr) = rings.send.pop() {
+        // Drains of one QP are serialised by the engine's lock: the consumer
+        // is always free here.
+        let Some(mut sends) = rings.send.consumer() else { return work };
+        // Boxes of WQEs reaped since the last drain replace the ones taken.
+        engine.recycle_send_wqes(rings.qpn, |b| sends.recycle(b));
+        while let Some(wr) = sends.pop() {
             work += 1;
             let wr_id = wr.wr_id;
             let opcode = wr.op.wc_opcode();

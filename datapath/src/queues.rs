@@ -1,8 +1,8 @@
 //! Queues shared between application threads and the datapath: the urnic
 //! equivalent of the rings a hardware NIC shares with its driver.
 //!
-//! Posting and polling are lock-free (crossbeam `ArrayQueue`) and touch only
-//! the queue of the QP or CQ concerned.
+//! Posting and polling are lock-free (crossbeam `ArrayQueue`; a QP's send
+//! ring is [`SendRing`]) and touch only the queue of the QP or CQ concerned.
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -10,7 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 
 use crossbeam_queue::ArrayQueue;
 use rocev2::transport::attr::SrqId;
-use rocev2::transport::wqe::{RecvWqe, SendWqe, SendWrRef};
+use rocev2::transport::wqe::{RecvWqe, SendWrRef};
+
+pub use crate::send_ring::{SendConsumer, SendRing};
 use rocev2::transport::wr::{CqId, WcStatus, WorkCompletion};
 
 /// A QP's send and receive rings plus its doorbell flag.
@@ -21,16 +23,11 @@ pub struct QpRings {
     pub send_cq: CqId,
     /// CQ of receive completions.
     pub recv_cq: CqId,
-    /// Send WRs posted by the application, not yet taken by the datapath.
-    /// Each WQE is written once, into a box from `send_free`; the box moves
-    /// on to the engine's send queue and comes back through
-    /// [`recycle_send`](Self::recycle_send) once the WQE is reaped, so only
-    /// pointers travel between the threads (a WQE is several hundred bytes:
-    /// SGEs and inline data live in it).
-    pub send: ArrayQueue<Box<SendWqe>>,
-    /// Boxes ready for the next posts (twice the depth made with the QP; a
-    /// post that finds none makes one, which then stays in circulation).
-    send_free: ArrayQueue<Box<SendWqe>>,
+    /// Send WRs posted by the application, not yet taken by the datapath:
+    /// each WQE is written once, into the box of its ring slot; the box moves
+    /// on to the engine's send queue and comes back as a spare once the WQE
+    /// is reaped ([`SendRing`]).
+    pub send: SendRing,
     /// Receive WRs posted by the application (QPs without an SRQ).
     pub recv: ArrayQueue<RecvWqe>,
     /// Set while the QP's QPN sits in the device doorbell queue.
@@ -40,49 +37,15 @@ pub struct QpRings {
 impl QpRings {
     /// Rings for `qpn` with the given depths (at least 1 each).
     pub fn new(qpn: u32, send_cq: CqId, recv_cq: CqId, send_depth: usize, recv_depth: usize) -> QpRings {
-        let send_depth = send_depth.max(1);
-        // Boxes are in this ring or the engine's send queue (together at most
-        // `send_depth` while the application keeps to max_send_wr) or reaped
-        // and not yet returned (at most as many): made up front, so posting
-        // allocates nothing. The free list holds every box that can exist.
-        let send_free = ArrayQueue::new(3 * send_depth);
-        for _ in 0..2 * send_depth {
-            let _ = send_free.push(Box::new(SendWqe::empty()));
-        }
-        QpRings {
-            qpn,
-            send_cq,
-            recv_cq,
-            send: ArrayQueue::new(send_depth),
-            send_free,
-            recv: ArrayQueue::new(recv_depth.max(1)),
-            rung: AtomicBool::new(false),
-        }
+        QpRings { qpn, send_cq, recv_cq, send: SendRing::new(send_depth), recv: ArrayQueue::new(recv_depth.max(1)), rung: AtomicBool::new(false) }
     }
 
-    /// Queue a send WR for the datapath: written in place into a reused box
-    /// (only the fields, SGEs and inline bytes it has). `false` if the ring is full.
+    /// Queue a send WR for the datapath, written in place into its ring slot
+    /// (only the fields, SGEs and inline bytes it has). `false` if the ring
+    /// is full (nothing queued).
+    #[inline]
     pub fn push_send(&self, wr: &SendWrRef<'_>) -> bool {
-        let wqe = match self.send_free.pop() {
-            Some(mut b) => {
-                b.fill_from(wr);
-                b
-            }
-            None => Box::new(SendWqe::from(wr)),
-        };
-        match self.send.push(wqe) {
-            Ok(()) => true,
-            Err(b) => {
-                self.recycle_send(b);
-                false
-            }
-        }
-    }
-
-    /// Return a box of a reaped (or refused) WQE for the next post; dropped
-    /// if enough are waiting already.
-    pub fn recycle_send(&self, wqe: Box<SendWqe>) {
-        let _ = self.send_free.push(wqe);
+        self.send.push(wr)
     }
 }
 

@@ -103,32 +103,18 @@ impl Reassembly {
         } else if so_far + len > max {
             self.drop_frame();
             Piece::TooLong
+        } else if let Some(p) = self.push_adjacent(umem, addr, len, chunk) {
+            p
         } else if addr.checked_add(len).and_then(|end| umem.bytes(addr..end)).is_none() {
             self.drop_frame();
             Piece::Unheld
-        } else if let Some(run) = self.run.as_mut() {
-            // Checked above: `addr..end` is held.
-            let end = addr + len;
-            let adjacent = run.ends_chunk && addr - addr % chunk == run.chunk_end;
-            // Adjacent: `run.start..end` covers the run's chunks and this
-            // piece's, which follows them, all held.
-            match if adjacent { umem.bytes(run.start..end) } else { None } {
-                Some(span) => {
-                    span.copy_within(addr - run.start..end - run.start, run.len);
-                    run.len += len;
-                    run.chunk_end += chunk;
-                    run.ends_chunk = end == run.chunk_end;
-                    Piece::Pending
-                }
-                None => {
-                    let run = *run;
-                    self.run = None;
-                    self.gather(umem, run.start..run.start + run.len);
-                    self.gather(umem, addr..end)
-                }
-            }
+        } else if let Some(run) = self.run.take() {
+            // Not adjacent to the run: both copied together. Checked above:
+            // `addr..addr + len` is held.
+            self.gather(umem, run.start..run.start + run.len);
+            self.gather(umem, addr..addr + len)
         } else if self.gathered.is_empty() {
-            let chunk_end = addr - addr % chunk + chunk;
+            let chunk_end = chunk_base(addr, chunk) + chunk;
             self.run = Some(Run { start: addr, len, chunk_end, ends_chunk: addr + len == chunk_end });
             Piece::Pending
         } else {
@@ -149,6 +135,25 @@ impl Reassembly {
         };
         self.bad = false;
         done
+    }
+
+    /// The piece continues the run in the chunk right after its last one:
+    /// moved down behind it, in place. One request to `umem` for the run's
+    /// chunks and the piece's together, which covers the piece too (a span
+    /// held means each part of it is). `None` if the piece is not adjacent,
+    /// or that span is not held (the caller then checks the piece alone).
+    fn push_adjacent(&mut self, umem: &mut (impl Held + ?Sized), addr: usize, len: usize, chunk: usize) -> Option<Piece> {
+        let run = self.run.as_mut()?;
+        if !run.ends_chunk || chunk_base(addr, chunk) != run.chunk_end {
+            return None;
+        }
+        let end = addr.checked_add(len)?;
+        let span = umem.bytes(run.start..end)?;
+        span.copy_within(addr - run.start..end - run.start, run.len);
+        run.len += len;
+        run.chunk_end += chunk;
+        run.ends_chunk = end == run.chunk_end;
+        Some(Piece::Pending)
     }
 
     /// Append the bytes at `range` to the frame being copied together.
@@ -185,6 +190,17 @@ impl Reassembly {
                 None => self.drop_frame(),
             }
         }
+    }
+}
+
+/// The address where the chunk (of `chunk` bytes) holding `addr` starts: a
+/// mask for the power-of-two chunks the AF_XDP port uses, no division.
+#[inline]
+fn chunk_base(addr: usize, chunk: usize) -> usize {
+    if chunk.is_power_of_two() {
+        addr & !(chunk - 1)
+    } else {
+        addr - addr % chunk
     }
 }
 
@@ -240,6 +256,15 @@ mod tests {
             }
         }
         panic!("no frame")
+    }
+
+    #[test]
+    fn chunk_base_masks_or_divides() {
+        for chunk in [2048usize, 4096, 3000, 1] {
+            for addr in [0usize, 1, 2047, 2048, 2999, 3000, 4095, 4096, 4097, 12_345, usize::MAX] {
+                assert_eq!(chunk_base(addr, chunk), addr - addr % chunk, "{addr} in chunks of {chunk}");
+            }
+        }
     }
 
     #[test]

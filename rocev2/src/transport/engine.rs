@@ -425,6 +425,8 @@ impl Engine {
             QpState::Rts | QpState::Sqd => {}
             QpState::Err => {
                 self.completions.push_back(flush_completion(qp.init.send_cq, qpn, wr.wr_id, wr.op.wc_opcode()));
+                // Done with at once: the box goes back with the reaped ones.
+                qp.requester.keep_spent(wr);
                 return Ok(());
             }
             s => return Err(EngineError::WrongState(s)),

@@ -259,9 +259,7 @@ impl Requester {
             // Only the box moves (its WQE stays where the poster wrote it):
             // kept for the poster to reuse, up to one queue's worth.
             if let Some(w) = self.wqes.pop_front() {
-                if self.spent.len() < self.max_wr {
-                    self.spent.push(w.wr);
-                }
+                self.keep_spent(w.wr);
             }
             // `cur` indexes the WQE being sent. Removing the head shifts it
             // down; if the head *was* the one being sent (a rewind into a
@@ -275,6 +273,14 @@ impl Requester {
         }
         if !self.wqes.iter().any(|w| w.done.is_none() && w.first_psn.is_some() && w.is_remote()) {
             self.timer = None;
+        }
+    }
+
+    /// Keep the box of a WQE done with (reaped, or flushed as it was
+    /// posted) for [`take_spent`](Self::take_spent), up to one queue's worth.
+    pub(crate) fn keep_spent(&mut self, wr: Box<SendWqe>) {
+        if self.spent.len() < self.max_wr {
+            self.spent.push(wr);
         }
     }
 

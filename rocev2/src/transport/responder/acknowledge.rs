@@ -26,8 +26,8 @@
 use crate::psn::Psn;
 use crate::transport::path::PathHeaders;
 use crate::transport::wr::WcStatus;
-use crate::wire::Opcode;
 use crate::wire::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
+use crate::wire::{Opcode, PayloadFill};
 
 use super::*;
 
@@ -190,23 +190,9 @@ impl Responder {
         // AETH on FIRST, LAST and ONLY (IBTA 9.3.4 table 36).
         let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE).then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
         let tr = response(opcode, dest_qpn, psn, aeth, None);
-        let mut read = Ok(());
-        let (memory, pd, qpn) = (ctx.memory, ctx.pd, ctx.qpn);
-        let emitted = path.emit_with_crc(tr, n as usize, buf, |dst: &mut [u8], crc: u32| {
-            if dst.is_empty() {
-                return crc;
-            }
-            // The key is checked again for every packet (rxe rxe_recheck_mr):
-            // the region may have been deregistered or invalidated since. The
-            // copy continues the ICRC in the same pass.
-            match memory.remote_read_crc(pd, qpn, rkey, va, dst, crc) {
-                Ok(crc) => crc,
-                Err(e) => {
-                    read = Err(e);
-                    crc
-                }
-            }
-        });
+        let mut failed = false;
+        let source = ReadSource { memory: ctx.memory, pd: ctx.pd, qpn: ctx.qpn, rkey, va, failed: &mut failed };
+        let emitted = path.emit_with_crc(tr, n as usize, buf, source);
         let len = match emitted {
             Ok(len) => len,
             Err(_) => {
@@ -215,7 +201,7 @@ impl Responder {
                 return None;
             }
         };
-        if read.is_err() {
+        if failed {
             // rxe read_reply → RESPST_ERR_RKEY_VIOLATION: class C, remote
             // access error NAK in place of the response; the QP goes to ERR.
             self.pending.clear();
@@ -239,6 +225,42 @@ impl Responder {
             }
         }
         Some(len)
+    }
+}
+
+/// One READ response packet's payload, read from the responder's region
+/// straight into the frame. The key is checked again for every packet (rxe
+/// `rxe_recheck_mr`): the region may have been deregistered or invalidated
+/// since. A failed read sets `failed` (the frame is then not sent). As a
+/// [`PayloadFill`] it can copy without the CRC, so a small response takes its
+/// ICRC in one run over headers and payload, as a small WRITE does.
+struct ReadSource<'a> {
+    memory: &'a MemoryTable,
+    pd: PdId,
+    qpn: u32,
+    rkey: u32,
+    va: u64,
+    failed: &'a mut bool,
+}
+
+impl PayloadFill for ReadSource<'_> {
+    const COPIES: bool = true;
+
+    fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32 {
+        // A zero-length READ's response reads nothing: no key to check.
+        if dst.is_empty() {
+            return crc;
+        }
+        self.memory.remote_read_crc(self.pd, self.qpn, self.rkey, self.va, dst, crc).unwrap_or_else(|_| {
+            *self.failed = true;
+            crc
+        })
+    }
+
+    fn copy(self, dst: &mut [u8]) {
+        if !dst.is_empty() && self.memory.remote_read(self.pd, self.qpn, self.rkey, self.va, dst).is_err() {
+            *self.failed = true;
+        }
     }
 }
 

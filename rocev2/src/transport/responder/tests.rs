@@ -664,6 +664,35 @@ fn read_only_and_zero_length_read() {
     assert_eq!(h.resp.expected_psn(), Psn::new(2));
 }
 
+/// Small READ responses take their ICRC in one run over headers and payload
+/// (the source can copy without the CRC): every frame, across the one-run
+/// limit, is byte for byte the frame whose ICRC runs over the headers and is
+/// continued over the payload as it is copied.
+#[test]
+fn small_read_responses_are_the_two_run_frames() {
+    let mut h = Harness::new(QpType::Rc, 0);
+    let data = pattern(200, 9);
+    h.fill(IOVA, &data);
+    let rkey = h.mr.rkey;
+    for (psn, len) in (0..=100u32).enumerate() {
+        h.req(with_reth(tr(Opcode::RC_READ_REQUEST, psn as u32, true), IOVA + 3, rkey, len), &[]);
+        let mut got = vec![0u8; 9000];
+        let n = h.with(|r, ctx, path| r.poll_transmit(ctx, path, PEER_QPN, &mut got)).expect("a response");
+        let f = parse_frame(&got[..n]).expect("a valid frame, ICRC included");
+        assert_eq!((f.repr.transport.bth.opcode, f.payload), (Opcode::RC_READ_RESPONSE_ONLY, &data[3..3 + len as usize]));
+        let mut want = vec![0u8; 9000];
+        let src = &data[3..3 + len as usize];
+        let m = h
+            .to_peer
+            .emit_with_crc(f.repr.transport, len as usize, &mut want, |dst: &mut [u8], crc: u32| {
+                dst.copy_from_slice(src);
+                crate::wire::crc::update(crc, dst)
+            })
+            .unwrap();
+        assert_eq!(got[..n], want[..m], "{len}-byte READ response");
+    }
+}
+
 #[test]
 fn read_access_violations_nak() {
     for (name, qp_access, va, key_delta, expect) in [
