@@ -4,6 +4,7 @@
 use std::collections::VecDeque;
 use std::os::raw::{c_char, c_int};
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::{fail, UCmId};
@@ -17,6 +18,18 @@ use crate::{guard, lock, null_err};
 pub(crate) struct UEventChannel {
     pub(crate) ch: rdma_event_channel,
     pub(crate) queue: Mutex<VecDeque<Box<UEvent>>>,
+    /// The threads inside [`next_event`], and [`DESTROYED`] once the
+    /// program destroyed the channel: the last of them frees it.
+    state: AtomicUsize,
+}
+
+/// [`UEventChannel::state`]'s flag: `rdma_destroy_event_channel` was called.
+const DESTROYED: usize = 1 << (usize::BITS - 1);
+
+/// Close the channel's fd and free it.
+unsafe fn free_channel(ch: *mut rdma_event_channel) {
+    let b = Box::from_raw(ch as *mut UEventChannel);
+    libc::close(b.ch.fd);
 }
 
 /// `struct rdma_cm_event` and what its pointers point at.
@@ -126,7 +139,7 @@ pub unsafe extern "C" fn urnic_rdma_create_event_channel() -> *mut rdma_event_ch
         if fd < 0 {
             return ptr::null_mut();
         }
-        let b = Box::new(UEventChannel { ch: rdma_event_channel { fd }, queue: Mutex::new(VecDeque::new()) });
+        let b = Box::new(UEventChannel { ch: rdma_event_channel { fd }, queue: Mutex::new(VecDeque::new()), state: AtomicUsize::new(0) });
         Box::into_raw(b) as *mut rdma_event_channel
     })
 }
@@ -148,26 +161,65 @@ pub unsafe extern "C" fn urnic_rdma_destroy_event_channel(ch: *mut rdma_event_ch
                 }
             }
         });
-        let b = Box::from_raw(ch as *mut UEventChannel);
-        libc::close(b.ch.fd);
+        // A thread blocked in rdma_get_cm_event on this channel (rping's
+        // cm_thread, while its main thread tears down) keeps the channel
+        // alive: it is woken, sees the flag and stays blocked for good, as
+        // a read of the kernel's channel blocks on after the fd is closed
+        // (the file lives until that read returns); the last one out frees
+        // it. Without readers it goes now.
+        let c = &*(ch as *const UEventChannel);
+        let readers = c.state.fetch_or(DESTROYED, Ordering::SeqCst);
+        if readers == 0 {
+            free_channel(ch);
+        } else {
+            // One count per blocked reader (the fd is an EFD_SEMAPHORE).
+            let n = readers as u64;
+            libc::write(c.ch.fd, (&n as *const u64).cast(), 8);
+        }
     })
 }
 
 /// Take the next event of `ch`: blocks in `read` on the fd unless it is
 /// O_NONBLOCK (then EAGAIN). As librdmacm's read of the kernel's channel, a
-/// signal whose handler lacks SA_RESTART ends the wait with EINTR.
+/// signal whose handler lacks SA_RESTART ends the wait with EINTR. A
+/// channel destroyed while this thread waits on it never returns (see
+/// `rdma_destroy_event_channel`).
 pub(crate) unsafe fn next_event(ch: *mut rdma_event_channel) -> Result<Box<UEvent>, c_int> {
     let Some(c) = uchannel(ch) else { return Err(libc::EINVAL) };
-    loop {
+    c.state.fetch_add(1, Ordering::SeqCst);
+    let got = loop {
         let mut v = 0u64;
         let n = libc::read(c.ch.fd, (&mut v as *mut u64).cast(), 8);
+        if c.state.load(Ordering::SeqCst) & DESTROYED != 0 {
+            leave_channel(ch);
+            #[cfg(test)]
+            STAYED_BLOCKED.fetch_add(1, Ordering::SeqCst);
+            loop {
+                std::thread::park();
+            }
+        }
         if n < 0 {
-            return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
+            break Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO));
         }
         // A count whose event was dropped with its id: wait for the next.
         if let Some(ev) = lock(&c.queue).pop_front() {
-            return Ok(ev);
+            break Ok(ev);
         }
+    };
+    leave_channel(ch);
+    got
+}
+
+/// Readers that saw their channel destroyed and stay blocked (for tests).
+#[cfg(test)]
+static STAYED_BLOCKED: AtomicUsize = AtomicUsize::new(0);
+
+/// A thread leaves [`next_event`]; the last one out of a destroyed channel
+/// frees it.
+unsafe fn leave_channel(ch: *mut rdma_event_channel) {
+    let c = &*(ch as *const UEventChannel);
+    if c.state.fetch_sub(1, Ordering::SeqCst) == DESTROYED | 1 {
+        free_channel(ch);
     }
 }
 
@@ -269,5 +321,55 @@ pub(crate) unsafe fn sync_wait(id: *mut rdma_cm_id) -> c_int {
             fail(e)
         }
         Err(e) => fail(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::mpsc;
+    use std::time::{Duration, Instant};
+
+    /// rping's teardown: its cm_thread waits in `rdma_get_cm_event` while
+    /// the main thread destroys its ids (an id's queued event dropped leaves
+    /// a count with no event behind) and then the channel. The waiting
+    /// thread must stay blocked, as on the kernel's channel, never come back
+    /// with EBADF from the closed fd (rping then exits 255) or read a freed
+    /// channel.
+    #[test]
+    fn a_reader_waiting_on_a_destroyed_channel_stays_blocked() {
+        for round in 1..=20 {
+            // SAFETY: the channel is ours; the reader holds it while inside.
+            unsafe {
+                let ch = urnic_rdma_create_event_channel();
+                assert!(!ch.is_null());
+                let addr = ch as usize;
+                let (tx, rx) = mpsc::channel();
+                std::thread::spawn(move || {
+                    let got = next_event(addr as *mut rdma_event_channel);
+                    let _ = tx.send(got.err());
+                });
+                let c = &*(ch as *const UEventChannel);
+                let start = Instant::now();
+                while c.state.load(Ordering::SeqCst) == 0 {
+                    assert!(start.elapsed() < Duration::from_secs(60), "the reader never started");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                // A count whose event was dropped with its id, then the channel.
+                let one = 1u64;
+                libc::write(c.ch.fd, (&one as *const u64).cast(), 8);
+                urnic_rdma_destroy_event_channel(ch);
+                // The reader sees the destroy and stays (hang guard only).
+                let start = Instant::now();
+                while STAYED_BLOCKED.load(Ordering::SeqCst) < round {
+                    if let Ok(e) = rx.try_recv() {
+                        panic!("a reader of a destroyed channel returned (errno {e:?}) instead of staying blocked");
+                    }
+                    assert!(start.elapsed() < Duration::from_secs(60), "the reader never saw its channel destroyed");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert!(rx.try_recv().is_err(), "the reader returned");
+            }
+        }
     }
 }
