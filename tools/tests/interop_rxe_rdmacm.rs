@@ -161,9 +161,12 @@ fn lost_race(race: Race, out: &str, pcap: &Path) -> bool {
         Race::PerftestR => ("Event: RDMA_CM_EVENT_REJECTED; error: 8.", &["0x0010", "0x0013", "0x0014", "0x0010", "0x0012 0x0008"]),
         Race::QperfListen => ("unexpected event from RDMA CM: Event rejected", &["0x0010", "0x0012 0x0008"]),
     };
-    if !out.contains(said) {
-        return false;
-    }
+    out.contains(said) && ends_with_mads(pcap, tail)
+}
+
+/// Whether the CM MADs of `pcap` (attribute ID, and a REJ's reason) end
+/// with `tail`, less the DREQ/DREP a client that exits sends afterwards.
+fn ends_with_mads(pcap: &Path, tail: &[&str]) -> bool {
     let o = Command::new("tshark")
         .arg("-r")
         .arg(pcap)
@@ -179,9 +182,65 @@ fn lost_race(race: Race, out: &str, pcap: &Path) -> bool {
     mads.ends_with(&tail.iter().map(|m| m.to_string()).collect::<Vec<_>>())
 }
 
+/// urnic's perftest `-R` server `argv` of case `name` against the guest's
+/// client, until it ends on its own; it must succeed. A client rejected
+/// with REJ 8 reports `URNIC-CASE-NAME-lost-N` and waits: if the capture
+/// proves perftest's -R race (see the top: the test QP's REQ refused right
+/// after the handshake connection), urnic's server is started again;
+/// a REQ refused before any connection (the server not listening yet) needs
+/// nothing; any other rejection fails. Then the client runs again. Hang
+/// guard: 600 s (urnic_server's).
+fn serve_perftest_r(lab: &Lab, lib: &Path, argv: &[String], name: &str, guest: &mut GuestRun) {
+    let start = std::time::Instant::now();
+    let mut server = Serving(Some(lab.ours(lib, argv).spawn().expect("ip netns exec")));
+    let mut attempt = 0;
+    loop {
+        let child = server.0.as_mut().expect("the server");
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        let lost = format!("{}-lost-{}", case_marker(name), attempt + 1);
+        if guest.console().lines().any(|l| l.trim_end() == lost) {
+            attempt += 1;
+            let out = std::fs::read_to_string(guest.share.join(format!("{name}.lost-{attempt}"))).unwrap_or_default();
+            if lost_race(Race::PerftestR, &out, &guest.pcap) {
+                eprintln!("{name}: rxe's client lost perftest's -R race against urnic's server (REJ 8 for its test QP): the pair runs again");
+                let mut old = server.0.take().expect("the server");
+                let _ = old.kill();
+                let _ = old.wait();
+                server = Serving(Some(lab.ours(lib, argv).spawn().expect("ip netns exec")));
+            } else {
+                assert!(
+                    ends_with_mads(&guest.pcap, &["0x0010", "0x0012 0x0008"]),
+                    "{name}: rxe's client was rejected, not by perftest's race nor before urnic's server listened:\n{out}\n--- rxe guest ---\n{}",
+                    guest.console()
+                );
+                eprintln!("{name}: rxe's client came before urnic's server listened (REJ 8): it runs again");
+            }
+            tell_guest(guest, &format!("{name}.again-{attempt}"));
+        }
+        if guest.done() || start.elapsed() > std::time::Duration::from_secs(600) {
+            // Give the server a moment to finish on its own after its client.
+            std::thread::sleep(std::time::Duration::from_secs(5));
+            let mut child = server.0.take().expect("the server");
+            let ended = matches!(child.try_wait(), Ok(Some(_)));
+            let _ = child.kill();
+            let o = child.wait_with_output().expect("server output");
+            assert!(ended, "{name}: urnic's server did not finish:\n{}\n--- rxe guest ---\n{}", text(&o), guest.console());
+            assert!(o.status.success(), "{name}: urnic's server failed ({}):\n{}\n--- rxe guest ---\n{}", o.status, text(&o), guest.console());
+            return;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let child = server.0.take().expect("the server");
+    let o = child.wait_with_output().expect("server output");
+    assert!(o.status.success(), "{name}: urnic's server failed ({}):\n{}\n--- rxe guest ---\n{}", o.status, text(&o), guest.console());
+}
+
 /// The guest's script: each case after a marker line (a server's once it
 /// listens), output in /host/NAME.out. Clients retry while refused before
-/// connecting. A server runs again, with the marker
+/// connecting; a perftest `-R` client refused with REJ 8 waits for the test
+/// instead (`serve_perftest_r`). A server runs again, with the marker
 /// `URNIC-CASE-NAME-again-N`, when the test creates /host/NAME.again-N (its
 /// perftest client lost perftest's race), and one that serves on is
 /// stopped when the test creates /host/NAME.stop (it must still be running).
@@ -193,7 +252,27 @@ fn guest_script(clients: bool) -> String {
     for c in CASES {
         let ip = if clients { OUR_IP } else { GUEST_IP };
         let cmd = c.argv(clients, ip).join(" ");
-        let run = if clients {
+        let run = if clients && c.race == Race::PerftestR {
+            // A REJ 8 may be perftest's -R race (see the top), which needs
+            // urnic's server started again: the client reports it with
+            // `URNIC-CASE-NAME-lost-N` and runs again once the test has
+            // looked and created /host/NAME.again-N.
+            format!(
+                "echo {marker}\n\
+                 attempt=0\n\
+                 while :; do\n\
+                 {cmd} >/host/{name}.out 2>&1; rc=$?\n\
+                 [ $rc = 0 ] && break\n\
+                 grep -q 'RDMA_CM_EVENT_REJECTED; error: 8' /host/{name}.out || break\n\
+                 attempt=$((attempt + 1)); [ $attempt -le 10 ] || break\n\
+                 cp /host/{name}.out /host/{name}.lost-$attempt\n\
+                 echo {marker}-lost-$attempt\n\
+                 while [ ! -e /host/{name}.again-$attempt ]; do sleep 0.2; done\n\
+                 done\n",
+                marker = case_marker(c.name),
+                name = c.name,
+            )
+        } else if clients {
             format!("echo {}\nretry {cmd} >/host/{name}.out 2>&1; rc=$?\n", case_marker(c.name), name = c.name)
         } else {
             // The marker once the server listens: a client that comes
@@ -314,6 +393,9 @@ fn rdmacm_programs_urnic_servers_rxe_clients() {
                 text(&o),
                 guest.console()
             );
+        } else if c.race == Race::PerftestR {
+            serve_perftest_r(&lab, &lib, &argv, c.name, &mut guest);
+            guest.wait_for_case(next);
         } else {
             lab.urnic_server(&lib, &argv, c.name, &mut guest);
             guest.wait_for_case(next);
