@@ -1106,14 +1106,8 @@ impl Nic {
         let Some(mut sends) = rings.send.consumer() else { return work };
         // Boxes of WQEs reaped since the last drain replace the ones taken.
         engine.recycle_send_wqes(rings.qpn, |b| sends.recycle(b));
-        while let Some(wr) = sends.pop() {
-            work += 1;
-            let wr_id = wr.wr_id;
-            let opcode = wr.op.wc_opcode();
-            if let Err(e) = engine.post_send_boxed(rings.qpn, wr) {
-                self.refuse(rings, wr_id, opcode, e, false);
-            }
-        }
+        // One engine lookup, timer arming and wake-up for the whole drain.
+        work += engine.post_send_batch(rings.qpn, || sends.pop(), |wr_id, opcode, e| self.refuse(rings, wr_id, opcode, e, false));
         work
     }
 
