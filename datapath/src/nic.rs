@@ -654,10 +654,25 @@ impl Nic {
         self.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
-    /// Tell the poller that `rings` has new WRs (the doorbell). Lock-free.
+    /// Tell the poller that `rings` has new WRs (the doorbell), after the
+    /// post's WR is in its ring. Lock-free; while the QP's doorbell is rung
+    /// and not yet answered (a stream of posts between two drains), a post
+    /// only reads the flag: one read-modify-write per drain, not per post.
+    ///
+    /// Why a read is enough: every post claims its slot with a SeqCst
+    /// compare-and-swap of the ring's tail before it reads the flag here
+    /// (SeqCst). If it reads the flag still set, that read precedes, in the
+    /// SeqCst order, the swap with which the next drain clears the flag, and
+    /// so does the claim: the drain's check of the tails after it
+    /// ([`Nic::drain_qp`]) sees the claim, and either takes the WR or, if
+    /// its post has not published it yet, rings the doorbell again for the
+    /// next poll. A flag read as clear is set with a swap, as before.
     pub fn ring_qp(&self, rings: &QpRings) {
+        if rings.rung.load(Ordering::SeqCst) {
+            return;
+        }
         let shard = &self.shards[self.shard_of(rings.qpn)];
-        if !rings.rung.swap(true, Ordering::AcqRel) && shard.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
+        if !rings.rung.swap(true, Ordering::SeqCst) && shard.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
             // More queues than the doorbell queue holds: the poller sweeps
             // every queue once instead.
             shard.sweep.store(true, Ordering::Release);
@@ -1093,7 +1108,9 @@ impl Nic {
         // before the ring reads below (a plain store may sit in the store
         // buffer while the pops read an empty ring and the poster, still
         // seeing the flag set, rings no doorbell: a WR left in the ring).
-        rings.rung.swap(false, Ordering::AcqRel);
+        // SeqCst: the order `ring_qp` relies on (its flag read, this swap,
+        // the tail checks at the end).
+        rings.rung.swap(false, Ordering::SeqCst);
         while let Some(wr) = rings.recv.pop() {
             work += 1;
             let wr_id = wr.wr_id;
@@ -1108,6 +1125,14 @@ impl Nic {
         engine.recycle_send_wqes(rings.qpn, |b| sends.recycle(b));
         // One engine lookup, timer arming and wake-up for the whole drain.
         work += engine.post_send_batch(rings.qpn, || sends.pop(), |wr_id, opcode, e| self.refuse(rings, wr_id, opcode, e, false));
+        drop(sends);
+        // A WR claimed before the swap above whose post read the flag still
+        // set rang no doorbell (`ring_qp`); if the send ring stopped at it,
+        // not yet published, or WRs came in since, ring again: the next poll
+        // drains it. (The receive ring's pop waits for a claimed WR itself.)
+        if !rings.send.is_empty() || !rings.recv.is_empty() {
+            self.ring_qp(rings);
+        }
         work
     }
 
@@ -1285,5 +1310,40 @@ mod tests {
         assert!(nic.since_driven().is_some_and(|d| d < DRIVE_WINDOW) && nic.app_driving());
         nic.stop_driving();
         assert_eq!(nic.since_driven(), None);
+    }
+
+    /// The doorbell's protocol (`Nic::ring_qp`): a post that reads the
+    /// flag still set rings nothing, so a drain that stops at a WR claimed
+    /// and not yet published rings again, and the next poll takes the WR.
+    /// (The QP has no engine state: the engine refuses the WR, counted.)
+    #[test]
+    fn a_drain_that_stops_at_a_claimed_wr_rings_again() {
+        use rocev2::transport::wqe::{PayloadRef, SendWrRef};
+        use rocev2::transport::wr::{SendFlags, SendOp};
+        let nic = nic();
+        let rings = Arc::new(QpRings::new(0x20, CqId(1), CqId(1), 4, 4));
+        nic.attach_qp(rings.clone());
+        let refused = || nic.stats.posts_refused.load(Ordering::Relaxed);
+        // A post claims its slot, rings (the flag was clear), and is held
+        // up before it publishes its WR.
+        let pos = rings.send.claim().unwrap();
+        nic.ring_qp(&rings);
+        nic.poll();
+        assert!(!rings.send.is_empty(), "the drain stopped at the claimed slot");
+        assert!(rings.rung.load(Ordering::SeqCst), "and rang again");
+        // Published now; the post would not ring again.
+        let wr = SendWrRef { wr_id: 7, op: SendOp::Send, payload: PayloadRef::Inline(&[]), flags: SendFlags::SIGNALED, ud: None };
+        // SAFETY: `pos` was claimed above and not published.
+        unsafe { rings.send.publish(pos, &wr) };
+        nic.poll();
+        assert!(rings.send.is_empty(), "taken at the next poll");
+        assert_eq!(refused(), 1);
+        assert!(!rings.rung.load(Ordering::SeqCst), "nothing left: not rung again");
+        // A later post finds the flag clear and rings with the swap.
+        assert!(rings.send.push(&wr));
+        nic.ring_qp(&rings);
+        assert!(rings.rung.load(Ordering::SeqCst));
+        nic.poll();
+        assert_eq!((refused(), rings.send.is_empty()), (2, true));
     }
 }

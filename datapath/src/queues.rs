@@ -431,17 +431,30 @@ mod tests {
         assert_eq!(t.join().unwrap(), CqId(2));
     }
 
+    /// A channel and a CQ of `depth` reporting to it, armed (for solicited
+    /// or unsuccessful completions only if `solicited_only`).
+    fn armed_cq(id: u32, depth: usize, solicited_only: bool) -> (Arc<CompletionChannel>, CqRing) {
+        let ch = Arc::new(CompletionChannel::new(4).unwrap());
+        let cq = CqRing::new(CqId(id), depth, Some(ch.clone()));
+        cq.req_notify(solicited_only);
+        (ch, cq)
+    }
+
+    /// A batch, not yet ended, of plain successful completions `ids` into `cq`.
+    fn successes(cq: &CqRing, ids: std::ops::Range<u64>) -> CqSignals<'_> {
+        let mut batch = CqSignals::new();
+        for id in ids {
+            assert!(batch.push(cq, wc(id, WcStatus::Success), false));
+        }
+        batch
+    }
+
     /// A batch's completions are in the ring at once; the armed CQ is
     /// signalled once, when the batch ends (dropped or finished), not before.
     #[test]
     fn a_batch_signals_once_at_its_end() {
-        let ch = Arc::new(CompletionChannel::new(4).unwrap());
-        let cq = CqRing::new(CqId(3), 8, Some(ch.clone()));
-        cq.req_notify(false);
-        let mut batch = CqSignals::new();
-        for id in 0..3 {
-            assert!(batch.push(&cq, wc(id, WcStatus::Success), false));
-        }
+        let (ch, cq) = armed_cq(3, 8, false);
+        let batch = successes(&cq, 0..3);
         assert_eq!(cq.len(), 3, "pushed at once");
         assert!(ch.try_get_event().is_none(), "signalled at the batch's end");
         batch.finish();
@@ -469,14 +482,8 @@ mod tests {
     /// batch; a batch of plain successes does not.
     #[test]
     fn a_solicited_arm_looks_at_every_completion_of_the_batch() {
-        let ch = Arc::new(CompletionChannel::new(4).unwrap());
-        let cq = CqRing::new(CqId(9), 16, Some(ch.clone()));
-        cq.req_notify(true);
-        let mut batch = CqSignals::new();
-        for id in 0..3 {
-            batch.push(&cq, wc(id, WcStatus::Success), false);
-        }
-        batch.finish();
+        let (ch, cq) = armed_cq(9, 16, true);
+        successes(&cq, 0..3).finish();
         assert!(ch.try_get_event().is_none(), "plain successes only");
         for (status, solicited) in [(WcStatus::WrFlushErr, false), (WcStatus::Success, true)] {
             let mut batch = CqSignals::new();
