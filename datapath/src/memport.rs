@@ -303,7 +303,7 @@ impl Port for MemPort {
         Ok(n)
     }
 
-    fn link_up(&self) -> bool {
+    fn link_up(&self, _now: rocev2::Instant) -> bool {
         self.link.load(Ordering::Acquire)
     }
 

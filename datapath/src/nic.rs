@@ -56,7 +56,7 @@ use rocev2::wire::Opcode;
 use rocev2::Instant;
 
 use crate::port::{Port, PortInfo};
-use crate::queues::{CqRing, QpRings, SrqRing};
+use crate::queues::{CqRing, CqSignals, QpRings, SrqRing};
 
 /// Frames received per poll iteration at most.
 const RX_BUDGET: usize = 64;
@@ -519,7 +519,12 @@ impl Nic {
 
     /// The shard that owns QPN (or SRQ id) `x`.
     pub fn shard_of(&self, x: u32) -> usize {
-        x as usize % self.shards.len()
+        // Every post asks (the doorbell): no division for the common
+        // single-shard device.
+        match self.shards.len() {
+            1 => 0,
+            n => x as usize % n,
+        }
     }
 
     /// The port's addresses.
@@ -649,10 +654,25 @@ impl Nic {
         self.cqs.write().unwrap_or_else(|e| e.into_inner()).remove(&id);
     }
 
-    /// Tell the poller that `rings` has new WRs (the doorbell). Lock-free.
+    /// Tell the poller that `rings` has new WRs (the doorbell), after the
+    /// post's WR is in its ring. Lock-free; while the QP's doorbell is rung
+    /// and not yet answered (a stream of posts between two drains), a post
+    /// only reads the flag: one read-modify-write per drain, not per post.
+    ///
+    /// Why a read is enough: every post claims its slot with a SeqCst
+    /// compare-and-swap of the ring's tail before it reads the flag here
+    /// (SeqCst). If it reads the flag still set, that read precedes, in the
+    /// SeqCst order, the swap with which the next drain clears the flag, and
+    /// so does the claim: the drain's check of the tails after it
+    /// ([`Nic::drain_qp`]) sees the claim, and either takes the WR or, if
+    /// its post has not published it yet, rings the doorbell again for the
+    /// next poll. A flag read as clear is set with a swap, as before.
     pub fn ring_qp(&self, rings: &QpRings) {
+        if rings.rung.load(Ordering::SeqCst) {
+            return;
+        }
         let shard = &self.shards[self.shard_of(rings.qpn)];
-        if !rings.rung.swap(true, Ordering::AcqRel) && shard.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
+        if !rings.rung.swap(true, Ordering::SeqCst) && shard.doorbells.push(Doorbell::Qp(rings.qpn)).is_err() {
             // More queues than the doorbell queue holds: the poller sweeps
             // every queue once instead.
             shard.sweep.store(true, Ordering::Release);
@@ -820,7 +840,7 @@ impl Nic {
 
         // Link state changes become async events (IBV_EVENT_PORT_ACTIVE/ERR).
         if i == 0 {
-            let up = port.link_up();
+            let up = port.link_up(now);
             if self.link_up.swap(up, Ordering::AcqRel) != up {
                 self.push_event(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
                 work += 1;
@@ -966,10 +986,14 @@ impl Nic {
         if engine.has_completions() {
             let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
             let mut tally = Delivered::default();
+            // The CQs' arming is looked at once for the batch, after one
+            // fence, not once per completion (`CqSignals`).
+            let mut signals = CqSignals::new();
             while let Some(c) = engine.poll_completion() {
-                self.deliver_to(&cqs, c, &mut tally);
+                self.deliver_to(&cqs, c, &mut tally, &mut signals);
                 work += 1;
             }
+            signals.finish();
             tally.count(&self.stats);
         }
         while let Some(ev) = engine.poll_event() {
@@ -1014,11 +1038,20 @@ impl Nic {
         shards.contains(&i)
     }
 
-    /// Write `frame` to the capture file, if capturing.
+    /// Write `frame` to the capture file, if capturing. Called for every
+    /// frame sent and received: the check is inlined, the writing is not
+    /// (a call whose body could write saved and restored registers on every
+    /// frame, about 30 instructions, capturing or not).
+    #[inline]
     fn capture(&self, frame: &[u8]) {
-        if !self.capturing.load(Ordering::Relaxed) {
-            return;
+        if self.capturing.load(Ordering::Relaxed) {
+            self.capture_write(frame);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn capture_write(&self, frame: &[u8]) {
         let mut c = lock(&self.capture);
         if let Some(w) = c.as_mut() {
             if w.write(frame).is_err() {
@@ -1075,7 +1108,9 @@ impl Nic {
         // before the ring reads below (a plain store may sit in the store
         // buffer while the pops read an empty ring and the poster, still
         // seeing the flag set, rings no doorbell: a WR left in the ring).
-        rings.rung.swap(false, Ordering::AcqRel);
+        // SeqCst: the order `ring_qp` relies on (its flag read, this swap,
+        // the tail checks at the end).
+        rings.rung.swap(false, Ordering::SeqCst);
         while let Some(wr) = rings.recv.pop() {
             work += 1;
             let wr_id = wr.wr_id;
@@ -1088,13 +1123,15 @@ impl Nic {
         let Some(mut sends) = rings.send.consumer() else { return work };
         // Boxes of WQEs reaped since the last drain replace the ones taken.
         engine.recycle_send_wqes(rings.qpn, |b| sends.recycle(b));
-        while let Some(wr) = sends.pop() {
-            work += 1;
-            let wr_id = wr.wr_id;
-            let opcode = wr.op.wc_opcode();
-            if let Err(e) = engine.post_send_boxed(rings.qpn, wr) {
-                self.refuse(rings, wr_id, opcode, e, false);
-            }
+        // One engine lookup, timer arming and wake-up for the whole drain.
+        work += engine.post_send_batch(rings.qpn, || sends.pop(), |wr_id, opcode, e| self.refuse(rings, wr_id, opcode, e, false));
+        drop(sends);
+        // A WR claimed before the swap above whose post read the flag still
+        // set rang no doorbell (`ring_qp`); if the send ring stopped at it,
+        // not yet published, or WRs came in since, ring again: the next poll
+        // drains it. (The receive ring's pop waits for a claimed WR itself.)
+        if !rings.send.is_empty() || !rings.recv.is_empty() {
+            self.ring_qp(rings);
         }
         work
     }
@@ -1125,17 +1162,19 @@ impl Nic {
 
     fn deliver(&self, c: Completion) {
         let mut tally = Delivered::default();
-        self.deliver_to(&self.cqs.read().unwrap_or_else(|e| e.into_inner()), c, &mut tally);
+        let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
+        self.deliver_to(&cqs, c, &mut tally, &mut CqSignals::new());
         tally.count(&self.stats);
     }
 
     /// [`Nic::deliver`] with the CQ table already read-locked, counted in
-    /// `tally` (the caller adds a batch's tally to the counters once).
-    fn deliver_to(&self, cqs: &IntMap<CqId, Arc<CqRing>>, c: Completion, tally: &mut Delivered) {
+    /// `tally` (the caller adds a batch's tally to the counters once), the
+    /// CQ's arming looked at when `signals`' batch ends.
+    fn deliver_to<'a>(&self, cqs: &'a IntMap<CqId, Arc<CqRing>>, c: Completion, tally: &mut Delivered, signals: &mut CqSignals<'a>) {
         match cqs.get(&c.cq) {
             Some(ring) => {
                 tally.delivered += 1;
-                if !ring.push(c.wc, c.solicited) {
+                if !signals.push(ring, c.wc, c.solicited) {
                     tally.overruns += 1;
                 }
             }
@@ -1219,10 +1258,12 @@ mod tests {
         let c = |cq: u32, wr_id| Completion::error(CqId(cq), 0x11, wr_id, WcOpcode::Send, WcStatus::WrFlushErr);
         let cqs = nic.cqs.read().unwrap();
         let mut tally = Delivered::default();
+        let mut signals = CqSignals::new();
         for wr_id in 0..3 {
-            nic.deliver_to(&cqs, c(5, wr_id), &mut tally);
+            nic.deliver_to(&cqs, c(5, wr_id), &mut tally, &mut signals);
         }
-        nic.deliver_to(&cqs, c(6, 9), &mut tally);
+        nic.deliver_to(&cqs, c(6, 9), &mut tally, &mut signals);
+        signals.finish();
         drop(cqs);
         let counts = || ["completions", "cq_overruns", "completions_orphaned"].map(|k| nic.stats.iter().find(|(n, _)| *n == k).unwrap().1);
         assert_eq!(counts(), [0, 0, 0], "counted once per batch, at its end");
@@ -1269,5 +1310,40 @@ mod tests {
         assert!(nic.since_driven().is_some_and(|d| d < DRIVE_WINDOW) && nic.app_driving());
         nic.stop_driving();
         assert_eq!(nic.since_driven(), None);
+    }
+
+    /// The doorbell's protocol (`Nic::ring_qp`): a post that reads the
+    /// flag still set rings nothing, so a drain that stops at a WR claimed
+    /// and not yet published rings again, and the next poll takes the WR.
+    /// (The QP has no engine state: the engine refuses the WR, counted.)
+    #[test]
+    fn a_drain_that_stops_at_a_claimed_wr_rings_again() {
+        use rocev2::transport::wqe::{PayloadRef, SendWrRef};
+        use rocev2::transport::wr::{SendFlags, SendOp};
+        let nic = nic();
+        let rings = Arc::new(QpRings::new(0x20, CqId(1), CqId(1), 4, 4));
+        nic.attach_qp(rings.clone());
+        let refused = || nic.stats.posts_refused.load(Ordering::Relaxed);
+        // A post claims its slot, rings (the flag was clear), and is held
+        // up before it publishes its WR.
+        let pos = rings.send.claim().unwrap();
+        nic.ring_qp(&rings);
+        nic.poll();
+        assert!(!rings.send.is_empty(), "the drain stopped at the claimed slot");
+        assert!(rings.rung.load(Ordering::SeqCst), "and rang again");
+        // Published now; the post would not ring again.
+        let wr = SendWrRef { wr_id: 7, op: SendOp::Send, payload: PayloadRef::Inline(&[]), flags: SendFlags::SIGNALED, ud: None };
+        // SAFETY: `pos` was claimed above and not published.
+        unsafe { rings.send.publish(pos, &wr) };
+        nic.poll();
+        assert!(rings.send.is_empty(), "taken at the next poll");
+        assert_eq!(refused(), 1);
+        assert!(!rings.rung.load(Ordering::SeqCst), "nothing left: not rung again");
+        // A later post finds the flag clear and rings with the swap.
+        assert!(rings.send.push(&wr));
+        nic.ring_qp(&rings);
+        assert!(rings.rung.load(Ordering::SeqCst));
+        nic.poll();
+        assert_eq!((refused(), rings.send.is_empty()), (2, true));
     }
 }

@@ -48,8 +48,13 @@ pub trait Port: Send {
     /// Hand up to `budget` received frames to `handler`. Returns how many.
     fn receive(&mut self, budget: usize, handler: &mut dyn FnMut(&[u8])) -> Result<usize, PortError>;
 
-    /// Whether the link is up (carrier). Default: always.
-    fn link_up(&self) -> bool {
+    /// Whether the link is up (carrier), asked by the poller once per
+    /// iteration with the clock it read for that iteration (`now`: a
+    /// monotonic clock, the poller's epoch), so a port that has to ask the
+    /// kernel can ask only now and then without reading a clock of its own.
+    /// Default: always.
+    fn link_up(&self, now: rocev2::Instant) -> bool {
+        let _ = now;
         true
     }
 

@@ -220,28 +220,40 @@ impl CqRing {
     }
 
     /// Datapath side: deliver a completion. Returns false on overrun.
+    /// One fence per call: a batch of completions goes through
+    /// [`CqSignals`] instead, which fences once for the batch.
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
+        let mut batch = CqSignals::new();
+        batch.push(self, wc, solicited)
+    }
+
+    /// Put a completion into the ring without looking at the arming; what it
+    /// asks of the arming is added to `wake`. [`CqRing::signal`] follows.
+    fn push_quiet(&self, wc: WorkCompletion, solicited: bool, wake: &mut Wake) -> bool {
+        wake.any = true;
+        // IBV_CQ_SOLICITED: a solicited completion, or any unsuccessful one
+        // (ibv_req_notify_cq(3): "or an error completion").
+        wake.solicited |= solicited || wc.status != WcStatus::Success;
         let ok = self.ring.push(wc).is_ok();
         if !ok {
             self.overflowed.store(true, Ordering::Release);
         }
-        // Dekker-style handshake with `req_notify`: the application stores
-        // `armed` then polls the ring; we push to the ring then load
-        // `armed`. Without a full fence on both sides each can miss the
-        // other's store (store buffering): the application finds the ring
-        // empty and sleeps, we find the CQ unarmed and do not wake it.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        let wake = match self.armed.load(Ordering::Acquire) {
-            ARM_ANY => true,
-            ARM_SOLICITED => solicited || wc.status != WcStatus::Success,
+        ok
+    }
+
+    /// Signal the channel if the CQ is armed for what `wake` says was
+    /// pushed (once per arm). The caller has fenced (SeqCst) since its pushes.
+    fn signal_fenced(&self, wake: Wake) {
+        let fire = match self.armed.load(Ordering::Acquire) {
+            ARM_ANY => wake.any,
+            ARM_SOLICITED => wake.solicited,
             _ => false,
         };
-        if wake && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE {
+        if fire && self.armed.swap(ARM_NONE, Ordering::AcqRel) != ARM_NONE {
             if let Some(ch) = &self.channel {
                 ch.notify(self.id);
             }
         }
-        ok
     }
 
     /// Application side: take up to `out.len()` completions (`ibv_poll_cq`).
@@ -274,6 +286,84 @@ impl CqRing {
         // Pairs with the fence in `push`: a completion pushed before this
         // point is seen by the caller's next poll, or the push sees us armed.
         std::sync::atomic::fence(Ordering::SeqCst);
+    }
+}
+
+/// What the completions pushed into one CQ ask of its arming.
+#[derive(Clone, Copy, Debug, Default)]
+struct Wake {
+    /// Any completion (wakes `ARM_ANY`).
+    any: bool,
+    /// A solicited or unsuccessful one (wakes `ARM_SOLICITED` too).
+    solicited: bool,
+}
+
+/// CQs a [`CqSignals`] batch tracks before it signals them early.
+const SIGNAL_SLOTS: usize = 4;
+
+/// The datapath's delivery of a batch of completions: each goes into its
+/// ring at once (the application may poll it right away), and the CQs'
+/// arming is looked at once for the batch, after one full fence, when the
+/// batch ends (dropped, or [`CqSignals::finish`]) — instead of one fence
+/// per completion. A CQ armed before the batch ends is signalled once if
+/// the batch brought it what it was armed for (any completion, or a
+/// solicited or unsuccessful one).
+///
+/// Why one fence is enough (the Dekker-style handshake with
+/// [`CqRing::req_notify`], which stores `armed`, fences, then polls): our
+/// pushes come before our fence and our loads of `armed` after it, so
+/// either the application's poll after arming sees the completions, or we
+/// see it armed and signal; without the fence each could miss the other's
+/// store (store buffering) and the application would sleep on a CQ that
+/// has completions. More than [`SIGNAL_SLOTS`] CQs in one batch: the
+/// tracked ones are signalled (fence included) when a new one comes.
+#[derive(Default)]
+pub struct CqSignals<'a> {
+    pending: [Option<(&'a CqRing, Wake)>; SIGNAL_SLOTS],
+}
+
+impl<'a> CqSignals<'a> {
+    /// An empty batch.
+    pub fn new() -> CqSignals<'a> {
+        CqSignals::default()
+    }
+
+    /// Deliver a completion into `ring` (its arming looked at when the
+    /// batch ends). Returns false on overrun (the completion is lost and
+    /// the ring marked overflowed, as [`CqRing::push`]).
+    pub fn push(&mut self, ring: &'a CqRing, wc: WorkCompletion, solicited: bool) -> bool {
+        let slot = match self.pending.iter().position(|p| p.is_none_or(|(r, _)| std::ptr::eq(r, ring))) {
+            Some(i) => i,
+            None => {
+                self.signal_all();
+                0
+            }
+        };
+        let entry = self.pending[slot].get_or_insert((ring, Wake::default()));
+        ring.push_quiet(wc, solicited, &mut entry.1)
+    }
+
+    /// End the batch: one fence, then every CQ it touched is signalled if
+    /// armed for what it got. (Dropping the batch does the same.)
+    pub fn finish(mut self) {
+        self.signal_all();
+    }
+
+    fn signal_all(&mut self) {
+        if self.pending[0].is_none() {
+            return;
+        }
+        // Pairs with the fence in `req_notify` (see the type's documentation).
+        std::sync::atomic::fence(Ordering::SeqCst);
+        for (ring, wake) in self.pending.iter_mut().map_while(Option::take) {
+            ring.signal_fenced(wake);
+        }
+    }
+}
+
+impl Drop for CqSignals<'_> {
+    fn drop(&mut self) {
+        self.signal_all();
     }
 }
 
@@ -339,5 +429,97 @@ mod tests {
         };
         cq.push(wc(1, WcStatus::Success), false);
         assert_eq!(t.join().unwrap(), CqId(2));
+    }
+
+    /// A channel and a CQ of `depth` reporting to it, armed (for solicited
+    /// or unsuccessful completions only if `solicited_only`).
+    fn armed_cq(id: u32, depth: usize, solicited_only: bool) -> (Arc<CompletionChannel>, CqRing) {
+        let ch = Arc::new(CompletionChannel::new(4).unwrap());
+        let cq = CqRing::new(CqId(id), depth, Some(ch.clone()));
+        cq.req_notify(solicited_only);
+        (ch, cq)
+    }
+
+    /// A batch, not yet ended, of plain successful completions `ids` into `cq`.
+    fn successes(cq: &CqRing, ids: std::ops::Range<u64>) -> CqSignals<'_> {
+        let mut batch = CqSignals::new();
+        for id in ids {
+            assert!(batch.push(cq, wc(id, WcStatus::Success), false));
+        }
+        batch
+    }
+
+    /// A batch's completions are in the ring at once; the armed CQ is
+    /// signalled once, when the batch ends (dropped or finished), not before.
+    #[test]
+    fn a_batch_signals_once_at_its_end() {
+        let (ch, cq) = armed_cq(3, 8, false);
+        let batch = successes(&cq, 0..3);
+        assert_eq!(cq.len(), 3, "pushed at once");
+        assert!(ch.try_get_event().is_none(), "signalled at the batch's end");
+        batch.finish();
+        assert_eq!(ch.try_get_event(), Some(CqId(3)));
+        assert!(ch.try_get_event().is_none(), "one event per arm");
+        // Dropped without `finish`: signalled all the same.
+        cq.req_notify(false);
+        {
+            let mut batch = CqSignals::new();
+            batch.push(&cq, wc(4, WcStatus::Success), false);
+        }
+        assert_eq!(ch.try_get_event(), Some(CqId(3)));
+        // Not armed: nothing, and the next arm is not fired by the old batch.
+        let mut batch = CqSignals::new();
+        batch.push(&cq, wc(5, WcStatus::Success), false);
+        batch.finish();
+        assert!(ch.try_get_event().is_none());
+        let mut out = [wc(0, WcStatus::Success); 8];
+        assert_eq!(cq.poll(&mut out), 5);
+        assert_eq!(out[..5].iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 4, 5]);
+    }
+
+    /// Armed for solicited completions: a batch fires it when any of its
+    /// completions is solicited or unsuccessful, wherever it lies in the
+    /// batch; a batch of plain successes does not.
+    #[test]
+    fn a_solicited_arm_looks_at_every_completion_of_the_batch() {
+        let (ch, cq) = armed_cq(9, 16, true);
+        successes(&cq, 0..3).finish();
+        assert!(ch.try_get_event().is_none(), "plain successes only");
+        for (status, solicited) in [(WcStatus::WrFlushErr, false), (WcStatus::Success, true)] {
+            let mut batch = CqSignals::new();
+            batch.push(&cq, wc(10, WcStatus::Success), false);
+            batch.push(&cq, wc(11, status), solicited);
+            batch.push(&cq, wc(12, WcStatus::Success), false);
+            batch.finish();
+            assert_eq!(ch.try_get_event(), Some(CqId(9)), "{status:?}, solicited {solicited}");
+            cq.req_notify(true);
+        }
+    }
+
+    /// A batch over more CQs than it tracks signals every armed one once,
+    /// and an overrun is reported and marked as by `CqRing::push`.
+    #[test]
+    fn a_batch_over_many_cqs_signals_each_armed_one() {
+        let ch = Arc::new(CompletionChannel::new(16).unwrap());
+        let cqs: Vec<CqRing> = (0..SIGNAL_SLOTS as u32 + 3).map(|i| CqRing::new(CqId(i), 2, Some(ch.clone()))).collect();
+        for cq in cqs.iter().filter(|c| c.id.0 != 1) {
+            cq.req_notify(false);
+        }
+        let mut batch = CqSignals::new();
+        let mut refused = 0;
+        for round in 0..3 {
+            for cq in cqs.iter().chain(cqs.iter().rev()) {
+                if !batch.push(cq, wc(round, WcStatus::Success), false) {
+                    refused += 1;
+                }
+            }
+        }
+        batch.finish();
+        assert_eq!(refused, cqs.len() * 4, "2 of 6 fit each 2-entry ring");
+        assert!(cqs.iter().all(CqRing::overflowed));
+        let mut events: Vec<u32> = std::iter::from_fn(|| ch.try_get_event()).map(|c| c.0).collect();
+        events.sort_unstable();
+        let expected: Vec<u32> = (0..cqs.len() as u32).filter(|&i| i != 1).collect();
+        assert_eq!(events, expected, "each armed CQ once, the unarmed one not");
     }
 }

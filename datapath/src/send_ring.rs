@@ -116,6 +116,16 @@ impl SendRing {
     /// written, if the ring is full. Any number of threads may post at once.
     #[inline]
     pub fn push(&self, wr: &SendWrRef<'_>) -> bool {
+        let Some(pos) = self.claim() else { return false };
+        // SAFETY: `pos` was just claimed by this post and is not published.
+        unsafe { self.publish(pos, wr) };
+        true
+    }
+
+    /// Claim the slot at the tail for one post: its position, or `None` if
+    /// the ring is full. [`SendRing::publish`] must follow.
+    #[inline]
+    pub(crate) fn claim(&self) -> Option<usize> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
         loop {
             let slot = self.slot(pos);
@@ -125,28 +135,38 @@ impl SendRing {
             let ahead = stamp.wrapping_sub(pos) as isize;
             if ahead == 0 {
                 // Free for `pos`: claim it. The CAS succeeds for one post only.
-                match self.tail.0.compare_exchange_weak(pos, self.next(pos), Ordering::Relaxed, Ordering::Relaxed) {
-                    Ok(_) => {
-                        // SAFETY: this post alone claimed `pos` (the CAS), and
-                        // the slot's stamp says the consumer is done with it:
-                        // nobody else reads or writes the box until the
-                        // release store below publishes it.
-                        unsafe { (*slot.wqe.get()).fill_from(wr) };
-                        slot.stamp.store(pos.wrapping_add(1), Ordering::Release);
-                        return true;
-                    }
+                // SeqCst: the doorbell's protocol orders this claim before
+                // the poster's read of the QP's doorbell flag (`Nic::ring_qp`).
+                match self.tail.0.compare_exchange_weak(pos, self.next(pos), Ordering::SeqCst, Ordering::Relaxed) {
+                    Ok(_) => return Some(pos),
                     Err(now) => pos = now,
                 }
             } else if ahead < 0 {
                 // The slot still holds (or is about to hold) the WR posted one
                 // lap earlier, not yet taken: the ring is full.
-                return false;
+                return None;
             } else {
                 // Another post claimed `pos` first: try the tail it left.
                 std::hint::spin_loop();
                 pos = self.tail.0.load(Ordering::Relaxed);
             }
         }
+    }
+
+    /// Write `wr` into the box of the slot claimed at `pos` and publish it.
+    ///
+    /// # Safety
+    /// `pos` came from [`SendRing::claim`] on this ring and was not
+    /// published yet.
+    #[inline]
+    pub(crate) unsafe fn publish(&self, pos: usize, wr: &SendWrRef<'_>) {
+        let slot = self.slot(pos);
+        // SAFETY: the caller's post alone claimed `pos` (the CAS in `claim`),
+        // and the slot's stamp said the consumer was done with it: nobody
+        // else reads or writes the box until the release store below
+        // publishes it.
+        unsafe { (*slot.wqe.get()).fill_from(wr) };
+        slot.stamp.store(pos.wrapping_add(1), Ordering::Release);
     }
 
     /// WRs posted (or being posted) and not yet taken by a finished drain.
@@ -159,9 +179,11 @@ impl SendRing {
         (laps * self.slots.len() + index(tail)).wrapping_sub(index(head))
     }
 
-    /// Whether no WR waits (see [`len`](Self::len)).
+    /// Whether no WR waits (see [`len`](Self::len)): a WR claimed and not
+    /// yet published counts as waiting. SeqCst: the doorbell's check after a
+    /// drain (`Nic::drain_qp`) must see every claim made before its swap.
     pub fn is_empty(&self) -> bool {
-        self.consumer.0.head.load(Ordering::Acquire) == self.tail.0.load(Ordering::Acquire)
+        self.consumer.0.head.load(Ordering::SeqCst) == self.tail.0.load(Ordering::SeqCst)
     }
 
     /// The ring's consumer, or `None` while another one exists (the

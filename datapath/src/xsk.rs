@@ -26,6 +26,9 @@ use crate::reassembly::{spread_tail, Held, Piece, Reassembly};
 
 pub mod claim;
 
+/// How often [`XskPort`] asks the kernel whether the link is up.
+const LINK_CHECK_EVERY: Duration = Duration::from_millis(100);
+
 /// The longest RoCEv2 frame: a 4096-byte payload (the largest IB MTU) with
 /// Ethernet + 802.1Q, IPv6, UDP, BTH, the largest extension headers (RETH +
 /// immediate data, 20 bytes; an AtomicETH, 28, carries no payload) and the
@@ -78,13 +81,14 @@ fn set_tx_budget(fd: std::os::fd::RawFd, ring: u32) -> Option<u32> {
     None
 }
 
-/// Whether every chunk (of `chunk` bytes) that `range` touches is one that
-/// `held` (UMEM addresses within chunks) points into.
-fn chunks_held(range: &Range<usize>, chunk: usize, held: impl Iterator<Item = usize> + Clone) -> bool {
+/// Whether every chunk (of `1 << shift` bytes: the port's chunks are 2048
+/// or 4096 bytes, so a shift does what a division did) that `range` touches
+/// is one that `held` (UMEM addresses within chunks) points into.
+fn chunks_held(range: &Range<usize>, shift: u32, held: impl Iterator<Item = usize> + Clone) -> bool {
     if range.is_empty() {
         return true;
     }
-    (range.start / chunk..=(range.end - 1) / chunk).all(|c| held.clone().any(|a| a / chunk == c))
+    (range.start >> shift..=(range.end - 1) >> shift).all(|c| held.clone().any(|a| a >> shift == c))
 }
 
 /// The chunks of the multi-buffer frame in hand during one receive call:
@@ -93,24 +97,27 @@ fn chunks_held(range: &Range<usize>, chunk: usize, held: impl Iterator<Item = us
 /// covers a chunk the kernel owns.
 struct FrameChunks<'a> {
     area: (usize, usize),
-    chunk: usize,
+    /// log2 of the chunk size.
+    shift: u32,
     /// The descriptors of the frame's pieces consumed in this call.
     held: &'a [FrameDesc],
 }
 
 impl<'a> FrameChunks<'a> {
     /// # Safety
-    /// `area` is the port's live UMEM mapping, chunks of `chunk` bytes, and
-    /// the chunks `held` point into are ours (received, not given back) for
-    /// as long as the value lives, with no other slice over them meanwhile.
+    /// `area` is the port's live UMEM mapping, chunks of `chunk` bytes (a
+    /// power of two, as the port's configuration check requires), and the
+    /// chunks `held` point into are ours (received, not given back) for as
+    /// long as the value lives, with no other slice over them meanwhile.
     unsafe fn new(area: (usize, usize), chunk: usize, held: &'a [FrameDesc]) -> Self {
-        FrameChunks { area, chunk, held }
+        debug_assert!(chunk.is_power_of_two());
+        FrameChunks { area, shift: chunk.trailing_zeros(), held }
     }
 }
 
 impl Held for FrameChunks<'_> {
     fn bytes(&mut self, range: Range<usize>) -> Option<&mut [u8]> {
-        if !chunks_held(&range, self.chunk, self.held.iter().map(|d| d.addr())) {
+        if !chunks_held(&range, self.shift, self.held.iter().map(|d| d.addr())) {
             return None;
         }
         // SAFETY: every chunk of `range` is one `held` points into, ours for
@@ -361,7 +368,8 @@ pub struct XskPort {
     /// Where the engine builds a frame that may need several UMEM frames.
     scratch_tx: Vec<u8>,
     zero_copy: bool,
-    link: Cell<(bool, Option<Instant>)>,
+    /// The link's state when last asked, and when (the poller's clock).
+    link: Cell<(bool, Option<rocev2::Instant>)>,
     stats: XskStats,
     // Dropped after the socket queues (field order): the last port of an
     // interface to go detaches the program.
@@ -674,7 +682,8 @@ impl XskPort {
         let k = self.free.len();
         let (a, b) = (self.free[k - 1], self.free[k - 2]);
         let (lo, hi) = if a.addr() < b.addr() { (a, b) } else { (b, a) };
-        let head = lo.addr() % self.chunk;
+        // A power of two (the configuration check): a mask, not a division.
+        let head = lo.addr() & (self.chunk - 1);
         let room = (2 * self.frame_len).min(self.max_frame);
         // From `lo`'s data area to the end of `hi`, the chunk after it: the
         // frame and its tail moved up by `head` fit when a chunk is its
@@ -948,14 +957,16 @@ impl Port for XskPort {
         Some(self)
     }
 
-    fn link_up(&self) -> bool {
-        // An ioctl per poll would cost more than the poll: check every 100 ms.
+    fn link_up(&self, now: rocev2::Instant) -> bool {
+        // An ioctl per poll would cost more than the poll: ask every 100 ms,
+        // timed by the poller's clock (a clock read of our own per poll was
+        // half of the idle loop's).
         let (up, at) = self.link.get();
-        if at.is_some_and(|t| t.elapsed() < Duration::from_millis(100)) {
+        if at.is_some_and(|t| now.saturating_duration_since(t) < LINK_CHECK_EVERY) {
             return up;
         }
         let up = crate::netdev::link_up(&self.iface.name).unwrap_or(up);
-        self.link.set((up, Some(Instant::now())));
+        self.link.set((up, Some(now)));
         up
     }
 }
@@ -967,15 +978,16 @@ mod tests {
     #[test]
     fn a_range_is_held_only_if_every_chunk_it_touches_is() {
         const C: usize = 4096;
+        const S: u32 = C.trailing_zeros();
         // Pieces in chunks 2 and 3 (addresses after the headroom).
         let held = [2 * C + 256, 3 * C + 256];
         let h = || held.iter().copied();
-        assert!(chunks_held(&(2 * C + 256..4 * C), C, h()), "both chunks, headroom of the second included");
-        assert!(chunks_held(&(3 * C..3 * C + 1), C, h()));
-        assert!(chunks_held(&(5 * C..5 * C), C, h()), "an empty range touches nothing");
-        assert!(!chunks_held(&(2 * C..4 * C + 1), C, h()), "one byte into chunk 4");
-        assert!(!chunks_held(&(C + 4095..2 * C + 10), C, h()), "the last byte of chunk 1");
-        assert!(!chunks_held(&(0..10), C, std::iter::empty()));
+        assert!(chunks_held(&(2 * C + 256..4 * C), S, h()), "both chunks, headroom of the second included");
+        assert!(chunks_held(&(3 * C..3 * C + 1), S, h()));
+        assert!(chunks_held(&(5 * C..5 * C), S, h()), "an empty range touches nothing");
+        assert!(!chunks_held(&(2 * C..4 * C + 1), S, h()), "one byte into chunk 4");
+        assert!(!chunks_held(&(C + 4095..2 * C + 10), S, h()), "the last byte of chunk 1");
+        assert!(!chunks_held(&(0..10), S, std::iter::empty()));
     }
 
     /// A 138-byte RoCEv2 frame (a 64 B WRITE ONLY's length: a WRITE

@@ -530,3 +530,42 @@ fn bad_local_key_fails_before_any_request_frame() {
         }
     }
 }
+
+/// A doorbell's drain posts its WQEs as one batch (`post_send_batch`: one
+/// lookup, one timer arming and wake-up): each WQE gets what a post of its
+/// own would give it. A bad one in the middle (more SGEs than
+/// `max_send_sge`) is refused with its wr_id and opcode and the rest go out
+/// and complete in order; on an unknown QP every WQE is refused.
+#[test]
+fn a_batch_of_posts_is_each_post_alone() {
+    let mut p = pair(Opts::default());
+    pattern(&mut p.a, 0, 500, 3);
+    let mut wqes: Vec<Box<rocev2::transport::wqe::SendWqe>> = (0..5u64)
+        .map(|i| {
+            let remote = p.b.remote(i as usize * 100);
+            let sgl = if i == 2 { vec![p.a.sge(0, 1); 5] } else { vec![p.a.sge(i as usize * 100, 100)] };
+            Box::new(wr(i, SendOp::Write { remote }, sgl).into())
+        })
+        .collect();
+    wqes.reverse();
+    let mut refused = Vec::new();
+    let qpn = p.a.qpn;
+    let n = p.a.engine.post_send_batch(qpn, || wqes.pop(), |wr_id, op, e| refused.push((wr_id, op, e)));
+    assert_eq!(n, 5);
+    assert!(matches!(refused[..], [(2, WcOpcode::RdmaWrite, EngineError::BadWr(_))]), "{refused:?}");
+    p.run();
+    let c = p.a.completions();
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [0, 1, 3, 4].map(|i| (i, WcStatus::Success)));
+    for i in [0usize, 1, 3, 4] {
+        assert_eq!(p.b.mem()[i * 100..i * 100 + 100], p.a.mem()[i * 100..i * 100 + 100], "WRITE {i}");
+    }
+    assert!(p.b.mem()[200..300].iter().all(|&b| b == 0), "the refused WRITE wrote nothing");
+
+    let mut wqes: Vec<Box<rocev2::transport::wqe::SendWqe>> = (7..9).map(|i| Box::new(wr(i, SendOp::Send, vec![]).into())).collect();
+    let mut refused = Vec::new();
+    assert_eq!(p.a.engine.post_send_batch(0x999, || wqes.pop(), |wr_id, op, e| refused.push((wr_id, op, e))), 2);
+    assert!(
+        matches!(refused[..], [(8, WcOpcode::Send, EngineError::NoSuchQp(0x999)), (7, WcOpcode::Send, EngineError::NoSuchQp(0x999))]),
+        "{refused:?}"
+    );
+}

@@ -394,7 +394,7 @@ impl Qp {
         if !matches!(st, QpState::Rts | QpState::Sqd | QpState::Sqe | QpState::Err) {
             return Err(Error::new(ErrorKind::InvalidState, format!("post_send on a QP in {st:?} (needs RTS)")));
         }
-        let lim = self.ctx().inner.limits;
+        let max_msg_size = self.ctx().inner.limits.max_msg_size;
         match wr.payload {
             PayloadRef::Sgl(sgl) => {
                 if sgl.len() > self.caps.max_send_sge as usize {
@@ -416,8 +416,8 @@ impl Qp {
             }
         }
         let len = wr.payload.len();
-        if len > u64::from(lim.max_msg_size) {
-            return Err(Error::invalid(format!("message of {len} bytes > max_msg_size {}", lim.max_msg_size)));
+        if len > u64::from(max_msg_size) {
+            return Err(Error::invalid(format!("message of {len} bytes > max_msg_size {max_msg_size}")));
         }
         let is_send = matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. });
         match self.qp_type {

@@ -233,3 +233,40 @@ fn write_acks_wait_for_an_answer_and_still_arrive() {
     assert!(expired <= held);
     assert_quiet(&b.cq);
 }
+
+/// Posts from several threads at once against a polling datapath thread:
+/// every WR leaves and completes, each burst's last ones too. A post rings
+/// the doorbell with a read-modify-write only when it reads the QP's flag
+/// clear (`Nic::ring_qp`); one that reads it set relies on the drain's check
+/// of the ring's tail after clearing it. A WR stranded by a wrong order
+/// there would never complete: the burst's last posts have no later post to
+/// ring for them (`wait` fails).
+#[test]
+fn concurrent_posts_all_leave_and_complete() {
+    const THREADS: u64 = 4;
+    const BURST: u64 = 100;
+    let (a, qa, b, _qb) = rc_pair(Impairments::default(), 4096);
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    for round in 0..100u64 {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (qa, a) = (&qa, &a);
+                s.spawn(move || {
+                    for i in 0..BURST {
+                        let id = (round * THREADS + t) * BURST + i;
+                        qa.post_send(&send_wr(id, SendOp::Write { remote }, vec![a.mr.sge(0, 8)])).unwrap();
+                    }
+                });
+            }
+        });
+        let mut ids: Vec<u64> = wait(&a.cq, (THREADS * BURST) as usize)
+            .iter()
+            .map(|w| {
+                assert_eq!(w.status, WcStatus::Success, "{w:?}");
+                w.wr_id
+            })
+            .collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (round * THREADS * BURST..(round + 1) * THREADS * BURST).collect::<Vec<_>>(), "round {round}");
+    }
+}

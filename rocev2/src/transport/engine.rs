@@ -420,36 +420,49 @@ impl Engine {
     /// kept (no copy of the WQE) and, once the WQE is reaped, handed back by
     /// [`recycle_send_wqes`](Self::recycle_send_wqes) for the next post.
     pub fn post_send_boxed(&mut self, qpn: u32, wr: Box<SendWqe>) -> Result<(), EngineError> {
-        let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
-        match qp.state {
-            QpState::Rts | QpState::Sqd => {}
-            QpState::Err => {
-                self.completions.push_back(flush_completion(qp.init.send_cq, qpn, wr.wr_id, wr.op.wc_opcode()));
-                // Done with at once: the box goes back with the reaped ones.
-                qp.requester.keep_spent(wr);
-                return Ok(());
+        let (mut wr, mut refused) = (Some(wr), None);
+        self.post_send_batch(qpn, || wr.take(), |_, _, e| refused = Some(e));
+        refused.map_or(Ok(()), Err)
+    }
+
+    /// [`post_send_boxed`](Self::post_send_boxed) of every WQE `next` yields,
+    /// in order (a doorbell's drain of a send ring): the QP is looked up, and
+    /// its timer armed and the QP woken, once for the batch instead of once a
+    /// WR. Each WQE gets exactly what `post_send_boxed` would give it; one the
+    /// engine refuses goes to `refused` (its `wr_id`, completion opcode and
+    /// why), and the batch goes on. Returns how many WQEs `next` yielded.
+    pub fn post_send_batch(
+        &mut self,
+        qpn: u32,
+        mut next: impl FnMut() -> Option<Box<SendWqe>>,
+        mut refused: impl FnMut(u64, WcOpcode, EngineError),
+    ) -> usize {
+        let mut n = 0;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            while let Some(wr) = next() {
+                n += 1;
+                refused(wr.wr_id, wr.op.wc_opcode(), EngineError::NoSuchQp(qpn));
             }
-            s => return Err(EngineError::WrongState(s)),
-        }
-        if let crate::transport::wqe::WqePayload::Sgl(sgl) = &wr.payload {
-            if sgl.len() > qp.init.cap.max_send_sge as usize {
-                return Err(EngineError::BadWr("more SGEs than max_send_sge"));
+            return n;
+        };
+        let mut queued = false;
+        while let Some(wr) = next() {
+            n += 1;
+            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+            match post_one_send(qp, wr, &mut self.completions) {
+                Ok(q) => queued |= q,
+                Err(e) => refused(wr_id, opcode, e),
             }
         }
-        match (qp.init.qp_type, wr.ud.is_some()) {
-            (QpType::Ud, false) => return Err(EngineError::BadWr("UD send without a destination")),
-            (QpType::Rc | QpType::Uc, true) => return Err(EngineError::BadWr("destination given on a connected QP")),
-            _ => {}
+        if queued {
+            // `arm` and `wake` with the QP in hand, once for the batch.
+            let due = next_arm(qp, self.last_now);
+            mark_ready(qp, &mut self.ready);
+            if let Some(t) = due {
+                self.queue_timer(t, qpn);
+            }
         }
-        let sig_all = qp.init.sq_sig_all;
-        qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
-        // `arm` and `wake` with the QP in hand (one lookup a post).
-        let due = next_arm(qp, self.last_now);
-        mark_ready(qp, &mut self.ready);
-        if let Some(t) = due {
-            self.queue_timer(t, qpn);
-        }
-        Ok(())
+        n
     }
 
     /// Hand `f` the boxes of `qpn`'s send WQEs reaped since the last call
@@ -917,6 +930,35 @@ impl Engine {
 /// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
 /// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
 /// if it is earlier than the entry the QP already has in the timer queue.
+/// One send WQE into `qp`'s requester, after the engine's checks. In ERR
+/// it completes at once with `WR_FLUSH_ERR`, as ibverbs providers do.
+/// `Ok(true)`: queued (the caller arms the QP's timer and wakes it).
+fn post_one_send(qp: &mut Qp, wr: Box<SendWqe>, completions: &mut VecDeque<Completion>) -> Result<bool, EngineError> {
+    match qp.state {
+        QpState::Rts | QpState::Sqd => {}
+        QpState::Err => {
+            completions.push_back(flush_completion(qp.init.send_cq, qp.qpn, wr.wr_id, wr.op.wc_opcode()));
+            // Done with at once: the box goes back with the reaped ones.
+            qp.requester.keep_spent(wr);
+            return Ok(false);
+        }
+        s => return Err(EngineError::WrongState(s)),
+    }
+    if let crate::transport::wqe::WqePayload::Sgl(sgl) = &wr.payload {
+        if sgl.len() > qp.init.cap.max_send_sge as usize {
+            return Err(EngineError::BadWr("more SGEs than max_send_sge"));
+        }
+    }
+    match (qp.init.qp_type, wr.ud.is_some()) {
+        (QpType::Ud, false) => return Err(EngineError::BadWr("UD send without a destination")),
+        (QpType::Rc | QpType::Uc, true) => return Err(EngineError::BadWr("destination given on a connected QP")),
+        _ => {}
+    }
+    let sig_all = qp.init.sq_sig_all;
+    qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
+    Ok(true)
+}
+
 fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
     let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),

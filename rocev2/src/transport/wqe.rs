@@ -154,6 +154,7 @@ pub enum PayloadRef<'a> {
 
 impl PayloadRef<'_> {
     /// Total payload length in bytes.
+    #[inline]
     pub fn len(&self) -> u64 {
         match self {
             PayloadRef::Sgl(s) => s.iter().map(|s| u64::from(s.length)).sum(),
