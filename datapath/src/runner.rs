@@ -121,7 +121,8 @@ impl Runner {
                 // memory between its CQ polls), serve what waits, as an
                 // HCA would; having found such work, watch closely for a
                 // spell. Looking costs no syscall (`Nic::work_pending`).
-                if let Some(since) = nic.since_driven().filter(|d| *d < DRIVE_WINDOW) {
+                let driven = nic.since_driven();
+                if let Some(since) = driven.filter(|d| *d < DRIVE_WINDOW) {
                     let watching = watch_until.is_some_and(|t| t > Instant::now());
                     let quiet = if watching { WATCH_QUIET } else { DRIVE_QUIET };
                     if since >= quiet && nic.serve(shards.clone()) > 0 {
@@ -131,9 +132,22 @@ impl Runner {
                     std::thread::park_timeout(if watching || since >= DRIVE_QUIET { WATCH_PARK } else { DRIVEN_PARK });
                     continue;
                 }
-                let work = match shard {
-                    Some(i) => nic.poll_shard(i),
-                    None => nic.poll(),
+                let work = if driven.is_some() {
+                    // It has not driven for `DRIVE_WINDOW` (preempted, or
+                    // it stopped polling without arming a CQ): take over,
+                    // but never wait for an iteration it is still in.
+                    match nic.take_over(shards.clone()) {
+                        Some(work) => work,
+                        None => {
+                            std::thread::park_timeout(WATCH_PARK);
+                            continue;
+                        }
+                    }
+                } else {
+                    match shard {
+                        Some(i) => nic.poll_shard(i),
+                        None => nic.poll(),
+                    }
                 };
                 if work > 0 {
                     idle_polls = 0;
