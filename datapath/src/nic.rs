@@ -1298,4 +1298,30 @@ mod tests {
         nic.stop_driving();
         assert_eq!(nic.since_driven(), None);
     }
+
+    #[test]
+    fn take_over_never_waits_for_an_iteration_in_progress() {
+        let hub = MemHub::new(3);
+        let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+        let nic = Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16);
+        let mut peer = hub.attach(OTHER_MAC, 1500, Default::default());
+        let takeovers = || nic.stats.takeover_polls.load(Ordering::Relaxed);
+        let f = frame(MAC, false, &V4);
+        assert!(peer
+            .transmit_with(&mut |buf: &mut [u8]| {
+                buf[..f.len()].copy_from_slice(&f);
+                Some(f.len())
+            })
+            .unwrap());
+        // The application in an iteration (here: this thread, holding the
+        // engine): the thread does not wait, polls nothing, counts nothing.
+        nic.with_engine_of(0, |_| assert_eq!(nic.take_over(0..1), None));
+        assert_eq!(takeovers(), 0);
+        assert!(nic.work_pending(0), "the frame still waits");
+        assert!(nic.take_over(0..1).is_some_and(|w| w > 0), "the frame is taken");
+        assert_eq!(nic.stats.rx_frames.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.take_over(0..1), Some(0), "an idle iteration");
+        assert_eq!(takeovers(), 2);
+        assert_eq!(nic.since_driven(), None, "taking over is not the application driving");
+    }
 }
