@@ -1175,7 +1175,7 @@ impl Nic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memport::MemHub;
+    use crate::memport::{MemHub, MemPort};
     use rocev2::transport::engine::EngineConfig;
     use rocev2::transport::memory::MemoryTable;
 
@@ -1260,18 +1260,18 @@ mod tests {
         assert_eq!(counts(), [3, 1, 2], "a single delivery is counted at once");
     }
 
-    #[test]
-    fn serve_takes_only_waiting_work_and_never_waits() {
+    /// A NIC on an in-memory hub (kept alive by the caller) and a peer port
+    /// on the same hub.
+    fn nic_and_peer() -> (Arc<MemHub>, Nic, MemPort) {
         let hub = MemHub::new(3);
         let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
         let nic = Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16);
-        let mut peer = hub.attach(OTHER_MAC, 1500, Default::default());
-        let served = || nic.stats.served_polls.load(Ordering::Relaxed);
-        nic.poll();
-        assert!(!nic.work_pending(0), "nothing waits after a poll");
-        assert_eq!(nic.serve(0..1), 0);
-        assert_eq!(served(), 0, "no poll without work");
+        let peer = hub.attach(OTHER_MAC, 1500, Default::default());
+        (hub, nic, peer)
+    }
 
+    /// The peer sends the NIC one IPv4 RoCE frame.
+    fn send_v4_frame(peer: &mut MemPort) {
         let f = frame(MAC, false, &V4);
         assert!(peer
             .transmit_with(&mut |buf: &mut [u8]| {
@@ -1279,6 +1279,18 @@ mod tests {
                 Some(f.len())
             })
             .unwrap());
+    }
+
+    #[test]
+    fn serve_takes_only_waiting_work_and_never_waits() {
+        let (_hub, nic, mut peer) = nic_and_peer();
+        let served = || nic.stats.served_polls.load(Ordering::Relaxed);
+        nic.poll();
+        assert!(!nic.work_pending(0), "nothing waits after a poll");
+        assert_eq!(nic.serve(0..1), 0);
+        assert_eq!(served(), 0, "no poll without work");
+
+        send_v4_frame(&mut peer);
         assert!(nic.work_pending(0), "a received frame waits");
         // Another thread in an iteration (here: this one, holding the
         // engine): serving does not wait for it and leaves the frame.
@@ -1301,18 +1313,9 @@ mod tests {
 
     #[test]
     fn take_over_never_waits_for_an_iteration_in_progress() {
-        let hub = MemHub::new(3);
-        let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
-        let nic = Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16);
-        let mut peer = hub.attach(OTHER_MAC, 1500, Default::default());
+        let (_hub, nic, mut peer) = nic_and_peer();
         let takeovers = || nic.stats.takeover_polls.load(Ordering::Relaxed);
-        let f = frame(MAC, false, &V4);
-        assert!(peer
-            .transmit_with(&mut |buf: &mut [u8]| {
-                buf[..f.len()].copy_from_slice(&f);
-                Some(f.len())
-            })
-            .unwrap());
+        send_v4_frame(&mut peer);
         // The application in an iteration (here: this thread, holding the
         // engine): the thread does not wait, polls nothing, counts nothing.
         nic.with_engine_of(0, |_| assert_eq!(nic.take_over(0..1), None));
