@@ -104,6 +104,11 @@ pub struct NicStats {
     /// Poll iterations a standing-back datapath thread ran for work that
     /// an application driving the datapath left waiting ([`Nic::serve`]).
     pub served_polls: AtomicU64,
+    /// Poll iterations a datapath thread ran in an application's stead:
+    /// the application had driven the datapath ([`Nic::drive`]) but then
+    /// left it alone for [`DRIVE_WINDOW`] without handing it back (it was
+    /// preempted, or stopped polling without arming a CQ).
+    pub takeover_polls: AtomicU64,
 }
 
 impl NicStats {
@@ -127,6 +132,7 @@ impl NicStats {
             ("loopback_drops", g(&self.loopback_drops)),
             ("cm_event_drops", g(&self.cm_event_drops)),
             ("served_polls", g(&self.served_polls)),
+            ("takeover_polls", g(&self.takeover_polls)),
         ]
         .into_iter()
     }
@@ -230,6 +236,11 @@ pub struct Nic {
     /// drove the datapath ([`Nic::drive`]): the datapath threads stand
     /// back while it does ([`Nic::app_driving`]).
     driven_at: AtomicU64,
+    /// Whether an application thread is in [`Nic::drive`] right now: then
+    /// it drives, however long ago its iteration began (a kick of a full
+    /// batch takes 100-200 us on veth). Two plain stores per drive; with
+    /// several application threads driving at once, a guide only.
+    in_drive: AtomicBool,
     /// The datapath threads, woken when the application stops driving.
     runners: Mutex<Vec<std::thread::Thread>>,
     /// Counters.
@@ -253,6 +264,23 @@ pub const DRIVE_WINDOW: std::time::Duration = std::time::Duration::from_micros(2
 /// thread that finds it quiet for this long is not racing it. (Having
 /// found such work, the thread watches more closely for a while: `runner`.)
 pub const DRIVE_QUIET: std::time::Duration = std::time::Duration::from_micros(20);
+
+/// `Nic::in_drive` set while this lives: cleared on the way out, a
+/// panic's unwinding included (the C library catches panics at its edge).
+struct InDrive<'a>(&'a AtomicBool);
+
+impl<'a> InDrive<'a> {
+    fn enter(flag: &'a AtomicBool) -> InDrive<'a> {
+        flag.store(true, Ordering::Relaxed);
+        InDrive(flag)
+    }
+}
+
+impl Drop for InDrive<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Relaxed);
+    }
+}
 
 /// Lock a mutex, recovering the data if a panicking thread poisoned it.
 fn lock<T: ?Sized>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -338,6 +366,7 @@ impl Nic {
             mcast_limits: McastLimits::default(),
             mcast_any: AtomicBool::new(false),
             driven_at: AtomicU64::new(0),
+            in_drive: AtomicBool::new(false),
             runners: Mutex::new(Vec::new()),
             stats: NicStats::default(),
         }
@@ -737,19 +766,44 @@ impl Nic {
     /// cores; [`Nic::stop_driving`] hands the work back to them at once.
     pub fn drive(&self) -> usize {
         // The first iteration stamps the drive time with the clock it reads
-        // anyway (a clock read is most of what driving adds to a poll).
+        // anyway, at its start (a clock read is most of what driving adds
+        // to an idle poll, and an idle iteration is short).
         let mut work = 0;
         let mut stamped = false;
-        for i in 0..self.shards.len() {
-            if let Some(w) = self.try_poll(i, !stamped) {
-                work += w;
-                stamped = true;
+        {
+            let _in_drive = InDrive::enter(&self.in_drive);
+            for i in 0..self.shards.len() {
+                if let Some(w) = self.try_poll(i, !stamped) {
+                    work += w;
+                    stamped = true;
+                }
             }
         }
-        if !stamped {
+        // An iteration that did work can be long: on veth a kick of a full
+        // transmit batch delivers it to the peer in this thread (64 frames
+        // of 1 KiB, one 64 KiB WRITE, take 100-200 us here, about
+        // `DRIVE_WINDOW`). Stamped only at its start, it made a standing-
+        // back thread take the application that had just polled for one
+        // that stopped, and poll beside it (ib_write_bw -s 65536: a million
+        // takeover polls in 10,000 WRITEs). So it is stamped again at its
+        // end, for the price of a clock read per iteration that did work.
+        if !stamped || work > 0 {
             self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
         }
         work
+    }
+
+    /// A datapath thread takes over from an application that drove the
+    /// datapath and then left it alone for [`DRIVE_WINDOW`] (counted as
+    /// `takeover_polls`): one poll iteration of each shard in `shards` that
+    /// no other thread is polling right now. `None` if every one of them
+    /// was busy: the application is in an iteration longer than the window
+    /// (it drives after all), and the thread must not wait for it (it
+    /// would then run the next iteration in the application's stead).
+    pub fn take_over(&self, shards: std::ops::Range<usize>) -> Option<usize> {
+        let work = shards.filter_map(|i| self.try_poll(i, false)).reduce(|a, b| a + b)?;
+        self.stats.takeover_polls.fetch_add(1, Ordering::Relaxed);
+        Some(work)
     }
 
     /// One poll iteration of shard `i` unless another thread is polling it
@@ -781,11 +835,17 @@ impl Nic {
     }
 
     /// How long ago an application thread last drove the datapath
-    /// ([`Nic::drive`]); `None` if it never did or handed the work back
-    /// ([`Nic::stop_driving`]).
+    /// ([`Nic::drive`]): zero while one is in a drive; `None` if it never
+    /// did or handed the work back ([`Nic::stop_driving`]).
     pub fn since_driven(&self) -> Option<std::time::Duration> {
         let at = self.driven_at.load(Ordering::Relaxed);
-        (at != 0).then(|| std::time::Duration::from_nanos(self.now().as_nanos().saturating_sub(at)))
+        if at == 0 {
+            return None;
+        }
+        if self.in_drive.load(Ordering::Relaxed) {
+            return Some(std::time::Duration::ZERO);
+        }
+        Some(std::time::Duration::from_nanos(self.now().as_nanos().saturating_sub(at)))
     }
 
     /// Whether shard `i` has work waiting for a poll, seen without a syscall
@@ -1186,7 +1246,7 @@ impl Nic {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::memport::MemHub;
+    use crate::memport::{MemHub, MemPort};
     use rocev2::transport::engine::EngineConfig;
     use rocev2::transport::memory::MemoryTable;
 
@@ -1273,18 +1333,18 @@ mod tests {
         assert_eq!(counts(), [3, 1, 2], "a single delivery is counted at once");
     }
 
-    #[test]
-    fn serve_takes_only_waiting_work_and_never_waits() {
+    /// A NIC on an in-memory hub (kept alive by the caller) and a peer port
+    /// on the same hub.
+    fn nic_and_peer() -> (Arc<MemHub>, Nic, MemPort) {
         let hub = MemHub::new(3);
         let engine = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
         let nic = Nic::new(engine, Box::new(hub.attach(MAC, 1500, Default::default())), 16);
-        let mut peer = hub.attach(OTHER_MAC, 1500, Default::default());
-        let served = || nic.stats.served_polls.load(Ordering::Relaxed);
-        nic.poll();
-        assert!(!nic.work_pending(0), "nothing waits after a poll");
-        assert_eq!(nic.serve(0..1), 0);
-        assert_eq!(served(), 0, "no poll without work");
+        let peer = hub.attach(OTHER_MAC, 1500, Default::default());
+        (hub, nic, peer)
+    }
 
+    /// The peer sends the NIC one IPv4 RoCE frame.
+    fn send_v4_frame(peer: &mut MemPort) {
         let f = frame(MAC, false, &V4);
         assert!(peer
             .transmit_with(&mut |buf: &mut [u8]| {
@@ -1292,6 +1352,18 @@ mod tests {
                 Some(f.len())
             })
             .unwrap());
+    }
+
+    #[test]
+    fn serve_takes_only_waiting_work_and_never_waits() {
+        let (_hub, nic, mut peer) = nic_and_peer();
+        let served = || nic.stats.served_polls.load(Ordering::Relaxed);
+        nic.poll();
+        assert!(!nic.work_pending(0), "nothing waits after a poll");
+        assert_eq!(nic.serve(0..1), 0);
+        assert_eq!(served(), 0, "no poll without work");
+
+        send_v4_frame(&mut peer);
         assert!(nic.work_pending(0), "a received frame waits");
         // Another thread in an iteration (here: this one, holding the
         // engine): serving does not wait for it and leaves the frame.
@@ -1345,5 +1417,22 @@ mod tests {
         assert!(rings.rung.load(Ordering::SeqCst));
         nic.poll();
         assert_eq!((refused(), rings.send.is_empty()), (2, true));
+    }
+
+    #[test]
+    fn take_over_never_waits_for_an_iteration_in_progress() {
+        let (_hub, nic, mut peer) = nic_and_peer();
+        let takeovers = || nic.stats.takeover_polls.load(Ordering::Relaxed);
+        send_v4_frame(&mut peer);
+        // The application in an iteration (here: this thread, holding the
+        // engine): the thread does not wait, polls nothing, counts nothing.
+        nic.with_engine_of(0, |_| assert_eq!(nic.take_over(0..1), None));
+        assert_eq!(takeovers(), 0);
+        assert!(nic.work_pending(0), "the frame still waits");
+        assert!(nic.take_over(0..1).is_some_and(|w| w > 0), "the frame is taken");
+        assert_eq!(nic.stats.rx_frames.load(Ordering::Relaxed), 1);
+        assert_eq!(nic.take_over(0..1), Some(0), "an idle iteration");
+        assert_eq!(takeovers(), 2);
+        assert_eq!(nic.since_driven(), None, "taking over is not the application driving");
     }
 }

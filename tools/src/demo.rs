@@ -150,7 +150,7 @@ pub fn run(o: &DemoOpts) -> Result<()> {
     outln!("{}", bw_header())?;
     for &size in sizes {
         let r = write_bw(&mut ea, &mut eb, size, iters, depth)?;
-        outln!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs))?;
+        outln!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs, if r.bytes == 0 { 0.0 } else { r.avg_mbs / r.bytes as f64 }))?;
     }
     outln!("{RULE}")?;
     banner("Send Latency Test (urnic)", "urnic0 <-> urnic1", mtu, 1)?;

@@ -402,9 +402,9 @@ pub struct BwReport {
     pub size: u64,
     /// Iterations.
     pub iters: u64,
-    /// Peak MB/s.
+    /// Peak bandwidth, perftest's MB/s ([`PERFTEST_MB`]).
     pub peak: f64,
-    /// Average MB/s.
+    /// Average bandwidth, perftest's MB/s.
     pub avg: f64,
     /// Million messages per second.
     pub msg_rate: f64,
@@ -412,6 +412,13 @@ pub struct BwReport {
 
 /// Above this message size perftest signals every WR (no CQ moderation).
 const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
+
+/// Bytes in perftest's "MB" of its `BW peak[MB/sec]` and `BW
+/// average[MB/sec]` columns: 2^20 (perftest_parameters.c, print_report_bw:
+/// `format_factor` 0x100000 unless --report_gbits), so that urnic's figures
+/// read as perftest's do, whichever side prints them. Its message rate is
+/// in 10^6 messages per second.
+const PERFTEST_MB: f64 = 1_048_576.0;
 
 struct Res {
     ctx: Context,
@@ -613,7 +620,7 @@ fn bw_test(
         ch.hand_shake(my)?;
         let rep = xchg_report(ch, &BwReport::default())?;
         outln!("{}", bw_header())?;
-        outln!("{}", bw_row(rep.size as usize, rep.iters as usize, rep.peak, rep.avg))?;
+        outln!("{}", bw_row(rep.size as usize, rep.iters as usize, rep.peak, rep.avg, rep.msg_rate))?;
         outln!("{RULE}")?;
         return Ok(json_bw(o, &rep));
     }
@@ -646,7 +653,7 @@ fn bw_test(
             }
             window.1 += n as u64;
             if window.1 >= 100 {
-                peak = peak.max((window.1 * size as u64) as f64 / window.0.elapsed().as_secs_f64() / 1e6);
+                peak = peak.max((window.1 * size as u64) as f64 / window.0.elapsed().as_secs_f64() / PERFTEST_MB);
                 window = (Instant::now(), 0);
             }
         }
@@ -698,16 +705,16 @@ fn bw_test(
                 window.1 += newly;
             }
             if window.1 >= depth {
-                peak = peak.max((window.1 * size as u64) as f64 / window.0.elapsed().as_secs_f64() / 1e6);
+                peak = peak.max((window.1 * size as u64) as f64 / window.0.elapsed().as_secs_f64() / PERFTEST_MB);
                 window = (Instant::now(), 0);
             }
         }
     }
     let secs = start.elapsed().as_secs_f64();
-    let avg = (iters * size as u64) as f64 / secs / 1e6;
+    let avg = (iters * size as u64) as f64 / secs / PERFTEST_MB;
     let rep = BwReport { size: size as u64, iters, peak: peak.max(avg), avg, msg_rate: iters as f64 / secs / 1e6 };
     outln!("{}", bw_header())?;
-    outln!("{}", bw_row(size, iters as usize, rep.peak, rep.avg))?;
+    outln!("{}", bw_row(size, iters as usize, rep.peak, rep.avg, rep.msg_rate))?;
     outln!("{RULE}")?;
     if is_client && o.test != Test::SendBw {
         ch.hand_shake(my)?;

@@ -9,10 +9,10 @@ pub fn bw_header() -> String {
 }
 
 /// One bandwidth row: `bytes` per message, `iters` messages, peak and average
-/// in MB/s (10^6 bytes), message rate in Mpps.
-pub fn bw_row(bytes: usize, iters: usize, peak_mbs: f64, avg_mbs: f64) -> String {
-    let mpps = if bytes == 0 { 0.0 } else { avg_mbs / bytes as f64 };
-    format!(" {:<10} {:<10}       {:<10.2}         {:<10.2}\t   {:.6}", bytes, iters, peak_mbs, avg_mbs, mpps)
+/// bandwidth in the caller's megabytes (`urnic demo`: 10^6 bytes; `urnic
+/// perf`: perftest's 2^20), message rate in millions per second.
+pub fn bw_row(bytes: usize, iters: usize, peak: f64, avg: f64, mpps: f64) -> String {
+    format!(" {:<10} {:<10}       {:<10.2}         {:<10.2}\t   {:.6}", bytes, iters, peak, avg, mpps)
 }
 
 /// Header of a latency table.
@@ -77,7 +77,7 @@ mod tests {
 
     #[test]
     fn rows_have_perftest_columns() {
-        assert!(bw_row(65536, 2000, 1.0, 2.0).trim_start().starts_with("65536"));
+        assert!(bw_row(65536, 2000, 1.0, 2.0, 0.5).trim_start().starts_with("65536"));
         let s = LatStats { min: 1.0, max: 2.0, typical: 1.5, avg: 1.5, stdev: 0.1, p99: 2.0, p999: 2.0 };
         assert_eq!(lat_row(8, 10, &s).split_whitespace().count(), 9);
     }

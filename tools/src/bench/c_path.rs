@@ -39,7 +39,8 @@ const PORT: u16 = 18515;
 pub(super) struct CPathRun {
     /// 64 B WRITE message rate, messages per second.
     pub(super) rate: (f64, f64),
-    /// 64 KiB WRITE bandwidth, MB/s.
+    /// 64 KiB WRITE bandwidth, MiB/s (perftest's "MB/sec", which `urnic
+    /// perf` prints in the same unit).
     pub(super) bw: (f64, f64),
     /// 8 B SEND latency p50 (perftest's t_typical), µs one-way.
     pub(super) lat_p50: (f64, f64),
@@ -266,7 +267,7 @@ pub fn run_only(n: usize) -> Result<()> {
         let pair = VethPair::create("cpath", 1500).context("namespaces (root)")?;
         let r = c_path(&pair, &lib, &p)?;
         p.println(format!(
-            "run {}: 64 B WRITE {:.3}/{:.3} Mpps, 64 KiB WRITE {:.0}/{:.0} MB/s, 8 B SEND p50 {:.2}/{:.2} us, 8 B WRITE p50 {:.2}/{:.2} us (C/Rust)",
+            "run {}: 64 B WRITE {:.3}/{:.3} Mpps, 64 KiB WRITE {:.0}/{:.0} MiB/s, 8 B SEND p50 {:.2}/{:.2} us, 8 B WRITE p50 {:.2}/{:.2} us (C/Rust)",
             i + 1,
             r.rate.0 / 1e6,
             r.rate.1 / 1e6,
@@ -319,7 +320,7 @@ pub(super) fn c_path_rows(runs: &[CPathRun]) -> Vec<CPathRow> {
             &|v| format!("{:.3} M/s", v / 1e6),
             Some(">= 0.9"),
         ),
-        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MB/s"), Some(">= 0.9")),
+        mk("C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth", &|r| r.bw, &|v| format!("{v:.0} MiB/s"), Some(">= 0.9")),
         mk(
             "C path: ib_send_lat -s 8 vs urnic perf send-lat -s 8, p50 (t_typical, one-way)",
             &|r| r.lat_p50,

@@ -377,7 +377,7 @@ mod tests {
         let with = Run { c_path: Some(mk(1.0, 1.0)), ..Run::default() };
         assert!(summarize(&[with])
             .table
-            .contains("| C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth | 100 MB/s | 100 MB/s | 1.00 (runs 1.00..1.00; target >= 0.9) |"));
+            .contains("| C path: ib_write_bw -s 65536 vs urnic perf write-bw -s 65536, bandwidth | 100 MiB/s | 100 MiB/s | 1.00 (runs 1.00..1.00; target >= 0.9) |"));
         let without = Run { c_path_skipped: Some("libibverbs.so.1 is not built".into()), ..Run::default() };
         assert!(summarize(&[without]).table.contains("not measured: libibverbs.so.1 is not built"));
     }
