@@ -37,9 +37,9 @@
 mod rxe_lab;
 
 use std::path::Path;
-use std::process::{Child, Command};
+use std::process::Command;
 
-use rxe_lab::{case_epilogue, case_marker, check_capture, lib_dir, text, GuestRun, Lab, GUEST_IP, OUR_IP};
+use rxe_lab::{case_epilogue, case_marker, check_capture, lib_dir, text, GuestRun, Lab, Serving, GUEST_IP, OUR_IP};
 
 /// How the guest knows its server of a case listens.
 #[derive(Clone, Copy)]
@@ -191,50 +191,27 @@ fn ends_with_mads(pcap: &Path, tail: &[&str]) -> bool {
 /// nothing; any other rejection fails. Then the client runs again. Hang
 /// guard: 600 s (urnic_server's).
 fn serve_perftest_r(lab: &Lab, lib: &Path, argv: &[String], name: &str, guest: &mut GuestRun) {
-    let start = std::time::Instant::now();
-    let mut server = Serving(Some(lab.ours(lib, argv).spawn().expect("ip netns exec")));
     let mut attempt = 0;
-    loop {
-        let child = server.0.as_mut().expect("the server");
-        if let Ok(Some(_)) = child.try_wait() {
-            break;
-        }
+    lab.urnic_server_with(lib, argv, name, guest, &mut |guest, restart| {
         let lost = format!("{}-lost-{}", case_marker(name), attempt + 1);
-        if guest.console().lines().any(|l| l.trim_end() == lost) {
-            attempt += 1;
-            let out = std::fs::read_to_string(guest.share.join(format!("{name}.lost-{attempt}"))).unwrap_or_default();
-            if lost_race(Race::PerftestR, &out, &guest.pcap) {
-                eprintln!("{name}: rxe's client lost perftest's -R race against urnic's server (REJ 8 for its test QP): the pair runs again");
-                let mut old = server.0.take().expect("the server");
-                let _ = old.kill();
-                let _ = old.wait();
-                server = Serving(Some(lab.ours(lib, argv).spawn().expect("ip netns exec")));
-            } else {
-                assert!(
-                    ends_with_mads(&guest.pcap, &["0x0010", "0x0012 0x0008"]),
-                    "{name}: rxe's client was rejected, not by perftest's race nor before urnic's server listened:\n{out}\n--- rxe guest ---\n{}",
-                    guest.console()
-                );
-                eprintln!("{name}: rxe's client came before urnic's server listened (REJ 8): it runs again");
-            }
-            tell_guest(guest, &format!("{name}.again-{attempt}"));
-        }
-        if guest.done() || start.elapsed() > std::time::Duration::from_secs(600) {
-            // Give the server a moment to finish on its own after its client.
-            std::thread::sleep(std::time::Duration::from_secs(5));
-            let mut child = server.0.take().expect("the server");
-            let ended = matches!(child.try_wait(), Ok(Some(_)));
-            let _ = child.kill();
-            let o = child.wait_with_output().expect("server output");
-            assert!(ended, "{name}: urnic's server did not finish:\n{}\n--- rxe guest ---\n{}", text(&o), guest.console());
-            assert!(o.status.success(), "{name}: urnic's server failed ({}):\n{}\n--- rxe guest ---\n{}", o.status, text(&o), guest.console());
+        if !guest.console().lines().any(|l| l.trim_end() == lost) {
             return;
         }
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-    let child = server.0.take().expect("the server");
-    let o = child.wait_with_output().expect("server output");
-    assert!(o.status.success(), "{name}: urnic's server failed ({}):\n{}\n--- rxe guest ---\n{}", o.status, text(&o), guest.console());
+        attempt += 1;
+        let out = std::fs::read_to_string(guest.share.join(format!("{name}.lost-{attempt}"))).unwrap_or_default();
+        if lost_race(Race::PerftestR, &out, &guest.pcap) {
+            eprintln!("{name}: rxe's client lost perftest's -R race against urnic's server (REJ 8 for its test QP): the pair runs again");
+            restart();
+        } else {
+            assert!(
+                ends_with_mads(&guest.pcap, &["0x0010", "0x0012 0x0008"]),
+                "{name}: rxe's client was rejected, not by perftest's race nor before urnic's server listened:\n{out}\n--- rxe guest ---\n{}",
+                guest.console()
+            );
+            eprintln!("{name}: rxe's client came before urnic's server listened (REJ 8): it runs again");
+        }
+        tell_guest(guest, &format!("{name}.again-{attempt}"));
+    });
 }
 
 /// The guest's script: each case after a marker line (a server's once it
@@ -316,19 +293,6 @@ fn tell_guest(guest: &GuestRun, file: &str) {
     std::fs::write(guest.share.join(file), b"").expect("the guest's share");
 }
 
-/// A urnic server that serves until stopped, stopped on drop (a failed
-/// case does not leave it running).
-struct Serving(Option<Child>);
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        if let Some(c) = self.0.as_mut() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
 /// rxe runs the servers, urnic's librdmacm the clients.
 #[test]
 fn rdmacm_programs_rxe_servers_urnic_clients() {
@@ -381,7 +345,7 @@ fn rdmacm_programs_urnic_servers_rxe_clients() {
             // It serves until stopped: still running after its client.
             let mut server = Serving(Some(lab.ours(&lib, &argv).spawn().expect("ip netns exec")));
             guest.wait_for_case(next);
-            let mut child = server.0.take().expect("the server");
+            let mut child = server.take();
             let running = matches!(child.try_wait(), Ok(None));
             let _ = child.kill();
             let o = child.wait_with_output().expect("server output");

@@ -431,19 +431,40 @@ impl Lab {
     /// client gave up (the guest logs `URNIC-CASE-FAILED`) or the server
     /// hangs (600 s).
     pub fn urnic_server(&self, lib: &Path, argv: &[String], name: &str, guest: &mut GuestRun) -> String {
-        let mut server = self.ours(lib, argv).spawn().expect("ip netns exec");
+        self.urnic_server_with(lib, argv, name, guest, &mut |_, _| {})
+    }
+
+    /// [`urnic_server`](Self::urnic_server), calling `tick(guest, restart)`
+    /// every 100 ms while the server runs: `restart()` kills the server and
+    /// starts it again (for a program's own race that leaves it stuck).
+    pub fn urnic_server_with(
+        &self,
+        lib: &Path,
+        argv: &[String],
+        name: &str,
+        guest: &mut GuestRun,
+        tick: &mut dyn FnMut(&mut GuestRun, &mut dyn FnMut()),
+    ) -> String {
+        let spawn = || Serving(Some(self.ours(lib, argv).spawn().expect("ip netns exec")));
+        let mut server = spawn();
         let start = Instant::now();
         let out = loop {
-            if let Ok(Some(_)) = server.try_wait() {
-                break server.wait_with_output().expect("server output");
+            if let Ok(Some(_)) = server.child().try_wait() {
+                break server.take().wait_with_output().expect("server output");
             }
+            tick(guest, &mut || {
+                // The old one first: it holds the interface.
+                server.stop();
+                server = spawn();
+            });
             let guest_done = guest.done();
             if guest_done || start.elapsed() > Duration::from_secs(600) {
                 // Give the server a moment to finish on its own after its client.
                 std::thread::sleep(Duration::from_secs(5));
-                if let Ok(Some(_)) = server.try_wait() {
-                    break server.wait_with_output().expect("server output");
+                if let Ok(Some(_)) = server.child().try_wait() {
+                    break server.take().wait_with_output().expect("server output");
                 }
+                let mut server = server.take();
                 let _ = server.kill();
                 let o = server.wait_with_output().expect("server output");
                 panic!("{name}: urnic's server did not finish (guest done: {guest_done}):\n{}\n--- rxe guest ---\n{}", text(&o), guest.console());
@@ -453,6 +474,36 @@ impl Lab {
         let t = text(&out);
         assert!(out.status.success(), "{name}: urnic's server failed ({}):\n{t}\n--- rxe guest ---\n{}", out.status, guest.console());
         t
+    }
+}
+
+/// A urnic server, killed and reaped on drop (a failed case does not leave
+/// it running).
+pub struct Serving(pub Option<Child>);
+
+impl Serving {
+    /// The running server.
+    pub fn child(&mut self) -> &mut Child {
+        self.0.as_mut().expect("the server")
+    }
+
+    /// The server, no longer killed on drop.
+    pub fn take(&mut self) -> Child {
+        self.0.take().expect("the server")
+    }
+
+    /// Kill the server and reap it (nothing if it is taken already).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.0.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
