@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use programs::{drain, finish, perftest_clock_unmeasured, perftest_rows, program, text};
+use programs::{drain, finish, perftest_clock_unmeasured, perftest_pair_unmeasured, perftest_rows, program, text};
 
 /// The programs' lab (programs::Lab) with urnic's librdmacm.so.1, and the
 /// directory of its runs' captures and counter files.
@@ -82,18 +82,17 @@ impl Lab {
     /// client that reached the server before its listen (a REJ "invalid
     /// service ID", reason 8) is started again; a pair that failed only
     /// because perftest could not measure the CPU clock on the loaded host
-    /// ([`perftest_clock_unmeasured`]) runs again, up to 5 times.
+    /// ([`perftest_pair_unmeasured`]) runs again, up to 5 times.
     fn run(&self, run: &str, server: &[&str], client: &[&str]) -> (String, String) {
         let mut attempt = 0;
         loop {
             attempt += 1;
             let (c, so) = self.run_once(run, server, client);
-            let (cout, sout) = (text(&c), text(&so));
-            let failed = !c.status.success() || !so.status.success();
-            if failed && attempt < 5 && (perftest_clock_unmeasured(&cout) || perftest_clock_unmeasured(&sout)) {
+            if attempt < 5 && perftest_pair_unmeasured(&c, &so) {
                 eprintln!("{run}: perftest could not measure the CPU clock (r² < 0.9, host loaded): the pair runs again");
                 continue;
             }
+            let (cout, sout) = (text(&c), text(&so));
             assert!(c.status.success(), "{run}: client {client:?} failed ({}):\n{cout}\n--- server:\n{sout}", c.status);
             assert!(so.status.success(), "{run}: server {server:?} failed ({}):\n{sout}\n--- client:\n{cout}", so.status);
             return (cout, sout);

@@ -11,7 +11,7 @@
 mod programs;
 mod veth;
 
-use programs::{finish, perftest_clock_unmeasured, perftest_rows, program, text};
+use programs::{finish, perftest_pair_unmeasured, perftest_rows, program, text};
 
 /// The programs' lab (programs::Lab) with urnic's libibverbs.so.1.
 struct Lab(programs::Lab);
@@ -35,7 +35,7 @@ impl Lab {
     /// Run `server` then `client` (the server's IP appended), both to
     /// completion once the server listens on TCP `port`; both must succeed.
     /// A pair that failed only because perftest could not measure the CPU
-    /// clock on the loaded host ([`perftest_clock_unmeasured`]) runs again,
+    /// clock on the loaded host ([`perftest_pair_unmeasured`]) runs again,
     /// up to 5 times.
     fn run(&self, port: u16, server: &[&str], client: &[&str]) -> (String, String) {
         let ip = self.server_ip();
@@ -48,12 +48,11 @@ impl Lab {
             self.wait_listening(port, &mut s);
             let c = self.command(0, &cargs).output().expect("run client");
             let so = finish(s);
-            let (cout, sout) = (text(&c), text(&so));
-            let failed = !c.status.success() || !so.status.success();
-            if failed && attempt < 5 && (perftest_clock_unmeasured(&cout) || perftest_clock_unmeasured(&sout)) {
+            if attempt < 5 && perftest_pair_unmeasured(&c, &so) {
                 eprintln!("{client:?}: perftest could not measure the CPU clock (r² < 0.9, host loaded): the pair runs again");
                 continue;
             }
+            let (cout, sout) = (text(&c), text(&so));
             break (c, so, cout, sout);
         };
         assert!(c.status.success(), "client {client:?} failed ({}):\n{cout}\n--- server:\n{sout}", c.status);

@@ -132,6 +132,14 @@ pub fn finish(mut child: Child) -> Output {
     }
 }
 
+/// Whether a client/server pair failed only because perftest could not
+/// measure the CPU clock on either side ([`perftest_clock_unmeasured`]):
+/// such a pair may run again.
+pub fn perftest_pair_unmeasured(client: &Output, server: &Output) -> bool {
+    let failed = !client.status.success() || !server.status.success();
+    failed && (perftest_clock_unmeasured(&text(client)) || perftest_clock_unmeasured(&text(server)))
+}
+
 pub fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
