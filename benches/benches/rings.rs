@@ -24,9 +24,10 @@ use std::time::Duration;
 
 use criterion::{black_box, criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use crossbeam_queue::ArrayQueue;
+use rocev2::transport::retired::RetiredCount;
 use rocev2::transport::wqe::{PayloadRef, SendWqe, SendWrRef};
 use rocev2::transport::wr::{CqId, Payload, SendFlags, SendOp, SendWr, Sge, WorkCompletion};
-use urnic_datapath::queues::{CqRing, QpRings};
+use urnic_datapath::queues::{CqRing, QpRings, WqBound};
 
 const BATCH: usize = 128;
 const CQ_DEPTH: usize = 256;
@@ -121,12 +122,30 @@ impl ArrayQueuePair {
     }
 }
 
-fn drain_send_ring(rings: &QpRings, f: &mut dyn FnMut(&SendWqe)) {
-    let mut c = rings.send.consumer().expect("one consumer");
+/// A QP's rings and the count of WQEs retired that bounds its send queue,
+/// which the drain below advances as the engine does once it reaps them.
+struct SendQueue {
+    rings: QpRings,
+    retired: Arc<RetiredCount>,
+}
+
+impl SendQueue {
+    fn new(depth: usize) -> SendQueue {
+        let send = WqBound::unshared(depth);
+        let retired = send.retired.clone();
+        SendQueue { rings: QpRings::new(1, CqId(0), CqId(1), send, WqBound::unshared(1)), retired }
+    }
+}
+
+fn drain_send_ring(q: &SendQueue, f: &mut dyn FnMut(&SendWqe)) {
+    let mut c = q.rings.send.consumer().expect("one consumer");
+    let mut n = 0;
     while let Some(b) = c.pop() {
         f(&b);
         c.recycle(b);
+        n += 1;
     }
+    q.retired.add(n);
 }
 
 fn send_ring(c: &mut Criterion) {
@@ -137,13 +156,13 @@ fn send_ring(c: &mut Criterion) {
     // consumer takes the boxes out and hands spares back, as the engine does
     // once the WQEs are reaped.
     let wrs: Vec<SendWr> = (0..BATCH).map(send_wr).collect();
-    let rings = QpRings::new(1, CqId(0), CqId(1), BATCH, 1);
+    let q = SendQueue::new(BATCH);
     g.bench_function(BenchmarkId::new("sendring", BATCH), |b| {
         b.iter(|| {
             for wr in &wrs {
-                assert!(rings.push_send(&wr.borrowed()));
+                assert!(q.rings.push_send(&wr.borrowed()));
             }
-            drain_send_ring(&rings, &mut |w| {
+            drain_send_ring(&q, &mut |w| {
                 black_box(w);
             });
         })
@@ -320,9 +339,9 @@ fn send_ring_two_threads(c: &mut Criterion) {
     let mut g = c.benchmark_group("send_ring_2threads");
     g.measurement_time(Duration::from_secs(3));
     g.throughput(Throughput::Elements(BATCH as u64));
-    let rings = Arc::new(QpRings::new(1, CqId(0), CqId(1), BATCH, 1));
+    let q = Arc::new(SendQueue::new(BATCH));
     g.bench_function(BenchmarkId::new("sendring", BATCH), |b| {
-        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&rings, n, |r, w| r.push_send(w), drain_send_ring)))
+        b.iter_custom(|iters| in_spawns(iters, |n| send_two_threads(&q, n, |q, w| q.rings.push_send(w), drain_send_ring)))
     });
     let pair = Arc::new(ArrayQueuePair::new(BATCH));
     g.bench_function(BenchmarkId::new("arrayqueue_pair", BATCH), |b| {

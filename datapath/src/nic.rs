@@ -1201,8 +1201,10 @@ impl Nic {
         ring.rung.swap(false, Ordering::AcqRel); // a swap: see drain_qp
         while let Some(wr) = ring.recv.pop() {
             work += 1;
-            // An SRQ WR has no QP to complete on if the engine refuses it (the
-            // verbs layer checks depth and SGE count first); count it.
+            // The post path bounds the SRQ by its depth (WRs the engine holds
+            // included) and checks SGE counts, so the engine refuses a WR only
+            // if the SRQ went away meanwhile; it has no QP to complete on:
+            // count it.
             if engine.post_srq_recv(ring.id, wr).is_err() {
                 self.stats.posts_refused.fetch_add(1, Ordering::Relaxed);
             }
@@ -1393,7 +1395,7 @@ mod tests {
         use rocev2::transport::wqe::{PayloadRef, SendWrRef};
         use rocev2::transport::wr::{SendFlags, SendOp};
         let nic = nic();
-        let rings = Arc::new(QpRings::new(0x20, CqId(1), CqId(1), 4, 4));
+        let rings = Arc::new(QpRings::new(0x20, CqId(1), CqId(1), crate::queues::WqBound::unshared(4), crate::queues::WqBound::unshared(4)));
         nic.attach_qp(rings.clone());
         let refused = || nic.stats.posts_refused.load(Ordering::Relaxed);
         // A post claims its slot, rings (the flag was clear), and is held

@@ -19,10 +19,21 @@
 //! `pos + 1` holding the WR posted at `pos`. A full ring refuses a post without
 //! touching any slot; a post claimed but not yet published holds the consumer
 //! back (the ring stays in order), never a later post's slot.
+//!
+//! The ring is also the send queue's bound: a post is refused while `depth`
+//! WRs it accepted are not yet retired by the engine — taken out but still in
+//! flight count too, as on an HCA, whose send queue slot stays busy until the
+//! WQE completes ([`RetiredCount`]). The claim reads that count once (a
+//! load, no read-modify-write) and compares it with the number of WRs
+//! accepted, which the claimed position itself encodes (`lap` times the depth
+//! plus `index`: exact while positions do not wrap, after 2^64 / `one_lap`
+//! laps).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 
+use rocev2::transport::retired::RetiredCount;
 use rocev2::transport::wqe::{SendWqe, SendWrRef};
 
 /// Keeps what producers write (the tail) and what the consumer writes (the
@@ -45,6 +56,10 @@ pub struct SendRing {
     slots: Box<[Slot]>,
     /// The lap step: the smallest power of two above the capacity.
     one_lap: usize,
+    /// `one_lap`'s exponent.
+    lap_shift: u32,
+    /// WRs the engine has retired (see the module docs).
+    retired: Arc<RetiredCount>,
     /// The next position a post claims.
     tail: Padded<AtomicUsize>,
     /// What the consumer writes, on a line of its own (posts read only the
@@ -72,8 +87,10 @@ unsafe impl Sync for SendRing {}
 
 impl SendRing {
     /// A ring of `depth` WQEs (at least 1), with as many spare boxes: posting
-    /// and a consumer that hands reaped boxes back allocate nothing.
-    pub fn new(depth: usize) -> SendRing {
+    /// and a consumer that hands reaped boxes back allocate nothing. A post
+    /// is refused while `depth` WRs accepted are not yet counted in
+    /// `retired` (the engine's count for this send queue).
+    pub fn new(depth: usize, retired: Arc<RetiredCount>) -> SendRing {
         let depth = depth.max(1);
         let one_lap = (depth + 1).next_power_of_two();
         let slots = (0..depth).map(|i| Slot { stamp: AtomicUsize::new(i), wqe: UnsafeCell::new(Box::new(SendWqe::empty())) }).collect();
@@ -85,6 +102,8 @@ impl SendRing {
         SendRing {
             slots,
             one_lap,
+            lap_shift: one_lap.trailing_zeros(),
+            retired,
             tail: Padded(AtomicUsize::new(0)),
             consumer: Padded(ConsumerSide { head: AtomicUsize::new(0), consuming: AtomicBool::new(false), spares: UnsafeCell::new(spares) }),
         }
@@ -106,6 +125,12 @@ impl SendRing {
         }
     }
 
+    /// How many posts came before the one at `pos` (see the module docs).
+    #[inline]
+    fn accepted_before(&self, pos: usize) -> usize {
+        (pos >> self.lap_shift).wrapping_mul(self.slots.len()).wrapping_add(pos & (self.one_lap - 1))
+    }
+
     #[inline]
     fn slot(&self, pos: usize) -> &Slot {
         &self.slots[pos & (self.one_lap - 1)]
@@ -113,7 +138,8 @@ impl SendRing {
 
     /// Post `wr`: written in place into the box of the slot at the tail (only
     /// the fields, SGEs and inline bytes it has). `false`, and nothing
-    /// written, if the ring is full. Any number of threads may post at once.
+    /// written, if the send queue is full: `depth` WRs posted and not yet
+    /// retired. Any number of threads may post at once.
     #[inline]
     pub fn push(&self, wr: &SendWrRef<'_>) -> bool {
         let Some(pos) = self.claim() else { return false };
@@ -123,7 +149,7 @@ impl SendRing {
     }
 
     /// Claim the slot at the tail for one post: its position, or `None` if
-    /// the ring is full. [`SendRing::publish`] must follow.
+    /// the send queue is full. [`SendRing::publish`] must follow.
     #[inline]
     pub(crate) fn claim(&self) -> Option<usize> {
         let mut pos = self.tail.0.load(Ordering::Relaxed);
@@ -134,6 +160,13 @@ impl SendRing {
             let stamp = slot.stamp.load(Ordering::Acquire);
             let ahead = stamp.wrapping_sub(pos) as isize;
             if ahead == 0 {
+                // The slot is free, but the queue is full while `depth` WRs
+                // accepted are not retired (taken out, still in flight). The
+                // CAS below fixes `pos`, hence the count compared here; a
+                // count read late only refuses, never over-admits.
+                if self.accepted_before(pos).wrapping_sub(self.retired.get()) >= self.slots.len() {
+                    return None;
+                }
                 // Free for `pos`: claim it. The CAS succeeds for one post only.
                 // SeqCst: the doorbell's protocol orders this claim before
                 // the poster's read of the QP's doorbell flag (`Nic::ring_qp`).
@@ -264,9 +297,14 @@ mod tests {
         SendWrRef { wr_id: id, op: SendOp::Send, payload: PayloadRef::Sgl(sge), flags: SendFlags::SIGNALED, ud: None }
     }
 
+    fn ring(depth: usize) -> (SendRing, Arc<RetiredCount>) {
+        let retired = Arc::new(RetiredCount::default());
+        (SendRing::new(depth, retired.clone()), retired)
+    }
+
     #[test]
     fn fifo_full_and_wrap() {
-        let ring = SendRing::new(3);
+        let (ring, retired) = ring(3);
         let sge = [Sge { addr: 1, length: 2, lkey: 3 }];
         for lap in 0..5u64 {
             for i in 0..3 {
@@ -281,6 +319,7 @@ mod tests {
                 assert_eq!(w.wr_id, lap * 10 + i);
                 assert!(matches!(&w.payload, WqePayload::Sgl(s) if s[..] == sge[..]));
                 c.recycle(w);
+                retired.add(1);
             }
             assert!(c.pop().is_none());
             drop(c);
@@ -289,9 +328,38 @@ mod tests {
         }
     }
 
+    /// The ring bounds the send queue, not only itself: WRs taken out but
+    /// not yet retired by the engine keep their slots, and each one retired
+    /// frees exactly one (`ibv_post_send`: ENOMEM while `max_send_wr` WRs
+    /// are outstanding).
+    #[test]
+    fn a_wr_taken_but_not_retired_keeps_its_slot() {
+        let (ring, retired) = ring(3);
+        for lap in 0..4u64 {
+            for i in 0..3 {
+                assert!(ring.push(&wr(lap * 10 + i, &[])));
+            }
+            let mut c = ring.consumer().unwrap();
+            let taken: Vec<_> = std::iter::from_fn(|| c.pop()).collect();
+            drop(c);
+            assert_eq!(taken.len(), 3);
+            assert!(ring.is_empty(), "the ring itself is empty");
+            assert!(!ring.push(&wr(99, &[])), "three WRs in flight fill a queue of three");
+            retired.add(1);
+            assert!(ring.push(&wr(lap * 10 + 3, &[])), "one retired, one slot");
+            assert!(!ring.push(&wr(99, &[])));
+            retired.add(2);
+            let mut c = ring.consumer().unwrap();
+            assert_eq!(c.pop().map(|w| w.wr_id), Some(lap * 10 + 3));
+            assert!(c.pop().is_none(), "a refused post left nothing behind");
+            drop(c);
+            retired.add(1);
+        }
+    }
+
     #[test]
     fn partial_drains_keep_order() {
-        let ring = SendRing::new(5);
+        let (ring, retired) = ring(5);
         let mut next = 0u64;
         let mut want = 0u64;
         for round in 0..50 {
@@ -308,6 +376,7 @@ mod tests {
                         assert_eq!(w.wr_id, want);
                         want += 1;
                         // Kept by the "engine": the ring makes up spares.
+                        retired.add(1);
                     }
                     None => break,
                 }
@@ -322,7 +391,8 @@ mod tests {
     /// order; a refused post (full ring) is counted and retried. Returns the
     /// refusals.
     fn hammer(depth: usize, producers: u64, per: u64) -> usize {
-        let ring = Arc::new(SendRing::new(depth));
+        let retired = Arc::new(RetiredCount::default());
+        let ring = Arc::new(SendRing::new(depth, retired.clone()));
         let refusals = Arc::new(AtomicUsize::new(0));
         let finished = Arc::new(AtomicUsize::new(0));
         let threads: Vec<_> = (0..producers)
@@ -357,11 +427,13 @@ mod tests {
                 let WqePayload::Sgl(s) = &w.payload else { panic!("payload kind") };
                 assert_eq!((s.len(), s[0].addr, s[0].length, s[0].lkey), (1, w.wr_id, i as u32, p as u32), "the WR whole");
                 next[p as usize] += 1;
-                // Hold some boxes a while, as the engine does until reaped.
+                // Hold some boxes a while, as the engine does until reaped
+                // (their slots stay busy until then).
                 kept.push(w);
-                if kept.len() > 6 {
-                    for b in kept.drain(..3) {
+                if kept.len() > depth / 2 {
+                    for b in kept.drain(..depth / 4 + 1) {
                         c.recycle(b);
+                        retired.add(1);
                     }
                 }
             }

@@ -6,10 +6,11 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
 use rocev2::transport::attr::{AddressVector, Mtu, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
+use rocev2::transport::engine::EngineError;
 use rocev2::transport::memory::{Access, LkeyCache};
 use rocev2::transport::wqe::{PayloadRef, RecvWqe, RecvWrRef, SendWrRef};
 use rocev2::transport::wr::{RecvWr, SendOp, SendWr};
-use urnic_datapath::queues::{QpRings, SrqRing};
+use urnic_datapath::queues::{QpRings, SrqRing, WqBound};
 
 use crate::cq::Cq;
 use crate::device::{Context, Gid};
@@ -176,14 +177,26 @@ impl Pd {
             cap: c,
             sq_sig_all: init.sq_sig_all,
         };
-        let qpn = match inner.nic.create_qp_engine(attr.srq, |e| e.create_qp(&attr)) {
+        // The engine's counts of retired WQEs bound the rings: a post into a
+        // queue whose depth of WRs is outstanding is refused at once (ENOMEM).
+        let created = inner.nic.create_qp_engine(attr.srq, |e| {
+            let qpn = e.create_qp(&attr)?;
+            let counts = e.qp_retired_counts(qpn).ok_or(EngineError::NoSuchQp(qpn))?;
+            Ok::<_, EngineError>((qpn, counts))
+        });
+        let (qpn, (sq_retired, rq_retired)) = match created {
             Ok(q) => q,
             Err(e) => {
                 inner.qp_count.fetch_sub(1, Ordering::AcqRel);
                 return Err(Error::engine("create_qp", e));
             }
         };
-        let rings = Arc::new(QpRings::new(qpn, attr.send_cq, attr.recv_cq, c.max_send_wr as usize, c.max_recv_wr.max(1) as usize));
+        let send = WqBound { depth: c.max_send_wr as usize, retired: sq_retired };
+        // With an SRQ the QP's own receive ring takes no posts (post_recv
+        // refuses first).
+        let recv_depth = c.max_recv_wr.max(1) as usize;
+        let recv = rq_retired.map_or_else(|| WqBound::unshared(recv_depth), |retired| WqBound { depth: recv_depth, retired });
+        let rings = Arc::new(QpRings::new(qpn, attr.send_cq, attr.recv_cq, send, recv));
         inner.nic.attach_qp(rings.clone());
         Ok(Qp {
             pd: self.clone(),
@@ -213,14 +226,18 @@ impl Pd {
             inner.srq_count.fetch_sub(1, Ordering::AcqRel);
             return Err(Error::new(ErrorKind::NoResources, format!("device has its maximum of {} SRQs", lim.max_srq)));
         }
-        let id = match inner.nic.with_next_engine(|e| e.create_srq(self.id, max_wr, max_sge)) {
-            Ok(id) => id,
+        let created = inner.nic.with_next_engine(|e| {
+            let id = e.create_srq(self.id, max_wr, max_sge)?;
+            Ok::<_, EngineError>((id, e.srq_retired_count(id).ok_or(EngineError::NoSuchSrq(id))?))
+        });
+        let (id, retired) = match created {
+            Ok(c) => c,
             Err(e) => {
                 inner.srq_count.fetch_sub(1, Ordering::AcqRel);
                 return Err(Error::engine("create_srq", e));
             }
         };
-        let ring = Arc::new(SrqRing::new(id, max_wr as usize));
+        let ring = Arc::new(SrqRing::new(id, WqBound { depth: max_wr as usize, retired }));
         inner.nic.attach_srq(ring.clone());
         Ok(Srq { pd: self.clone(), id, ring, max_sge, lkeys: LkeyCache::new() })
     }
@@ -474,10 +491,9 @@ impl Qp {
             return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
         }
         crate::mr::check_sgl_cached(&self.ctx().inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
-        self.rings
-            .recv
-            .push(RecvWqe::from(wr))
-            .map_err(|_| Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)))?;
+        if !self.rings.recv.push(RecvWqe::from(wr)) {
+            return Err(Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)));
+        }
         self.ctx().inner.nic.ring_qp(&self.rings);
         Ok(())
     }
@@ -536,7 +552,9 @@ impl Srq {
             return Err(Error::invalid(format!("{} SGEs > SRQ max_sge {}", wr.sgl.len(), self.max_sge)));
         }
         crate::mr::check_sgl_cached(&self.pd.ctx.inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
-        self.ring.recv.push(RecvWqe::from(wr)).map_err(|_| Error::new(ErrorKind::NoResources, "SRQ is full"))?;
+        if !self.ring.recv.push(RecvWqe::from(wr)) {
+            return Err(Error::new(ErrorKind::NoResources, format!("SRQ {} is full", self.id.0)));
+        }
         self.pd.ctx.inner.nic.ring_srq(&self.ring);
         Ok(())
     }

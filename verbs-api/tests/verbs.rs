@@ -270,3 +270,8 @@ fn concurrent_posts_all_leave_and_complete() {
         assert_eq!(ids, (round * THREADS * BURST..(round + 1) * THREADS * BURST).collect::<Vec<_>>(), "round {round}");
     }
 }
+
+#[test]
+fn a_full_queue_refuses_posts_at_once() {
+    cases::a_full_queue_refuses_posts_at_once();
+}

@@ -21,6 +21,7 @@ macro_rules! verbs_cases {
             many_threads_post_on_many_qps,
             error_state_flushes_everything_once,
             bad_arguments_are_refused_without_queueing,
+            a_full_queue_refuses_posts_at_once,
             completion_channel_wakes_a_waiter_and_cq_resize_keeps_entries,
             uc_write_and_send,
         );

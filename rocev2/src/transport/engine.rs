@@ -63,6 +63,7 @@ use crate::transport::memory::MemoryTable;
 use crate::transport::recv::RecvQueue;
 use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
+use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
@@ -451,7 +452,12 @@ impl Engine {
             let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
             match post_one_send(qp, wr, &mut self.completions) {
                 Ok(q) => queued |= q,
-                Err(e) => refused(wr_id, opcode, e),
+                Err(e) => {
+                    // Posted, now refused: its slot is free before the
+                    // caller completes it with an error.
+                    qp.requester.retired().add(1);
+                    refused(wr_id, opcode, e)
+                }
             }
         }
         if queued {
@@ -483,17 +489,44 @@ impl Engine {
         }
         let cq = qp.init.recv_cq;
         let Some(rq) = qp.rq.as_mut() else { return Err(EngineError::BadWr("QP uses an SRQ")) };
+        // A WR not queued is retired at once (its slot free before its
+        // completion, this flush or the caller's error, exists).
+        if qp.state == QpState::Reset {
+            rq.retired().add(1);
+            return Err(EngineError::WrongState(QpState::Reset));
+        }
         if qp.state == QpState::Err {
+            rq.retired().add(1);
             self.completions.push_back(flush_completion(cq, qpn, wr.wr_id, WcOpcode::Recv));
             return Ok(());
         }
-        rq.post(wr).map_err(|_| EngineError::QueueFull)
+        rq.post(wr).map_err(|_| {
+            rq.retired().add(1);
+            EngineError::QueueFull
+        })
     }
 
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: impl Into<RecvWqe>) -> Result<(), EngineError> {
         let q = self.srqs.get_mut(&srq).ok_or(EngineError::NoSuchSrq(srq))?;
-        q.post(wr).map_err(|_| EngineError::QueueFull)
+        q.post(wr).map_err(|_| {
+            q.retired().add(1);
+            EngineError::QueueFull
+        })
+    }
+
+    /// The counts of WQEs `qpn`'s send queue and its own receive queue
+    /// (`None` with an SRQ) have retired: what a post path compares the WRs
+    /// it accepted with, to refuse a post into a full queue at once (see
+    /// [`RetiredCount`]). `None` for an unknown QP.
+    pub fn qp_retired_counts(&self, qpn: u32) -> Option<(Arc<RetiredCount>, Option<Arc<RetiredCount>>)> {
+        let qp = self.qps.get(&qpn)?;
+        Some((qp.requester.retired().clone(), qp.rq.as_ref().map(|rq| rq.retired().clone())))
+    }
+
+    /// As [`Engine::qp_retired_counts`], for an SRQ.
+    pub fn srq_retired_count(&self, srq: SrqId) -> Option<Arc<RetiredCount>> {
+        self.srqs.get(&srq).map(|q| q.retired().clone())
     }
 
     /// Whether completions wait for [`Engine::poll_completion`].
@@ -937,8 +970,10 @@ fn post_one_send(qp: &mut Qp, wr: Box<SendWqe>, completions: &mut VecDeque<Compl
     match qp.state {
         QpState::Rts | QpState::Sqd => {}
         QpState::Err => {
+            // Done with at once: its slot is free, and the box goes back
+            // with the reaped ones.
+            qp.requester.retired().add(1);
             completions.push_back(flush_completion(qp.init.send_cq, qp.qpn, wr.wr_id, wr.op.wc_opcode()));
-            // Done with at once: the box goes back with the reaped ones.
             qp.requester.keep_spent(wr);
             return Ok(false);
         }

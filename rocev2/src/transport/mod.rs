@@ -19,6 +19,7 @@ mod qp;
 pub mod recv;
 pub mod requester;
 pub mod responder;
+pub mod retired;
 pub mod stats;
 pub mod wqe;
 pub mod wr;

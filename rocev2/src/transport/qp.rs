@@ -4,6 +4,7 @@
 //! the requester and responder borrow what they need from it (rxe_qp.c).
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::hash::IntMap;
 use crate::psn::Psn;
@@ -56,7 +57,7 @@ impl Qp {
             init: *init,
             attr: QpAttr { cap: init.cap, ..QpAttr::default() },
             state: QpState::Reset,
-            requester: Requester::new(init.cap.max_send_wr, Psn::new(0)),
+            requester: Requester::new(init.cap.max_send_wr, Psn::new(0), Arc::default()),
             responder: Responder::new(Psn::new(0)),
             rq,
             path: None,
@@ -188,8 +189,7 @@ impl Qp {
         qp.state = to;
         match (from, to) {
             (_, QpState::Reset) => {
-                let cap = qp.init.cap;
-                qp.requester = Requester::new(cap.max_send_wr, Psn::new(0));
+                qp.requester.reset();
                 qp.responder = Responder::new(Psn::new(0));
                 if let Some(rq) = &mut qp.rq {
                     let _ = rq.flush().count();

@@ -13,11 +13,16 @@
 //!
 //! Depth is fixed at creation (storage is allocated once: posting never allocates;
 //! a WQE holds its SGEs in place up to [`RECV_WQE_SGES`](crate::transport::wqe::RECV_WQE_SGES)).
+//!
+//! The queue counts the WQEs it retires ([`RetiredCount`]) for the post path,
+//! which refuses a post into a full queue itself: a WQE is retired when a
+//! message takes it, when it is flushed or dropped by a reset.
 
-use std::collections::vec_deque::Drain;
 use std::collections::VecDeque;
+use std::sync::Arc;
 
 use crate::transport::ids::{PdId, SrqId};
+use crate::transport::retired::RetiredCount;
 use crate::transport::wqe::RecvWqe;
 
 /// Why a receive-queue operation was refused (nothing was changed).
@@ -54,17 +59,23 @@ pub struct RecvQueue {
     max_sge: u32,
     wrs: VecDeque<RecvWqe>,
     srq: Option<SrqLimit>,
+    /// WQEs retired (taken by a message, flushed); see [`RecvQueue::retired`].
+    retired: Arc<RetiredCount>,
+    /// WQEs put back by [`RecvQueue::requeue_front`]: counted as retired when
+    /// first taken, so not counted again when taken again, and allowed in the
+    /// queue beyond `max_wr` (their slots may have been posted into since).
+    requeued: usize,
 }
 
 impl RecvQueue {
     /// A QP's own receive queue (`ibv_qp_cap.max_recv_wr` / `max_recv_sge`).
     pub fn new(pd: PdId, max_wr: u32, max_sge: u32) -> RecvQueue {
-        RecvQueue { pd, max_wr, max_sge, wrs: VecDeque::with_capacity(max_wr as usize), srq: None }
+        RecvQueue { pd, max_wr, max_sge, wrs: VecDeque::with_capacity(max_wr as usize), srq: None, retired: Arc::default(), requeued: 0 }
     }
 
     /// A shared receive queue (`ibv_create_srq`), initially disarmed.
     pub fn new_srq(id: SrqId, pd: PdId, max_wr: u32, max_sge: u32) -> RecvQueue {
-        RecvQueue { pd, max_wr, max_sge, wrs: VecDeque::with_capacity(max_wr as usize), srq: Some(SrqLimit { id, limit: 0, event: false }) }
+        RecvQueue { srq: Some(SrqLimit { id, limit: 0, event: false }), ..RecvQueue::new(pd, max_wr, max_sge) }
     }
 
     /// The protection domain receive SGEs are checked against.
@@ -80,6 +91,13 @@ impl RecvQueue {
     /// Whether this is a shared receive queue.
     pub fn is_srq(&self) -> bool {
         self.srq.is_some()
+    }
+
+    /// The count of WQEs this queue has retired, shared with the post path
+    /// (see [`RetiredCount`]). Whoever refuses a WR after it was posted
+    /// adds it too.
+    pub fn retired(&self) -> &Arc<RetiredCount> {
+        &self.retired
     }
 
     /// Depth.
@@ -109,7 +127,7 @@ impl RecvQueue {
         if wr.sgl.len() > self.max_sge as usize {
             return Err(RecvQueueError::TooManySge);
         }
-        if self.wrs.len() >= self.max_wr as usize {
+        if self.wrs.len() >= self.max_wr as usize + self.requeued {
             return Err(RecvQueueError::Full);
         }
         self.wrs.push_back(wr);
@@ -125,6 +143,11 @@ impl RecvQueue {
     /// limit, records a limit event and disarms.
     pub fn pop(&mut self) -> Option<RecvWqe> {
         let wr = self.wrs.pop_front()?;
+        if self.requeued > 0 {
+            self.requeued -= 1;
+        } else {
+            self.retired.add(1);
+        }
         let count = self.wrs.len();
         if let Some(s) = self.srq.as_mut() {
             if s.limit != 0 && count < s.limit as usize {
@@ -141,6 +164,7 @@ impl RecvQueue {
     /// head, so completion order is unchanged.
     #[allow(dead_code)] // used by the responder, which the engine drives
     pub(crate) fn requeue_front(&mut self, wr: RecvWqe) {
+        self.requeued += 1;
         self.wrs.push_front(wr);
     }
 
@@ -184,8 +208,11 @@ impl RecvQueue {
     }
 
     /// Remove every posted WR, oldest first (the QP entered ERR: each becomes
-    /// a `WR_FLUSH_ERR` completion).
-    pub fn flush(&mut self) -> Drain<'_, RecvWqe> {
+    /// a `WR_FLUSH_ERR` completion; or RESET: they are dropped). They count
+    /// as retired at once, before their completions exist.
+    pub fn flush(&mut self) -> std::collections::vec_deque::Drain<'_, RecvWqe> {
+        self.retired.add(self.wrs.len().saturating_sub(self.requeued));
+        self.requeued = 0;
         self.wrs.drain(..)
     }
 }
@@ -240,6 +267,32 @@ mod tests {
         q.set_limit(2).unwrap();
         q.pop();
         assert!(q.take_limit_event());
+    }
+
+    /// The count the post path bounds the queue with: one per WQE a message
+    /// takes, one per WQE flushed, none again for a WQE put back and taken
+    /// again (which may sit beyond the depth meanwhile: its slot was free).
+    #[test]
+    fn retired_counts_each_wqe_once() {
+        let mut q = RecvQueue::new(PdId(1), 2, 1);
+        let retired = q.retired().clone();
+        q.post(wr(1, 1)).unwrap();
+        q.post(wr(2, 1)).unwrap();
+        assert_eq!(q.post(wr(3, 1)), Err(RecvQueueError::Full));
+        let w = q.pop().unwrap();
+        assert_eq!(retired.get(), 1, "a message took one");
+        // UC: the message was abandoned, its WQE goes back to the head; the
+        // post path already reused its slot.
+        q.post(wr(3, 1)).unwrap();
+        q.requeue_front(w);
+        assert_eq!(q.len(), 3);
+        assert_eq!(q.pop().map(|w| w.wr_id), Some(1));
+        assert_eq!(retired.get(), 1, "taken again, not counted again");
+        assert_eq!(q.post(wr(4, 1)), Err(RecvQueueError::Full), "back to the depth");
+        let w = q.pop().unwrap();
+        q.requeue_front(w);
+        assert_eq!(q.flush().map(|w| w.wr_id).collect::<Vec<_>>(), [2, 3]);
+        assert_eq!(retired.get(), 3, "a flush counts what it removes, the requeued one once");
     }
 
     #[test]

@@ -13,6 +13,7 @@
 //! ATOMIC one.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::psn::Psn;
@@ -21,6 +22,7 @@ use crate::transport::attr::{Mtu, QpType};
 use crate::transport::ids::{Access, CqId, PdId};
 use crate::transport::memory::MemoryTable;
 use crate::transport::path::PathHeaders;
+use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{SendWqe, WqePayload};
 use crate::transport::wr::{Completion, SendFlags, SendOp, WcStatus, WorkCompletion};
@@ -139,6 +141,9 @@ pub(crate) struct Requester {
     /// Boxes of reaped WQEs, for the poster to reuse (at most `max_wr`).
     #[allow(clippy::vec_box)] // the boxes, not the WQEs, are what goes back
     spent: Vec<Box<SendWqe>>,
+    /// WQEs this send queue has retired, for the post path's full check
+    /// (kept across a reset: see [`Requester::reset`]).
+    retired: Arc<RetiredCount>,
 }
 
 pub(super) fn local_timeout(code: u8) -> Option<Duration> {
@@ -147,7 +152,7 @@ pub(super) fn local_timeout(code: u8) -> Option<Duration> {
 }
 
 impl Requester {
-    pub(crate) fn new(max_wr: u32, sq_psn: Psn) -> Requester {
+    pub(crate) fn new(max_wr: u32, sq_psn: Psn, retired: Arc<RetiredCount>) -> Requester {
         Requester {
             wqes: VecDeque::new(),
             max_wr: max_wr.max(1) as usize,
@@ -164,7 +169,22 @@ impl Requester {
             seq_retry_started: false,
             ident: 0,
             spent: Vec::new(),
+            retired,
         }
+    }
+
+    /// The QP went to RESET: a fresh send queue, its WQEs discarded without
+    /// completions (IBTA 10.3.1: RESET empties the queues) and counted as
+    /// retired, so posting after the next RTS finds every slot free.
+    pub(crate) fn reset(&mut self) {
+        let retired = self.retired.clone();
+        retired.add(self.wqes.len());
+        *self = Requester::new(self.max_wr as u32, Psn::new(0), retired);
+    }
+
+    /// The count of WQEs this send queue has retired (see [`RetiredCount`]).
+    pub(crate) fn retired(&self) -> &Arc<RetiredCount> {
+        &self.retired
     }
 
     /// Set the starting PSN and the retry budgets (on RTR→RTS).
@@ -233,6 +253,7 @@ impl Requester {
 
     /// Report finished WQEs at the head, in order, exactly once.
     pub(crate) fn reap(&mut self, ctx: &mut RequesterCtx<'_>) {
+        let mut reaped = 0;
         while let Some(w) = self.wqes.front() {
             let Some(status) = w.done else { break };
             if w.signaled || status != WcStatus::Success {
@@ -260,6 +281,7 @@ impl Requester {
             // kept for the poster to reuse, up to one queue's worth.
             if let Some(w) = self.wqes.pop_front() {
                 self.keep_spent(w.wr);
+                reaped += 1;
             }
             // `cur` indexes the WQE being sent. Removing the head shifts it
             // down; if the head *was* the one being sent (a rewind into a
@@ -271,6 +293,8 @@ impl Requester {
                 self.cur -= 1;
             }
         }
+        // Their slots are free before their completions leave the engine.
+        self.retired.add(reaped);
         if !self.wqes.iter().any(|w| w.done.is_none() && w.first_psn.is_some() && w.is_remote()) {
             self.timer = None;
         }

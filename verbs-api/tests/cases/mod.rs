@@ -525,3 +525,127 @@ pub fn uc_write_and_send() {
     assert_eq!(bytes(&b.mr, 0..5000), &expected(5000, 11)[..]);
     assert_eq!(bytes(&b.mr, 65536..65536 + 3000), &expected(3000, 11)[..]);
 }
+
+/// `err` is the refusal of a post into a full queue: ENOMEM, nothing queued.
+fn assert_full(r: urnic::Result<()>, what: &str) {
+    let e = r.expect_err(what);
+    assert_eq!((e.kind(), e.errno()), (ErrorKind::NoResources, libc::ENOMEM), "{what}: {e}");
+}
+
+/// Exactly `n` completions from `cq` (polled at most `n` at a time; a hang
+/// is a failure after the same generous deadline as [`wait`]).
+fn take(cq: &Cq, n: usize) -> Vec<WorkCompletion> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let mut out = vec![WorkCompletion::default(); n];
+    let mut got = 0;
+    while got < n {
+        let k = cq.poll(&mut out[got..]).unwrap();
+        got += k;
+        if k == 0 {
+            assert!(std::time::Instant::now() < deadline, "only {got} of {n} completions arrived: {:?}", &out[..got]);
+            std::thread::yield_now();
+        }
+    }
+    out
+}
+
+/// Run a poll of `qpn`'s shard from this thread: every WR posted before is
+/// then in the engine (the drain takes the whole ring under the engine lock).
+fn drained(ctx: &Context, qpn: u32) {
+    let nic = ctx.nic();
+    nic.poll_shard(nic.shard_of(qpn));
+}
+
+/// Shared case: a work queue holds at most its depth of WRs not yet retired —
+/// those the datapath took out of its ring and the engine holds included — and
+/// a post beyond it is refused at once with ENOMEM (ibv_post_send(3); rxe
+/// `post_one_send`/`post_one_recv`: a full queue is -ENOMEM), never accepted
+/// only to complete with an error later; a completion polled frees its slot
+/// for the next post. Send queue, receive queue and SRQ.
+pub fn a_full_queue_refuses_posts_at_once() {
+    let (ca, cb) = devices(Impairments::default());
+    let a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let cap = QpCaps { max_send_wr: 4, max_recv_wr: 2, ..caps() };
+    let qp = |s: &Side, srq: Option<&Srq>| {
+        s.pd.create_qp(&QpInit { qp_type: QpType::Rc, send_cq: &s.cq, recv_cq: &s.cq, srq, cap, sq_sig_all: false }).unwrap()
+    };
+    let remote = RemoteAddr { addr: b.mr.addr(), rkey: b.mr.rkey() };
+    let write = |id| send_wr(id, SendOp::Write { remote }, vec![a.mr.sge(0, 64)]);
+    let recv = |id| RecvWr { wr_id: id, sgl: vec![b.mr.sge(0, 64)] };
+    let (qa, qb) = (qp(&a, None), qp(&b, None));
+    bring_up(&qa, &ca, qb.qp_num(), &cb, 1, 2);
+    bring_up(&qb, &cb, qa.qp_num(), &ca, 2, 1);
+
+    // Receive queue: two fit; a third is refused while the engine holds both.
+    qb.post_recv(&recv(100)).unwrap();
+    qb.post_recv(&recv(101)).unwrap();
+    drained(&cb, qb.qp_num());
+    assert_full(qb.post_recv(&recv(102)), "a third receive into a queue of two");
+    // A message takes one: once its completion is polled, one post fits.
+    qa.post_send(&send_wr(1, SendOp::Send, vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(wait(&b.cq, 1).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(100, WcStatus::Success)]);
+    qb.post_recv(&recv(103)).unwrap();
+    assert_full(qb.post_recv(&recv(104)), "the freed slot is taken again");
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+
+    // Send queue, every WR signalled. An application that keeps fewer than
+    // four WRs unpolled (as perftest counts) is never refused: a slot is free
+    // before its completion can be polled. Beyond that a post may be refused
+    // (ENOMEM, the queue full), never accepted into a fifth slot.
+    let (mut posted, mut polled) = (0u64, 0u64);
+    while posted < 1200 {
+        let r = qa.post_send(&write(10 + posted));
+        if posted - polled < 4 {
+            r.unwrap_or_else(|e| panic!("a post with {} WRs unpolled: {e}", posted - polled));
+            posted += 1;
+            continue;
+        }
+        match r {
+            Ok(()) => posted += 1,
+            Err(e) => {
+                assert_full(Err(e), "a fifth WRITE outstanding");
+                let c = take(&a.cq, 1)[0];
+                assert_eq!((c.wr_id, c.status), (10 + polled, WcStatus::Success), "in order, once");
+                polled += 1;
+            }
+        }
+    }
+    for (i, c) in take(&a.cq, (posted - polled) as usize).iter().enumerate() {
+        assert_eq!((c.wr_id, c.status), (10 + polled + i as u64, WcStatus::Success), "in order, once");
+    }
+
+    // WRs taken by the engine and still in flight hold their slots: a QP
+    // whose peer never answers (no QP there; a 4.3 s ACK timeout) takes
+    // four WRITEs and refuses a fifth; moving it to ERR flushes the four
+    // and frees their slots.
+    let qd = qp(&a, None);
+    bring_up_with_timeout(&qd, &ca, 0xabcde, &cb, 1, 2, 20);
+    for id in 1..=4 {
+        qd.post_send(&write(id)).unwrap();
+    }
+    drained(&ca, qd.qp_num());
+    assert_full(qd.post_send(&write(5)), "a fifth WRITE while four are in flight");
+    qd.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
+    let flushed = wait(&a.cq, 4);
+    assert_eq!(flushed.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), (1..=4).map(|i| (i, WcStatus::WrFlushErr)).collect::<Vec<_>>());
+    qd.post_send(&write(6)).unwrap();
+    assert_eq!(wait(&a.cq, 1)[0].wr_id, 6);
+
+    // SRQ of two: the same bound.
+    let srq = b.pd.create_srq(2, 1).unwrap();
+    let (qs, qt) = (qp(&b, Some(&srq)), qp(&a, None));
+    bring_up(&qs, &cb, qt.qp_num(), &ca, 3, 4);
+    bring_up(&qt, &ca, qs.qp_num(), &cb, 4, 3);
+    srq.post_recv(&recv(200)).unwrap();
+    srq.post_recv(&recv(201)).unwrap();
+    drained(&cb, srq.id());
+    assert_full(srq.post_recv(&recv(202)), "a third receive into an SRQ of two");
+    qt.post_send(&send_wr(2, SendOp::Send, vec![a.mr.sge(0, 8)])).unwrap();
+    assert_eq!(wait(&b.cq, 1)[0].wr_id, 200);
+    srq.post_recv(&recv(203)).unwrap();
+    assert_full(srq.post_recv(&recv(204)), "the freed SRQ slot is taken again");
+    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    assert_eq!(ca.nic().stats.posts_refused.load(std::sync::atomic::Ordering::Relaxed), 0, "no WR was accepted and refused later");
+    assert_eq!(cb.nic().stats.posts_refused.load(std::sync::atomic::Ordering::Relaxed), 0);
+}
