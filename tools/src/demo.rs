@@ -8,6 +8,7 @@ use urnic_datapath::netns::VethPair;
 
 use crate::out::outln;
 use crate::perf::{banner, connect_pair, send_lat, write_bw, Endpoint};
+use crate::perftest::PERFTEST_MB;
 use crate::report::{bw_header, bw_row, lat_header, lat_row, RULE};
 
 /// How the two devices are joined.
@@ -150,7 +151,10 @@ pub fn run(o: &DemoOpts) -> Result<()> {
     outln!("{}", bw_header())?;
     for &size in sizes {
         let r = write_bw(&mut ea, &mut eb, size, iters, depth)?;
-        outln!("{}", bw_row(r.bytes, r.iters, r.peak_mbs, r.avg_mbs, if r.bytes == 0 { 0.0 } else { r.avg_mbs / r.bytes as f64 }))?;
+        // perftest's columns: MB of 2^20 bytes, millions of messages a second.
+        let mib = |mbs: f64| mbs * 1e6 / PERFTEST_MB;
+        let mpps = if r.bytes == 0 { 0.0 } else { r.avg_mbs / r.bytes as f64 };
+        outln!("{}", bw_row(r.bytes, r.iters, mib(r.peak_mbs), mib(r.avg_mbs), mpps))?;
     }
     outln!("{RULE}")?;
     banner("Send Latency Test (urnic)", "urnic0 <-> urnic1", mtu, 1)?;

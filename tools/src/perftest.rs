@@ -418,7 +418,7 @@ const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
 /// `format_factor` 0x100000 unless --report_gbits), so that urnic's figures
 /// read as perftest's do, whichever side prints them. Its message rate is
 /// in 10^6 messages per second.
-const PERFTEST_MB: f64 = 1_048_576.0;
+pub(crate) const PERFTEST_MB: f64 = 1_048_576.0;
 
 struct Res {
     ctx: Context,
