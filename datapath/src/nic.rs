@@ -178,6 +178,9 @@ const LOOPBACK: usize = 1024;
 /// One polling core's share of the NIC.
 struct Shard {
     engine: Mutex<Engine>,
+    /// The engine's memory table (the device's), for the poll iteration's
+    /// batch of data movement without borrowing the engine.
+    memory: Arc<rocev2::transport::memory::MemoryTable>,
     port: Mutex<Box<dyn Port>>,
     doorbells: ArrayQueue<Doorbell>,
     sweep: AtomicBool,
@@ -335,6 +338,7 @@ impl Nic {
         let shards = shards
             .into_iter()
             .map(|(engine, port)| Shard {
+                memory: engine.memory().clone(),
                 engine: Mutex::new(engine),
                 port: Mutex::new(port),
                 doorbells: ArrayQueue::new(max_queues.max(16) * 2),
@@ -892,6 +896,10 @@ impl Nic {
     fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>, driver: bool) -> usize {
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
         let mut port = lock(&shard.port);
+        // The copies of the whole iteration (gathers, placements) enter the
+        // memory table's lock once, at the first of them; it is left before
+        // the kick and the delivery (which take the CQ table's lock).
+        let batch = shard.memory.batch();
         let mut work = self.ring_doorbells(shard, &mut engine);
         let now = self.now();
         if driver {
@@ -1019,6 +1027,7 @@ impl Nic {
                 }
             }
         }
+        drop(batch);
         // A batch of nothing but bare ACKs, made by frames that also
         // completed work requests or arrived in this poll (a WRITE's data,
         // which an application spinning on memory sees at once, as
