@@ -300,36 +300,48 @@ fn concurrent_atomics_from_two_threads_sum_exactly() {
     assert_eq!(b.0[0], 4 * N);
 }
 
-#[test]
-fn deregistration_waits_for_an_in_flight_mover() {
-    let t = Arc::new(MemoryTable::new());
-    let mut b = Buf::new(64);
-    let k = reg(&t, &mut b, 0x1000, ALL);
+/// Deregister `k` from one thread while `hold` runs on another: `hold` takes
+/// what it holds, calls `pause` (which returns once the deregistration has
+/// been seen still waiting), then lets go; the deregistration must return
+/// only after that, and the key fail afterwards.
+fn assert_deregistration_waits_for(t: &Arc<MemoryTable>, k: MrKeys, what: &str, hold: impl FnOnce(&MemoryTable, &dyn Fn()) + Send + 'static) {
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    // A mover holding the read guard, as `remote_write` does while copying.
-    let t2 = Arc::clone(&t);
+    let t2 = Arc::clone(t);
     let mover = std::thread::spawn(move || {
-        let guard = t2.read();
-        assert!(guard.resolve_remote(PD, 1, k.rkey, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
-        held_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
-        drop(guard);
+        hold(&t2, &|| {
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        })
     });
     held_rx.recv().unwrap();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (t3, done2) = (Arc::clone(&t), Arc::clone(&done));
+    let (t3, done2) = (Arc::clone(t), Arc::clone(&done));
     let dereg = std::thread::spawn(move || {
         t3.deregister(k.lkey).unwrap();
         done2.store(true, Ordering::SeqCst);
     });
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(!done.load(Ordering::SeqCst), "deregister returned while a mover held the region");
+    assert!(!done.load(Ordering::SeqCst), "deregister returned while {what} held the region");
     release_tx.send(()).unwrap();
     mover.join().unwrap();
     dereg.join().unwrap();
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(t.remote_write(PD, 1, k.rkey, 0x1000, b"x"), Err(AccessError::InvalidKey));
+}
+
+#[test]
+fn deregistration_waits_for_an_in_flight_mover() {
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    // A mover holding the read guard, as `remote_write` does while copying.
+    assert_deregistration_waits_for(&t, k, "a mover", move |t, pause| {
+        let guard = t.read();
+        assert!(guard.resolve_remote(PD, 1, k.rkey, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
+        pause();
+        drop(guard);
+    });
 }
 
 /// A batch that has moved data holds the table until it ends: a
@@ -340,32 +352,15 @@ fn deregistration_waits_for_a_batch() {
     let t = Arc::new(MemoryTable::new());
     let mut b = Buf::new(64);
     let k = reg(&t, &mut b, 0x1000, ALL);
-    let (held_tx, held_rx) = std::sync::mpsc::channel();
-    let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    let t2 = Arc::clone(&t);
-    let mover = std::thread::spawn(move || {
-        let batch = t2.batch();
-        t2.remote_write(PD, 1, k.rkey, 0x1000, b"a").unwrap();
-        held_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
+    assert_deregistration_waits_for(&t, k, "a batch", move |t, pause| {
+        let batch = t.batch();
+        t.remote_write(PD, 1, k.rkey, 0x1000, b"a").unwrap();
+        pause();
         // Still inside the batch: the region is still there.
-        t2.remote_write(PD, 1, k.rkey, 0x1001, b"b").unwrap();
+        t.remote_write(PD, 1, k.rkey, 0x1001, b"b").unwrap();
         drop(batch);
     });
-    held_rx.recv().unwrap();
-    let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (t3, done2) = (Arc::clone(&t), Arc::clone(&done));
-    let dereg = std::thread::spawn(move || {
-        t3.deregister(k.lkey).unwrap();
-        done2.store(true, Ordering::SeqCst);
-    });
-    std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(!done.load(Ordering::SeqCst), "deregister returned while a batch held the table");
-    release_tx.send(()).unwrap();
-    mover.join().unwrap();
-    dereg.join().unwrap();
     assert_eq!(&b.bytes()[..2], b"ab");
-    assert_eq!(t.remote_write(PD, 1, k.rkey, 0x1000, b"x"), Err(AccessError::InvalidKey));
 }
 
 /// Deregistration against traffic in batches: movers on three threads
