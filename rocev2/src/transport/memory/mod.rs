@@ -245,8 +245,11 @@ impl MemoryTable {
     /// A change made on this thread inside the batch does not wait for it.
     /// For a poll iteration; keep it short (it delays deregistrations) and
     /// take no lock inside it that a thread changing registrations may
-    /// hold. A batch opened while another is open on this thread (on any
-    /// table) does nothing.
+    /// hold, nor change another table's registrations inside it (that
+    /// writer would wait for the other table's batches while this one
+    /// holds its own: two such threads would wait for each other). A batch
+    /// opened while another is open on this thread (on any table) does
+    /// nothing.
     pub fn batch(&self) -> MemoryBatch<'_> {
         MemoryBatch { _batch: self.inner.batch() }
     }
