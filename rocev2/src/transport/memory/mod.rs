@@ -14,12 +14,15 @@
 //!   leaves target memory untouched.
 //!
 //! # Implementation
-//! One `RwLock` guards the whole table. Data movers (`remote_*`, `local_*`)
-//! hold the read guard for the whole check-then-copy, so many datapath threads
-//! move data at once, and `deregister`/`reregister` (write guard) wait until
-//! every in-flight copy has finished: after they return, no byte of the old
-//! region is touched again. MW bind and invalidation also take the write guard
-//! (they are rare control operations).
+//! One reader-writer lock guards the whole table ([`lock`](self::lock)). Data
+//! movers (`remote_*`, `local_*`) hold a read guard for the whole
+//! check-then-copy, so many datapath threads move data at once, and
+//! `deregister`/`reregister` (write guard) wait until every in-flight copy has
+//! finished: after they return, no byte of the old region is touched again.
+//! MW bind and invalidation also take the write guard (they are rare control
+//! operations). A datapath thread opens a [`MemoryBatch`] around a poll
+//! iteration: its movers then enter the lock once for the whole iteration
+//! instead of once per copy, and writers wait for the iteration's end.
 //!
 //! MRs and MWs share one index space (index 0 is never used, so key 0 is never
 //! valid). A slot's key byte is drawn at random, different from its previous
@@ -42,7 +45,6 @@
 //! to registered memory; it copies with raw pointers.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use crate::transport::ids::Sge;
 pub use crate::transport::ids::{Access, PdId};
@@ -51,6 +53,7 @@ mod cache;
 mod check;
 mod dma;
 mod keys;
+mod lock;
 mod object;
 mod region;
 mod window;
@@ -58,6 +61,7 @@ mod window;
 pub use cache::{LkeyCache, LKEY_CACHE_ENTRIES};
 pub use dma::sgl_len;
 use keys::{key_of, Table, MAX_INDEX};
+use lock::{ReadGuard, TableLock, WriteGuard};
 use object::Object;
 use region::{Region, RegionPtr};
 
@@ -170,10 +174,22 @@ fn os_seed() -> u64 {
     h.finish()
 }
 
+/// A batch of data movement on one thread ([`MemoryTable::batch`]); ends
+/// when dropped. Not `Send`: it marks the thread that opened it.
+pub struct MemoryBatch<'a> {
+    _batch: lock::Batch<'a, Table>,
+}
+
+impl std::fmt::Debug for MemoryBatch<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBatch").finish_non_exhaustive()
+    }
+}
+
 /// The device's registered memory: MRs and MWs, keys, checks and data movement.
 #[derive(Debug)]
 pub struct MemoryTable {
-    inner: RwLock<Table>,
+    inner: TableLock<Table>,
     /// Bumped by every writer before it changes the table (starts at 1):
     /// what [`LkeyCache`] verdicts are valid for.
     generation: AtomicU64,
@@ -206,19 +222,36 @@ impl MemoryTable {
     }
 
     fn build(max: u32, seed: u64) -> MemoryTable {
-        MemoryTable { inner: RwLock::new(Table::new(max.min(MAX_INDEX), seed)), generation: AtomicU64::new(1) }
+        MemoryTable { inner: TableLock::new(Table::new(max.min(MAX_INDEX), seed)), generation: AtomicU64::new(1) }
     }
 
-    fn read(&self) -> RwLockReadGuard<'_, Table> {
-        // Nothing panics while holding the guard; recover from poisoning anyway.
-        self.inner.read().unwrap_or_else(|e| e.into_inner())
+    #[inline]
+    fn read(&self) -> ReadGuard<'_, Table> {
+        self.inner.read()
     }
 
-    fn write(&self) -> RwLockWriteGuard<'_, Table> {
-        let t = self.inner.write().unwrap_or_else(|e| e.into_inner());
+    fn write(&self) -> WriteGuard<'_, Table> {
+        let t = self.inner.write();
         // Before any change: a memo taken earlier no longer answers (cache.rs).
         self.generation.fetch_add(1, Ordering::AcqRel);
         t
+    }
+
+    /// Open a batch of data movement on this thread: until the batch is
+    /// dropped, this thread's movers on this table enter its lock once (at
+    /// the first of them) instead of once per call, and registration changes
+    /// (`deregister`, `reregister`, MW bind and invalidation) from other
+    /// threads wait for the batch's end, as they wait for a copy in flight.
+    /// A change made on this thread inside the batch does not wait for it.
+    /// For a poll iteration; keep it short (it delays deregistrations) and
+    /// take no lock inside it that a thread changing registrations may
+    /// hold, nor change another table's registrations inside it (that
+    /// writer would wait for the other table's batches while this one
+    /// holds its own: two such threads would wait for each other). A batch
+    /// opened while another is open on this thread (on any table) does
+    /// nothing.
+    pub fn batch(&self) -> MemoryBatch<'_> {
+        MemoryBatch { _batch: self.inner.batch() }
     }
 
     fn check_reg_args(addr: *mut u8, len: usize, iova: u64, access: Access) -> Result<(), RegError> {

@@ -1,7 +1,7 @@
 //! Unit tests of the memory table.
 use super::*;
 use crate::transport::ids::Sge;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 const PD: PdId = PdId(1);
@@ -300,36 +300,142 @@ fn concurrent_atomics_from_two_threads_sum_exactly() {
     assert_eq!(b.0[0], 4 * N);
 }
 
-#[test]
-fn deregistration_waits_for_an_in_flight_mover() {
-    let t = Arc::new(MemoryTable::new());
-    let mut b = Buf::new(64);
-    let k = reg(&t, &mut b, 0x1000, ALL);
+/// Deregister `k` from one thread while `hold` runs on another: `hold` takes
+/// what it holds, calls `pause` (which returns once the deregistration has
+/// been seen still waiting), then lets go; the deregistration must return
+/// only after that, and the key fail afterwards.
+fn assert_deregistration_waits_for(t: &Arc<MemoryTable>, k: MrKeys, what: &str, hold: impl FnOnce(&MemoryTable, &dyn Fn()) + Send + 'static) {
     let (held_tx, held_rx) = std::sync::mpsc::channel();
     let (release_tx, release_rx) = std::sync::mpsc::channel::<()>();
-    // A mover holding the read guard, as `remote_write` does while copying.
-    let t2 = Arc::clone(&t);
+    let t2 = Arc::clone(t);
     let mover = std::thread::spawn(move || {
-        let guard = t2.read();
-        assert!(guard.resolve_remote(PD, 1, k.rkey, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
-        held_tx.send(()).unwrap();
-        release_rx.recv().unwrap();
-        drop(guard);
+        hold(&t2, &|| {
+            held_tx.send(()).unwrap();
+            release_rx.recv().unwrap();
+        })
     });
     held_rx.recv().unwrap();
     let done = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let (t3, done2) = (Arc::clone(&t), Arc::clone(&done));
+    let (t3, done2) = (Arc::clone(t), Arc::clone(&done));
     let dereg = std::thread::spawn(move || {
         t3.deregister(k.lkey).unwrap();
         done2.store(true, Ordering::SeqCst);
     });
     std::thread::sleep(std::time::Duration::from_millis(100));
-    assert!(!done.load(Ordering::SeqCst), "deregister returned while a mover held the region");
+    assert!(!done.load(Ordering::SeqCst), "deregister returned while {what} held the region");
     release_tx.send(()).unwrap();
     mover.join().unwrap();
     dereg.join().unwrap();
     assert!(done.load(Ordering::SeqCst));
     assert_eq!(t.remote_write(PD, 1, k.rkey, 0x1000, b"x"), Err(AccessError::InvalidKey));
+}
+
+#[test]
+fn deregistration_waits_for_an_in_flight_mover() {
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    // A mover holding the read guard, as `remote_write` does while copying.
+    assert_deregistration_waits_for(&t, k, "a mover", move |t, pause| {
+        let guard = t.read();
+        assert!(guard.resolve_remote(PD, 1, k.rkey, 0x1000, 8, Access::REMOTE_WRITE).is_ok());
+        pause();
+        drop(guard);
+    });
+}
+
+/// A batch that has moved data holds the table until it ends: a
+/// deregistration from another thread waits for the batch, not only for
+/// the copy.
+#[test]
+fn deregistration_waits_for_a_batch() {
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(64);
+    let k = reg(&t, &mut b, 0x1000, ALL);
+    assert_deregistration_waits_for(&t, k, "a batch", move |t, pause| {
+        let batch = t.batch();
+        t.remote_write(PD, 1, k.rkey, 0x1000, b"a").unwrap();
+        pause();
+        // Still inside the batch: the region is still there.
+        t.remote_write(PD, 1, k.rkey, 0x1001, b"b").unwrap();
+        drop(batch);
+    });
+    assert_eq!(&b.bytes()[..2], b"ab");
+}
+
+/// Deregistration against traffic in batches: movers on three threads
+/// write, read and gather through whatever region is current, in batches of
+/// 16 copies (one also invalidating and re-binding a window inside its
+/// batches, a write on a batch's thread); the main thread registers a fresh
+/// buffer, lets the traffic run, deregisters it and checks that no byte of
+/// it changes afterwards, then frees it. A mover that copied after the
+/// deregistration returned would change the snapshot (or write to freed
+/// memory, which the allocator's reuse of the next buffer would show).
+#[test]
+fn deregistration_races_batched_traffic() {
+    use std::sync::atomic::{AtomicBool, AtomicU32};
+    const LEN: usize = 256;
+    let t = Arc::new(MemoryTable::new());
+    let current = Arc::new(AtomicU32::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let moved = Arc::new(AtomicU64::new(0));
+    let movers: Vec<_> = (0..3u8)
+        .map(|m| {
+            let (t, current, stop, moved) = (t.clone(), current.clone(), stop.clone(), moved.clone());
+            std::thread::spawn(move || {
+                let mut win = Buf::new(64);
+                let own = reg(&t, &mut win, 0, ALL);
+                let mut mw = t.alloc_mw(PD, MwType::Type2).unwrap();
+                let mut out = [0u8; 32];
+                let mut i = 0u64;
+                while !stop.load(Ordering::Relaxed) {
+                    let _batch = t.batch();
+                    for _ in 0..16 {
+                        let k = current.load(Ordering::Acquire);
+                        i += 1;
+                        let at = 0x10_000 + (i % (LEN as u64 - 32));
+                        let fill = [m.wrapping_add(i as u8) | 1; 32];
+                        if t.remote_write(PD, 1, k, at, &fill).is_ok() {
+                            moved.fetch_add(1, Ordering::Relaxed);
+                        }
+                        let _ = t.remote_read(PD, 1, k, at, &mut out);
+                        let sge = Sge { addr: at, length: 32, lkey: k };
+                        let _ = t.local_gather(PD, &[sge], 0, &mut out);
+                        if m == 0 && i.is_multiple_of(8) {
+                            // A write inside the batch: bind a type-2 window
+                            // over this thread's own region, then invalidate it.
+                            mw = t.bind_mw(PD, 7, mw, (mw as u8).wrapping_add(1), own.lkey, 0, 64, Access::REMOTE_READ).unwrap();
+                            t.invalidate(PD, 7, mw).unwrap();
+                        }
+                    }
+                }
+                t.dealloc_mw(mw).unwrap();
+                t.deregister(own.lkey).unwrap();
+                drop(win);
+            })
+        })
+        .collect();
+    for round in 0..200 {
+        let mut b = Buf::new(LEN);
+        let k = reg(&t, &mut b, 0x10_000, ALL);
+        current.store(k.rkey, Ordering::Release);
+        let before = moved.load(Ordering::Relaxed);
+        while moved.load(Ordering::Relaxed) < before + 4 {
+            std::thread::yield_now();
+        }
+        t.deregister(k.lkey).unwrap();
+        let snapshot = b.bytes();
+        for _ in 0..20 {
+            std::thread::yield_now();
+        }
+        assert_eq!(b.bytes(), snapshot, "round {round}: a byte changed after deregister returned");
+        assert!(snapshot.iter().any(|&x| x != 0), "round {round}: the traffic reached the region");
+        drop(b);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for m in movers {
+        m.join().unwrap();
+    }
 }
 
 #[test]
