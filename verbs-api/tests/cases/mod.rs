@@ -577,17 +577,21 @@ pub fn a_full_queue_refuses_posts_at_once() {
     bring_up(&qa, &ca, qb.qp_num(), &cb, 1, 2);
     bring_up(&qb, &cb, qa.qp_num(), &ca, 2, 1);
 
-    // Receive queue: two fit; a third is refused while the engine holds both.
-    qb.post_recv(&recv(100)).unwrap();
-    qb.post_recv(&recv(101)).unwrap();
-    drained(&cb, qb.qp_num());
-    assert_full(qb.post_recv(&recv(102)), "a third receive into a queue of two");
-    // A message takes one: once its completion is polled, one post fits.
-    qa.post_send(&send_wr(1, SendOp::Send, vec![a.mr.sge(0, 8)])).unwrap();
-    assert_eq!(wait(&b.cq, 1).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(100, WcStatus::Success)]);
-    qb.post_recv(&recv(103)).unwrap();
-    assert_full(qb.post_recv(&recv(104)), "the freed slot is taken again");
-    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    // A receive queue of two (`post` into it, `id` its shard's QP or SRQ):
+    // two fit; a third is refused while the engine holds both; a message
+    // takes one, and once its completion is polled one post fits again.
+    let receive_bound = |post: &dyn Fn(u64) -> urnic::Result<()>, id: u32, sender: &Qp, what: &str| {
+        post(100).unwrap();
+        post(101).unwrap();
+        drained(&cb, id);
+        assert_full(post(102), &format!("a third receive into {what} of two"));
+        sender.post_send(&send_wr(1, SendOp::Send, vec![a.mr.sge(0, 8)])).unwrap();
+        assert_eq!(take(&b.cq, 1).iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(100, WcStatus::Success)], "{what}");
+        post(103).unwrap();
+        assert_full(post(104), &format!("the freed slot of {what} taken again"));
+        assert_eq!(take(&a.cq, 1)[0].status, WcStatus::Success);
+    };
+    receive_bound(&|id| qb.post_recv(&recv(id)), qb.qp_num(), &qa, "a receive queue");
 
     // Send queue, every WR signalled. An application that keeps fewer than
     // four WRs unpolled (as perftest counts) is never refused: a slot is free
@@ -637,15 +641,7 @@ pub fn a_full_queue_refuses_posts_at_once() {
     let (qs, qt) = (qp(&b, Some(&srq)), qp(&a, None));
     bring_up(&qs, &cb, qt.qp_num(), &ca, 3, 4);
     bring_up(&qt, &ca, qs.qp_num(), &cb, 4, 3);
-    srq.post_recv(&recv(200)).unwrap();
-    srq.post_recv(&recv(201)).unwrap();
-    drained(&cb, srq.id());
-    assert_full(srq.post_recv(&recv(202)), "a third receive into an SRQ of two");
-    qt.post_send(&send_wr(2, SendOp::Send, vec![a.mr.sge(0, 8)])).unwrap();
-    assert_eq!(wait(&b.cq, 1)[0].wr_id, 200);
-    srq.post_recv(&recv(203)).unwrap();
-    assert_full(srq.post_recv(&recv(204)), "the freed SRQ slot is taken again");
-    assert_eq!(wait(&a.cq, 1)[0].status, WcStatus::Success);
+    receive_bound(&|id| srq.post_recv(&recv(id)), srq.id(), &qt, "an SRQ");
     assert_eq!(ca.nic().stats.posts_refused.load(std::sync::atomic::Ordering::Relaxed), 0, "no WR was accepted and refused later");
     assert_eq!(cb.nic().stats.posts_refused.load(std::sync::atomic::Ordering::Relaxed), 0);
 }
