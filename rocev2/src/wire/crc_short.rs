@@ -82,6 +82,11 @@ pub const SHORT: u8 = 1;
 #[cfg(target_arch = "x86_64")]
 pub const FUSED: u8 = 2;
 
+/// [`FEATURES`] bit: AVX-512F and VPCLMULQDQ with [`FUSED`]'s features (the
+/// fused copy's 512-bit kernel).
+#[cfg(target_arch = "x86_64")]
+pub const WIDE512: u8 = 8;
+
 /// [`FEATURES`] bit: the others are valid.
 #[cfg(target_arch = "x86_64")]
 const KNOWN: u8 = 4;
@@ -108,7 +113,8 @@ fn detect() -> u8 {
     let short = std::is_x86_feature_detected!("pclmulqdq") && std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("sse4.1");
     // The fused kernels finish with this one's reduction: FUSED implies SHORT.
     let fused = short && std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2");
-    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 }
+    let wide512 = fused && std::is_x86_feature_detected!("avx512f");
+    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 } | if wide512 { WIDE512 } else { 0 }
 }
 
 /// Whether this CPU can run [`update`].
