@@ -190,7 +190,7 @@ fn parse_ip<'a>(
     *ip_out = ip;
     *udp_out = udp;
     let hdr_len = transport.parse_into(ib)?;
-    let layout = transport.bth.opcode.layout().ok_or(WireError::UnknownOpcode(transport.bth.opcode.0))?;
+    let Some(layout) = transport.bth.opcode.layout() else { return Err(WireError::UnknownOpcode(transport.bth.opcode.0)) };
     let body = ib.get(hdr_len..).unwrap_or(&[]);
     let pad = usize::from(transport.bth.pad_count);
     if pad > body.len() {
