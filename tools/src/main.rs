@@ -176,6 +176,11 @@ enum Cmd {
         /// probe (the host's fast and slow phases), 1 and 2 cores.
         #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path", "rate"])]
         latency: bool,
+        /// Only the 64 KiB WRITE bandwidth against the raw ceiling (MTU 1024
+        /// and 4096, 1 and 2 cores, bracketed) and the user CPU per
+        /// 4154-byte frame against its floor: a quick A/B of per-frame changes.
+        #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path", "rate", "latency"])]
+        bandwidth: bool,
     },
     /// DCQCN in virtual time: 2/4/8/16-to-1 incast, a flow joining and
     /// leaving, DCQCN off; PNG plots and CSV time series into DIR.
@@ -383,6 +388,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Bench { runs, c_path: true, .. } => bench::c_path_only(runs as usize),
         Cmd::Bench { runs, rate: true, .. } => bench::rate_only(runs as usize),
         Cmd::Bench { runs, latency: true, .. } => bench::latency_only(runs as usize),
+        Cmd::Bench { runs, bandwidth: true, .. } => bench::bandwidth_only(runs as usize),
         Cmd::Bench { ceiling_only: Some(mtu), .. } => bench::ceiling_only(mtu.parse().unwrap_or(1024)),
         Cmd::Bench { runs, report: Some(dir), .. } => bench::report(&dir, runs as usize),
         Cmd::Bench { runs, report: None, .. } => bench::run(runs as usize),

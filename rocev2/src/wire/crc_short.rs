@@ -76,9 +76,16 @@ static FEATURES: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(
 #[cfg(target_arch = "x86_64")]
 pub const SHORT: u8 = 1;
 
-/// [`FEATURES`] bit: AVX2, VPCLMULQDQ and PCLMULQDQ (the fused copy kernel).
+/// [`FEATURES`] bit: AVX2 and VPCLMULQDQ with [`SHORT`]'s features (the
+/// fused copy kernel and the long masked run, which finish with the short
+/// kernel's reduction).
 #[cfg(target_arch = "x86_64")]
 pub const FUSED: u8 = 2;
+
+/// [`FEATURES`] bit: AVX-512F and VPCLMULQDQ with [`FUSED`]'s features (the
+/// fused copy's 512-bit kernel).
+#[cfg(target_arch = "x86_64")]
+pub const WIDE512: u8 = 8;
 
 /// [`FEATURES`] bit: the others are valid.
 #[cfg(target_arch = "x86_64")]
@@ -104,8 +111,10 @@ pub fn has(bits: u8) -> bool {
 #[cold]
 fn detect() -> u8 {
     let short = std::is_x86_feature_detected!("pclmulqdq") && std::is_x86_feature_detected!("ssse3") && std::is_x86_feature_detected!("sse4.1");
-    let fused = std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("pclmulqdq");
-    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 }
+    // The fused kernels finish with this one's reduction: FUSED implies SHORT.
+    let fused = short && std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2");
+    let wide512 = fused && std::is_x86_feature_detected!("avx512f");
+    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 } | if wide512 { WIDE512 } else { 0 }
 }
 
 /// Whether this CPU can run [`update`].
@@ -201,6 +210,20 @@ unsafe fn fold_run(crc: u32, data: &[u8], mask: Option<&[u8]>) -> u32 {
     reduce(x)
 }
 
+/// The finished CRC of the 16 bytes `lane` from a zero register (finished
+/// form `!0`): [`update`]`(!0, lane)` without its set-up, for a fold that
+/// ends on a whole lane.
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+pub unsafe fn finish_lane(lane: &[u8; 16]) -> u32 {
+    // SAFETY: `lane` is 16 readable bytes; loadu needs no alignment.
+    reduce(unsafe { _mm_loadu_si128(lane.as_ptr().cast()) })
+}
+
 /// Fold lane `a` forward by the distance `keys` were made for
 /// ([`fold_keys`]) onto `b`.
 #[cfg(target_arch = "x86_64")]
@@ -217,7 +240,7 @@ pub(super) fn fold(a: __m128i, b: __m128i, keys: __m128i) -> __m128i {
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "pclmulqdq,sse4.1")]
-fn reduce(x: __m128i) -> u32 {
+pub(super) fn reduce(x: __m128i) -> u32 {
     let low32 = _mm_set_epi32(0, 0, 0, -1);
     // 128 → 96 bits: the low 64 bits times x^96 mod P (the 128-bit fold's
     // high key), added to the high 64.

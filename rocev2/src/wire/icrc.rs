@@ -8,10 +8,11 @@
 //! (FECN/BECN/resv6) set to all ones, then everything up to the ICRC. The
 //! result goes on the wire least-significant byte first.
 //!
-//! Computed in one pass without copying the frame: the three small headers
-//! are masked in stack copies, the rest of the packet is fed in place.
-//! `crc32fast` uses carry-less multiplication (PCLMULQDQ, or VPCLMULQDQ on
-//! AVX-512/AVX2 machines) when the CPU has it, detected at run time.
+//! Computed in one pass without copying the frame: for the usual headers
+//! (IPv4 without options, IPv6) the variant fields are set as the CRC
+//! kernels load them ([`crc::update_masked`] up to 127 bytes,
+//! [`crc::update_masked_head`] beyond, both carry-less multiplication);
+//! other headers are masked in a stack copy and the rest is fed in place.
 //!
 //! Entry points: [`of_l3`] / [`of_frame`] compute the ICRC a packet should
 //! carry, [`fill_l3`] / [`fill_frame`] store it, [`compute`] is the primitive
@@ -54,9 +55,14 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
     if end < rest {
         return Err(WireError::Truncated(Header::Bth));
     }
-    // A small packet (a 64 B WRITE's 120 bytes) in one masked run.
+    // A small packet (a 64 B WRITE's 120 bytes) in one masked run, a
+    // larger one (a full-MTU frame) in one masked run of the wide kernel.
     let version = covered.first().map_or(0, |b| b >> 4);
-    if let Some(crc) = crc::update_masked(LRH_CRC, covered, mask_for(version, ip_header_len)) {
+    let mask = mask_for(version, ip_header_len);
+    if let Some(crc) = crc::update_masked(LRH_CRC, covered, mask) {
+        return Ok(crc);
+    }
+    if let Some(crc) = mask.first_chunk::<{ crc::MASK_HEAD }>().and_then(|head| crc::update_masked_head(LRH_CRC, covered, head)) {
         return Ok(crc);
     }
     let crc = headers(covered, ip_header_len, rest)?;
@@ -249,7 +255,7 @@ mod tests {
         }
         let mut x = 0x1357_9bdf_u32;
         for round in 0..300 {
-            let mut p = [0u8; 200];
+            let mut p = vec![0u8; if round < 30 { 4200 } else { 200 }];
             for b in &mut p {
                 x ^= x << 13;
                 x ^= x >> 17;
@@ -266,12 +272,29 @@ mod tests {
             for upto in [min, min + 4, min + 16, min + 28, HEADERS_MAX.min(min + 28 + 9)] {
                 assert_eq!(headers(&p, ip_len, upto), Ok(reference(&p, ip_len, upto)), "ip_len {ip_len} upto {upto}");
             }
-            // The whole ICRC: one masked run up to 127 bytes, two runs beyond.
+            // The whole ICRC: one masked run up to 127 bytes, one run of the
+            // wide kernel beyond (two runs for IPv4 with options, or without
+            // the wide kernel): every length about the kernels' limits and
+            // full-MTU frames, every tail after the last whole lane.
             for end in [min, 100, 120, 126, 127, 128, 150, 200] {
                 assert_eq!(compute(&p, ip_len, end), Ok(reference(&p, ip_len, end)), "ip_len {ip_len} end {end}");
             }
+            if p.len() > 200 {
+                for end in (129..=400).chain(1050..=1100).chain([2048, 2049, 4096 + 40, 4096 + 56, 4096 + 56 + 3, 4199, 4200]) {
+                    assert_eq!(compute(&p, ip_len, end), Ok(reference(&p, ip_len, end)), "ip_len {ip_len} end {end}");
+                }
+            }
         }
         assert_eq!(headers(&[0x45; 200], 20, HEADERS_MAX + 1), Err(WireError::BufferTooSmall));
+    }
+
+    #[test]
+    fn the_variant_fields_lie_in_the_masked_head() {
+        // `crc::update_masked_head` masks only the first MASK_HEAD bytes.
+        for m in [&MASK_V4, &MASK_V6] {
+            assert!(m[crc::MASK_HEAD..].iter().all(|&b| b == 0));
+            assert!(m[..crc::MASK_HEAD].iter().any(|&b| b != 0));
+        }
     }
 
     #[test]

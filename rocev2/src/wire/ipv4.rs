@@ -253,6 +253,8 @@ impl Ipv4Repr {
     /// order: version, IHL (RFC 791: at least 5), total length against `b`,
     /// the header checksum, and that the packet is not a fragment (RoCEv2
     /// sets DF and is never fragmented). Returns the repr and the header length.
+    // Inlined, as `EthernetRepr::parse` (a stall in `parse_ip` otherwise).
+    #[inline]
     pub fn parse(b: &[u8]) -> Result<(Ipv4Repr, usize), WireError> {
         let p = Ipv4Packet::new_checked(b)?;
         if !p.verify_checksum() {

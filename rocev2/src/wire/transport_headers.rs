@@ -68,7 +68,8 @@ impl TransportRepr {
     /// before it. Returns the number of bytes the headers took.
     pub fn parse_into(&mut self, b: &[u8]) -> Result<usize, WireError> {
         let bth = BthRepr::parse(b)?;
-        let layout = bth.opcode.layout().ok_or(WireError::UnknownOpcode(bth.opcode.0))?;
+        // let-else: see `HeaderTemplate::emit_with_crc` (no `Result` through the stack).
+        let Some(layout) = bth.opcode.layout() else { return Err(WireError::UnknownOpcode(bth.opcode.0)) };
         if bth.tver != 0 {
             return Err(WireError::BadTver(bth.tver));
         }
@@ -128,7 +129,7 @@ impl TransportRepr {
     /// AETH as a plain ACK with credits "invalid", 0x1f); headers the opcode
     /// does not carry are ignored. Returns bytes written.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
-        let layout = self.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.bth.opcode.0))?;
+        let Some(layout) = self.bth.opcode.layout() else { return Err(WireError::UnknownOpcode(self.bth.opcode.0)) };
         let len = Self::header_len(&layout);
         let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
         let mut off = self.bth.emit(h)?;

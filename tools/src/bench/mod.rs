@@ -52,7 +52,7 @@ use urnic_datapath::netns::VethPair;
 use self::baselines::{iperf3, tcp_pingpong, udp_pingpong};
 pub use self::c_path::run_only as c_path_only;
 use self::c_path::CPathRun;
-use self::metrics::median;
+use self::metrics::{median, spread};
 pub use self::rate::run_only as rate_only;
 use self::raw_xdp::{raw_afxdp, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
@@ -173,37 +173,7 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();
-        // Each bandwidth figure next to its ceiling (see `bracketed`).
-        let mut cpu = Vec::new();
-        (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
-            || {
-                p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 1024"));
-                urnic_write_64k(&pair, cores, "bn").map(|w| {
-                    cpu.push(w.cpu_per_gb);
-                    w.mbs
-                })
-            },
-            || {
-                p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 1024"));
-                raw_afxdp(&pair, write_frame_len(1024), cores, 1.0)
-            },
-        )?;
-        r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-        let mut user = Vec::new();
-        (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
-            || {
-                p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
-                urnic_write_64k(&pair9k, cores, "bj").map(|w| {
-                    user.push(w.user_per_msg / rate::FRAMES_PER_64K * 1e6);
-                    w.mbs
-                })
-            },
-            || {
-                p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
-                raw_afxdp(&pair9k, write_frame_len(4096), cores, 1.0)
-            },
-        )?;
-        r.urnic[i].user_per_frame_4k = user.iter().sum::<f64>() / user.len().max(1) as f64;
+        bandwidth_rows(p, (&pair, &pair9k), cores, &mut r, i)?;
         p.step(format_args!("urnic, {c}: 64 B WRITE message rate, 8 B SEND and WRITE latency"));
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         p.step(format_args!("raw AF_XDP, {c}: small-frame rate"));
@@ -238,6 +208,117 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         }
     }
     Ok(r)
+}
+
+/// The 64 KiB WRITE rows of one run for `cores` (index `i` of [`Run::urnic`]
+/// and the ceilings): each bandwidth next to its raw ceiling (see
+/// [`bracketed`]), at MTU 1024 on `pairs.0` and MTU 4096 on `pairs.1`, with
+/// the CPU figures of urnic's runs.
+fn bandwidth_rows(p: &Progress, pairs: (&VethPair, &VethPair), cores: Cores, r: &mut Run, i: usize) -> Result<()> {
+    let (pair, pair9k) = pairs;
+    let c = cores.label();
+    let mut cpu = Vec::new();
+    (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
+        || {
+            p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 1024"));
+            urnic_write_64k(pair, cores, "bn").map(|w| {
+                cpu.push(w.cpu_per_gb);
+                w.mbs
+            })
+        },
+        || {
+            p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 1024"));
+            raw_afxdp(pair, write_frame_len(1024), cores, 1.0)
+        },
+    )?;
+    r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+    let mut user = Vec::new();
+    (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
+        || {
+            p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
+            urnic_write_64k(pair9k, cores, "bj").map(|w| {
+                user.push(w.user_per_msg / rate::FRAMES_PER_64K * 1e6);
+                w.mbs
+            })
+        },
+        || {
+            p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
+            raw_afxdp(pair9k, write_frame_len(4096), cores, 1.0)
+        },
+    )?;
+    r.urnic[i].user_per_frame_4k = user.iter().sum::<f64>() / user.len().max(1) as f64;
+    Ok(())
+}
+
+/// Progress steps of one [`bandwidth_only`] run: four bracketed rows (four
+/// steps each) and the CPU floor.
+const BANDWIDTH_STEPS: u64 = 2 * 8 + 1;
+
+/// Only the 64 KiB WRITE rows (`urnic bench --bandwidth`), `n` runs: MTU 1024
+/// and 4096, one and two cores, each bracketed with its raw ceiling, and the
+/// user CPU per 4154-byte frame (1 core) against the floor measured in the
+/// same run: a quick A/B of per-frame changes (issue 20, targets 3 and 4).
+pub fn bandwidth_only(n: usize) -> Result<()> {
+    let p = Progress::new("bench", BANDWIDTH_STEPS * n.max(1) as u64);
+    let mut all = Vec::new();
+    for k in 0..n.max(1) {
+        let (pair, pair9k) = veth_pairs("bw")?;
+        let mut r = Run::default();
+        for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
+            bandwidth_rows(&p, (&pair, &pair9k), cores, &mut r, i)?;
+        }
+        p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
+        r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
+        let ratios = bandwidth_ratios(&r);
+        p.println(format!(
+            "run {}: 64 KiB WRITE / raw ceiling: MTU 1024 {:.2}/{:.2}, MTU 4096 {:.2}/{:.2} (1/2 cores; urnic {:.0}/{:.0} and {:.0}/{:.0} MB/s); \
+             user CPU per 4154-byte frame {:.2} us vs floor {:.2}: {:.2}",
+            k + 1,
+            ratios[0],
+            ratios[2],
+            ratios[1],
+            ratios[3],
+            r.urnic[0].write_64k,
+            r.urnic[1].write_64k,
+            r.urnic[0].write_64k_mtu4096,
+            r.urnic[1].write_64k_mtu4096,
+            r.urnic[0].user_per_frame_4k,
+            r.cpu_floor.total(),
+            ratios[4]
+        ));
+        all.push(r);
+    }
+    drop(p);
+    let rows = [
+        "64 KiB WRITE / raw ceiling, MTU 1024, 1 core",
+        "64 KiB WRITE / raw ceiling, MTU 4096, 1 core",
+        "64 KiB WRITE / raw ceiling, MTU 1024, 2 cores",
+        "64 KiB WRITE / raw ceiling, MTU 4096, 2 cores",
+        "user CPU per 4154-byte frame / floor, 1 core",
+    ];
+    let targets = ["≥ 0.85", "≥ 0.85", "≥ 0.95 in every run", "≥ 0.95 in every run", "≤ 1.25"];
+    let mut t = vec![format!("| ratio (per run, {} runs) | median | range | target |", all.len()), "|---|---|---|---|".to_string()];
+    for (j, (what, target)) in rows.iter().zip(targets).enumerate() {
+        let mut v: Vec<f64> = all.iter().map(|r| bandwidth_ratios(r)[j]).collect();
+        let (lo, hi) = spread(&v);
+        t.push(format!("| {what} | {:.2} | {lo:.2}–{hi:.2} | {target} |", median(&mut v)));
+    }
+    crate::out::outln!("{}", t.join("\n"))?;
+    Ok(())
+}
+
+/// A run's bandwidth ratios (urnic / raw ceiling in payload bytes): MTU 1024
+/// and 4096 with one core, the same with two, then the CPU row (user CPU per
+/// 4154-byte frame / floor).
+fn bandwidth_ratios(r: &Run) -> [f64; 5] {
+    let at = |mbs: f64, pps: f64, mtu: f64| mbs / (pps * mtu / 1e6);
+    [
+        at(r.urnic[0].write_64k, r.raw_1k[0], 1024.0),
+        at(r.urnic[0].write_64k_mtu4096, r.raw_4k[0], 4096.0),
+        at(r.urnic[1].write_64k, r.raw_1k[1], 1024.0),
+        at(r.urnic[1].write_64k_mtu4096, r.raw_4k[1], 4096.0),
+        r.urnic[0].user_per_frame_4k / r.cpu_floor.total(),
+    ]
 }
 
 fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
