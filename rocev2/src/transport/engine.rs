@@ -67,7 +67,7 @@ use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{RecvWqe, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
-use crate::wire::{parse_frame_into, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
+use crate::wire::{parse_frame_with, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
 /// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
 /// UDP, BTH, AETH and ICRC take 98 bytes).
@@ -550,30 +550,36 @@ impl Engine {
     pub fn handle_frame(&mut self, now: Instant, frame: &[u8]) {
         self.last_now = self.last_now.max(now);
         self.stats.rx_frames += 1;
-        // Parsed in place: the headers are written once, not moved out of results.
-        let mut p = ParsedFrame::EMPTY;
-        if let Err(e) = parse_frame_into(frame, &mut p) {
+        // Parsed in place and dispatched from inside the parse: the headers
+        // are written once, neither moved out of results nor copied in first.
+        let len = frame.len();
+        if let Err(e) = parse_frame_with(frame, |p| self.dispatch(now, p, len)) {
             *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
-            return;
         }
+    }
+
+    /// A parsed, ICRC-checked frame of `len` bytes to the GSI, a multicast
+    /// group's members or its DestQP.
+    #[inline(always)]
+    fn dispatch(&mut self, now: Instant, p: &ParsedFrame<'_>, len: usize) {
         let bth = p.repr.transport.bth;
         let qpn = bth.dest_qp;
         if qpn == GSI_QPN {
             // IBTA C9-42: the P_Key check applies to QP1 too; the GSI's own
             // checks (UD SEND only, GSI Q_Key, source QP 1) are in `gsi`.
             match self.gsi.as_deref_mut() {
-                Some(g) if bth.pkey & 0x7fff == 0x7fff => g.handle_frame(now, &p),
+                Some(g) if bth.pkey & 0x7fff == 0x7fff => g.handle_frame(now, p),
                 Some(_) => self.stats.rx_bad_pkey += 1,
                 None => self.stats.rx_unknown_qpn += 1,
             }
             return;
         }
         if qpn == MULTICAST_QPN {
-            self.handle_mcast(now, &p, frame.len());
+            self.handle_mcast(now, p, len);
             return;
         }
         // An unknown DestQP is counted there (`rx_unknown_qpn`): one lookup.
-        self.handle_for_qp(now, qpn, &p, frame.len());
+        self.handle_for_qp(now, qpn, p, len);
     }
 
     /// A frame to DestQP 0xFFFFFF: one copy to each QP attached to the
