@@ -8,15 +8,26 @@ use super::field::{self, view};
 pub const IPV4_LEN: usize = 20;
 
 /// The Internet checksum (RFC 1071) of `data`.
+///
+/// Summed a 32-bit big-endian word at a time into 64 bits and folded at the
+/// end (RFC 1071 section 2(B): the one's-complement sum does not depend on
+/// the word size, as 2^16 = 1 modulo 0xffff): five additions for a 20-byte
+/// IPv4 header instead of ten, with no vector set-up, on every frame received.
+#[inline]
 pub fn internet_checksum(data: &[u8]) -> u16 {
-    let mut sum: u32 = 0;
-    let mut chunks = data.chunks_exact(2);
-    for c in &mut chunks {
-        sum += u32::from(u16::from_be_bytes([c[0], c[1]]));
+    let mut sum: u64 = 0;
+    let mut words = data.chunks_exact(4);
+    for w in &mut words {
+        sum += u64::from(u32::from_be_bytes([w[0], w[1], w[2], w[3]]));
     }
-    if let [last] = chunks.remainder() {
-        sum += u32::from(*last) << 8;
+    // 0-3 bytes left: as the high bytes of one more word (an odd last byte is
+    // the high byte of its 16-bit word, RFC 1071 section 4.1).
+    let mut tail = [0u8; 4];
+    let rest = words.remainder();
+    if let Some(t) = tail.get_mut(..rest.len()) {
+        t.copy_from_slice(rest);
     }
+    sum += u64::from(u32::from_be_bytes(tail));
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -303,6 +314,41 @@ impl Ipv4Repr {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// RFC 1071's sum, 16 bits at a time: what `internet_checksum` must equal.
+    fn checksum_by_halfwords(data: &[u8]) -> u16 {
+        let mut sum: u32 = 0;
+        for c in data.chunks(2) {
+            sum += u32::from(u16::from_be_bytes([c[0], c.get(1).copied().unwrap_or(0)]));
+            sum = (sum & 0xffff) + (sum >> 16);
+        }
+        !(sum as u16)
+    }
+
+    #[test]
+    fn checksum_by_words_matches_the_halfword_sum() {
+        // Every length 0-80 (odd tails, the 20-60-byte headers), all-ones
+        // bytes (carries in every word) and a pseudo-random fill.
+        let mut x: u32 = 0x1234_5678;
+        let random: Vec<u8> = (0..80)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 17;
+                x ^= x << 5;
+                x as u8
+            })
+            .collect();
+        for data in [vec![0xffu8; 80], vec![0u8; 80], random] {
+            for len in 0..=data.len() {
+                for start in 0..3.min(data.len() - len + 1) {
+                    let d = &data[start..start + len];
+                    assert_eq!(internet_checksum(d), checksum_by_halfwords(d), "len {len} start {start}");
+                }
+            }
+        }
+        // RFC 1071 section 3's example bytes: sum 0xddf2, checksum 0x220d.
+        assert_eq!(internet_checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7]), 0x220d);
+    }
 
     fn with_options() -> [u8; 30] {
         let mut b = [0u8; 30];
