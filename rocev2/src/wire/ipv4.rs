@@ -329,15 +329,7 @@ mod tests {
     fn checksum_by_words_matches_the_halfword_sum() {
         // Every length 0-80 (odd tails, the 20-60-byte headers), all-ones
         // bytes (carries in every word) and a pseudo-random fill.
-        let mut x: u32 = 0x1234_5678;
-        let random: Vec<u8> = (0..80)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect();
+        let random: Vec<u8> = (0..80u32).map(|i| (i.wrapping_mul(0x9e37_79b9).rotate_left(i % 13) >> 24) as u8).collect();
         for data in [vec![0xffu8; 80], vec![0u8; 80], random] {
             for len in 0..=data.len() {
                 for start in 0..3.min(data.len() - len + 1) {
