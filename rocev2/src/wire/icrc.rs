@@ -126,21 +126,16 @@ fn mask_for(version: u8, ip_header_len: usize) -> &'static [u8] {
 ///
 /// Errors as [`compute`]; `BufferTooSmall` if `upto` exceeds `HEADERS_MAX`.
 pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, WireError> {
-    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
-    let udp = ip_header_len;
-    let bth = udp + UDP_LEN;
-    let covered = packet.get(..upto).ok_or(WireError::Truncated(Header::Bth))?;
-    if upto < bth + BTH_LEN {
-        return Err(WireError::Truncated(Header::Bth));
-    }
     // The usual headers (IPv4 without options, IPv6) are masked as the CRC
     // loads them, in place: no copy, no stores for loads to wait on.
-    if upto > HEADERS_MAX {
-        return Err(WireError::BufferTooSmall);
-    }
-    if let Some(lane) = crc::update_masked_lane(LRH_CRC, covered, mask_for(version, ip_header_len)) {
+    if let Some(lane) = headers_lane(packet, ip_header_len, upto)? {
         return Ok(lane.finish());
     }
+    // `headers_lane` checked that these exist (the error is its own).
+    let (Some(&first), Some(covered)) = (packet.first(), packet.get(..upto)) else {
+        return Err(WireError::Truncated(Header::Bth));
+    };
+    let version = first >> 4;
     // Otherwise the masked headers are copied into one buffer, so the CRC
     // runs over them at once rather than over several small runs.
     match version {
