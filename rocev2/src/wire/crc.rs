@@ -20,9 +20,11 @@
 //! `k1 = reflect32(x^(D+32) mod P) << 1` and `k2 = reflect32(x^(D-32) mod P) << 1`
 //! ([`fold_keys`], computed at compile time). Folding keeps the CRC: the
 //! register after the whole buffer equals the register after feeding the 16
-//! bytes the folds end with, from a zero register. Those 16 bytes, the tail,
-//! short buffers and CPUs without VPCLMULQDQ/AVX2 go through `crc32fast`
-//! (which runs the same kind of fold on its own, without the copy).
+//! bytes the folds end with, from a zero register. Those 16 bytes are reduced
+//! by the short kernel's final reduction; the tail and short buffers go
+//! through the short kernel or `crc32fast`, as do CPUs without VPCLMULQDQ/AVX2.
+//! A frame's header CRC can enter the copy unreduced ([`CrcLane`]), so that a
+//! frame has one final reduction.
 
 #[cfg(target_arch = "x86_64")]
 use super::crc_short;
