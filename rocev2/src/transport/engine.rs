@@ -727,13 +727,9 @@ impl Engine {
         }
         for _ in 0..self.ready.len() {
             let qpn = self.ready.pop_front()?;
-            match self.qps.get_mut(&qpn) {
-                Some(qp) => qp.ready = false,
-                None => continue,
-            }
+            // A QP gone since it was queued sends nothing (`None`); one that
+            // sent a frame is back at the end of the line (round robin).
             if let Some(len) = self.transmit_qp(now, qpn, buf) {
-                // More may follow: back to the end of the line (round robin).
-                self.wake(qpn);
                 self.stats.tx_frames += 1;
                 return Some(len);
             }
@@ -754,8 +750,13 @@ impl Engine {
         None
     }
 
+    /// The next frame of `qpn` (just taken off the ready list), if any; a
+    /// QP that sent one is put back on the list, more may follow. Each
+    /// branch does that with the QP in hand where it has it: a data frame
+    /// costs one QP lookup here and one in `transmit_request` (it took four).
     fn transmit_qp(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
+        qp.ready = false;
         // A due CNP goes before anything else.
         if qp.cnp_due {
             if let Some(path) = &qp.path {
@@ -764,6 +765,7 @@ impl Engine {
                     qp.stats.np_cnps_sent += 1;
                     qp.stats.tx_packets += 1;
                     qp.stats.tx_bytes += len as u64;
+                    mark_ready(qp, &mut self.ready);
                     return Some(len);
                 }
             }
@@ -785,6 +787,7 @@ impl Engine {
         }
         if qp.responder.has_pending() {
             if let Some(len) = self.transmit_response(qpn, buf) {
+                self.wake(qpn);
                 return Some(len);
             }
         }
@@ -812,7 +815,7 @@ impl Engine {
     }
 
     /// The next request frame of `qpn`'s requester, if any (after a
-    /// pending responder flush).
+    /// pending responder flush); after one, the QP is back on the ready list.
     fn transmit_request(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
         if qp.responder_flush_pending && !qp.responder.has_pending() {
@@ -836,6 +839,7 @@ impl Engine {
             // The reply a held ACK waited for: the ACK leaves next, right
             // behind it (the QP is back on the ready list after a frame).
             qp.responder.release_hold();
+            mark_ready(qp, &mut self.ready);
         }
         // `arm` and `note_drained` with the QP in hand (one lookup a frame).
         let due = next_arm(qp, self.last_now);

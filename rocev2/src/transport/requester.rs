@@ -618,6 +618,17 @@ impl PayloadFill for Gather<'_> {
         }
     }
 
+    fn copy_crc_lane(self, dst: &mut [u8], lane: crc::CrcLane) -> u32 {
+        match self.payload {
+            WqePayload::Inline(data) => crc::copy_update_lane(lane, Self::inline(data, self.offset), dst),
+            WqePayload::Sgl(sgl) => self.memory.local_gather_crc_lane(self.pd, sgl, self.offset, dst, lane).unwrap_or_else(|_| {
+                dst.fill(0);
+                *self.failed = true;
+                lane.finish()
+            }),
+        }
+    }
+
     fn copy(self, dst: &mut [u8]) {
         match self.payload {
             WqePayload::Inline(data) => {

@@ -1,5 +1,5 @@
 //! CRC-32 (the ICRC's: reflected polynomial 0xEDB88320) of short buffers,
-//! 16 to [`SHORT_MAX`] bytes, in one carry-less-multiply lane: the masked
+//! 16 to [`SHORT_MAX`] bytes, in one or two carry-less-multiply lanes: the masked
 //! headers of every frame (40 to 104 bytes) and the payload of small ones.
 //!
 //! `crc32fast` computes the same, but each call builds a `Hasher`, which
@@ -57,6 +57,9 @@ pub const SHORT_MIN: usize = 16;
 
 /// Fold one lane forward by 128 bits (low, high multiplier).
 const K128: (u64, u64) = fold_keys(128);
+
+/// Fold one lane forward by 256 bits (two lanes in flight).
+const K256: (u64, u64) = fold_keys(256);
 
 /// x^64 mod P, bit-reflected and shifted as the 96 → 64-bit step needs it.
 const K64: u64 = (xpow_mod(64).reverse_bits() as u64) << 1;
@@ -170,6 +173,33 @@ pub unsafe fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
 #[inline]
 #[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
 unsafe fn fold_run(crc: u32, data: &[u8], mask: Option<&[u8]>) -> u32 {
+    // SAFETY: the caller vouches for the CPU (the same features).
+    reduce(unsafe { fold_run_lane(crc, data, mask) })
+}
+
+/// The masked fold of [`update_masked`] left unreduced: the 128-bit lane
+/// whose [`reduce`] is the finished CRC, for a run that a fused copy
+/// continues ([`advance`]) with one reduction at the frame's end instead of
+/// one here and one there. `data` is `SHORT_MIN..` bytes and `mask` at
+/// least as long (the caller checks: [`super::crc::update_masked_lane`]).
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+pub unsafe fn update_masked_lane(crc: u32, data: &[u8], mask: &[u8]) -> __m128i {
+    // SAFETY: the caller vouches for the CPU (the same features).
+    unsafe { fold_run_lane(crc, data, Some(mask)) }
+}
+
+/// The fold of [`fold_run`] before its reduction.
+///
+/// # Safety
+/// As [`update`].
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+unsafe fn fold_run_lane(crc: u32, data: &[u8], mask: Option<&[u8]>) -> __m128i {
     let len = data.len();
     let register = !crc;
     // `lead` bytes of the buffer make a partial first lane (0 = none).
@@ -203,25 +233,37 @@ unsafe fn fold_run(crc: u32, data: &[u8], mask: Option<&[u8]>) -> u32 {
         let second = _mm_xor_si128(load(lead), _mm_cvtsi32_si128(spill as i32));
         (fold(head, second, keys), lead + 16)
     };
+    // Two lanes in flight: `x` takes the lanes at `at`, `at + 32`, ...,
+    // `y` those in between, each folded 32 bytes forward a step, then `x`
+    // onto `y`. One lane's chain of dependent multiplications was the
+    // kernel's limit (`perf annotate`: most samples on the XOR waiting for
+    // each fold); two chains of half the length overlap.
+    if at + 32 <= len {
+        let k256 = _mm_set_epi64x(K256.1 as i64, K256.0 as i64);
+        let mut y = load(at);
+        at += 16;
+        while at + 32 <= len {
+            x = fold(x, load(at), k256);
+            y = fold(y, load(at + 16), k256);
+            at += 32;
+        }
+        x = fold(x, y, keys);
+    }
     while at + 16 <= len {
         x = fold(x, load(at), keys);
         at += 16;
     }
-    reduce(x)
+    x
 }
 
-/// The finished CRC of the 16 bytes `lane` from a zero register (finished
-/// form `!0`): [`update`]`(!0, lane)` without its set-up, for a fold that
-/// ends on a whole lane.
-///
-/// # Safety
-/// As [`update`].
+/// Lane `x` folded forward by 16 bytes onto zeros: what enters the first
+/// 16-byte lane of the bytes after the ones `x` stands for (where a finished
+/// CRC enters as its complement in the lane's first 4 bytes).
 #[cfg(target_arch = "x86_64")]
 #[inline]
-#[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
-pub unsafe fn finish_lane(lane: &[u8; 16]) -> u32 {
-    // SAFETY: `lane` is 16 readable bytes; loadu needs no alignment.
-    reduce(unsafe { _mm_loadu_si128(lane.as_ptr().cast()) })
+#[target_feature(enable = "pclmulqdq")]
+pub(super) fn advance(x: __m128i) -> __m128i {
+    fold(x, _mm_setzero_si128(), _mm_set_epi64x(K128.1 as i64, K128.0 as i64))
 }
 
 /// Fold lane `a` forward by the distance `keys` were made for

@@ -343,6 +343,17 @@ pub trait PayloadFill {
     /// before it, finished form) continued over the bytes written.
     fn copy_crc(self, dst: &mut [u8], crc: u32) -> u32;
 
+    /// [`copy_crc`](Self::copy_crc) continuing a CRC not yet reduced
+    /// ([`crc::CrcLane`]), which a fused copy folds into its first lane
+    /// ([`crc::copy_update_lane_raw`]); by default the lane is finished and
+    /// handed to [`copy_crc`](Self::copy_crc).
+    fn copy_crc_lane(self, dst: &mut [u8], lane: crc::CrcLane) -> u32
+    where
+        Self: Sized,
+    {
+        self.copy_crc(dst, lane.finish())
+    }
+
     /// Write the payload into `dst`, nothing else (called instead of
     /// [`copy_crc`](Self::copy_crc) only when [`COPIES`](Self::COPIES)).
     fn copy(self, dst: &mut [u8]);
@@ -412,11 +423,19 @@ pub(super) fn emit_transport_and_icrc<F: PayloadFill>(
         l3[end..].copy_from_slice(&crc.to_le_bytes());
         return Ok(());
     }
-    // The ICRC over the headers, the payload as `fill` writes it, the pad.
-    let crc = icrc::headers(l3, ip_len, payload_at)?;
+    // The ICRC over the headers, the payload as `fill` writes it, the pad:
+    // the headers' CRC handed on unreduced where the kernel can.
+    let lane = icrc::headers_lane(l3, ip_len, payload_at)?;
+    let head = match lane {
+        Some(_) => 0,
+        None => icrc::headers(l3, ip_len, payload_at)?,
+    };
     let (_, tail) = l3.split_at_mut(payload_at);
     let (payload, tail) = tail.split_at_mut(payload_len);
-    let crc = fill.copy_crc(payload, crc);
+    let crc = match lane {
+        Some(lane) => fill.copy_crc_lane(payload, lane),
+        None => fill.copy_crc(payload, head),
+    };
     let (pad_bytes, icrc_bytes) = tail.split_at_mut(pad);
     pad_bytes.fill(0);
     let crc = crc::update(crc, pad_bytes);

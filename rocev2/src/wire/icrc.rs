@@ -126,21 +126,16 @@ fn mask_for(version: u8, ip_header_len: usize) -> &'static [u8] {
 ///
 /// Errors as [`compute`]; `BufferTooSmall` if `upto` exceeds `HEADERS_MAX`.
 pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, WireError> {
-    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
-    let udp = ip_header_len;
-    let bth = udp + UDP_LEN;
-    let covered = packet.get(..upto).ok_or(WireError::Truncated(Header::Bth))?;
-    if upto < bth + BTH_LEN {
-        return Err(WireError::Truncated(Header::Bth));
-    }
     // The usual headers (IPv4 without options, IPv6) are masked as the CRC
     // loads them, in place: no copy, no stores for loads to wait on.
-    if upto > HEADERS_MAX {
-        return Err(WireError::BufferTooSmall);
+    if let Some(lane) = headers_lane(packet, ip_header_len, upto)? {
+        return Ok(lane.finish());
     }
-    if let Some(crc) = crc::update_masked(LRH_CRC, covered, mask_for(version, ip_header_len)) {
-        return Ok(crc);
-    }
+    // `headers_lane` checked that these exist (the error is its own).
+    let (Some(&first), Some(covered)) = (packet.first(), packet.get(..upto)) else {
+        return Err(WireError::Truncated(Header::Bth));
+    };
+    let version = first >> 4;
     // Otherwise the masked headers are copied into one buffer, so the CRC
     // runs over them at once rather than over several small runs.
     match version {
@@ -154,6 +149,25 @@ pub fn headers(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<u32, 
         *h |= c;
     }
     Ok(crc::update(LRH_CRC, &hdr[..upto]))
+}
+
+/// [`headers`] as an unreduced [`crc::CrcLane`] for the usual headers (IPv4
+/// without options, IPv6) where the CPU has the short kernel, which the
+/// sender's fused copy folds on from ([`crc::copy_update_lane_raw`]);
+/// `Ok(None)` where [`headers`] takes its copying path instead.
+///
+/// Errors as [`headers`].
+#[inline]
+pub fn headers_lane(packet: &[u8], ip_header_len: usize, upto: usize) -> Result<Option<crc::CrcLane>, WireError> {
+    let version = packet.first().ok_or(WireError::Truncated(Header::Ipv4))? >> 4;
+    let covered = packet.get(..upto).ok_or(WireError::Truncated(Header::Bth))?;
+    if upto < ip_header_len + UDP_LEN + BTH_LEN {
+        return Err(WireError::Truncated(Header::Bth));
+    }
+    if upto > HEADERS_MAX {
+        return Err(WireError::BufferTooSmall);
+    }
+    Ok(crc::update_masked_lane(LRH_CRC, covered, mask_for(version, ip_header_len)))
 }
 
 /// Where the IP header ends and the IP packet ends, from the IP header's own

@@ -130,6 +130,30 @@ impl MemoryTable {
         Ok(crc)
     }
 
+    /// [`local_gather_crc`](Self::local_gather_crc) continuing a CRC not yet
+    /// reduced (a frame's headers, [`crc::CrcLane`]): the first piece's fused
+    /// copy folds the lane in ([`crc::copy_update_lane_raw`]), later pieces
+    /// continue the finished CRC.
+    pub fn local_gather_crc_lane(&self, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8], lane: crc::CrcLane) -> Result<u32, AccessError> {
+        let t = self.read();
+        // The pieces start at 0 of `out` and follow each other: only the
+        // first sees the lane. An empty gather is the lane's own CRC.
+        let mut crc = None;
+        t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
+            // SAFETY: `src..src+n` was validated inside a registered region kept
+            // alive by the read guard; `at + n <= out.len()` by construction of
+            // the pieces. Registered memory is reached only by raw pointer and
+            // cannot be the exclusive `out`.
+            crc = Some(unsafe {
+                match crc {
+                    None => crc::copy_update_lane_raw(lane, src, &mut out[at..at + n]),
+                    Some(c) => crc::copy_update_raw(c, src, &mut out[at..at + n]),
+                }
+            });
+        })?;
+        Ok(crc.unwrap_or_else(|| lane.finish()))
+    }
+
     /// Copy `data` to byte `offset` of the SGE list's concatenation (needs
     /// LOCAL_WRITE). Fails (moving nothing) if the range exceeds the list or
     /// any covered SGE is invalid.

@@ -219,6 +219,43 @@ fn sge_lists_scatter_and_gather_across_elements() {
 }
 
 #[test]
+fn a_gather_continues_a_header_lane_as_it_continues_the_finished_crc() {
+    use crate::wire::crc;
+    let t = MemoryTable::new();
+    let mut b = Buf::new(8192);
+    let k = reg(&t, &mut b, 0x10_000, ALL);
+    let fill: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8).collect();
+    t.local_scatter(PD, &[Sge { addr: 0x10_000, length: 8192, lkey: k.lkey }], 0, &fill).unwrap();
+    let header: Vec<u8> = (0..56u8).map(|i| i.wrapping_mul(37)).collect();
+    let mask = [0u8; crc::SHORT_MAX];
+    let Some(lane) = crc::update_masked_lane(!0, &header, &mask) else {
+        eprintln!("this CPU has no PCLMULQDQ/SSSE3/SSE4.1: no lanes to continue");
+        return;
+    };
+    let head = lane.finish();
+    // One SGE, several (the first short or long enough for the fused copy), offsets inside them.
+    let lists: [&[(u64, u32)]; 4] = [&[(0, 4096)], &[(100, 1024), (3000, 2000)], &[(7, 300), (5000, 1500), (64, 2048)], &[(1, 1)]];
+    for list in lists {
+        let sgl: Vec<Sge> = list.iter().map(|&(at, length)| Sge { addr: 0x10_000 + at, length, lkey: k.lkey }).collect();
+        let total = sgl_len(&sgl) as usize;
+        for (offset, len) in [(0, total), (0, total.min(1024)), (1, total - 1), (total as u64 / 3, total - total / 3), (0, 0)] {
+            let mut want = vec![0u8; len];
+            let want_crc = t.local_gather_crc(PD, &sgl, offset, &mut want, head).unwrap();
+            let mut got = vec![0u8; len];
+            let got_crc = t.local_gather_crc_lane(PD, &sgl, offset, &mut got, lane).unwrap();
+            assert_eq!(got, want, "{list:?} offset {offset} len {len}");
+            assert_eq!(got_crc, want_crc, "{list:?} offset {offset} len {len}");
+            let mut h = crc32fast::Hasher::new_with_initial(head);
+            h.update(&want);
+            assert_eq!(want_crc, h.finalize());
+        }
+    }
+    // A refused gather is refused the same way.
+    let bad = [Sge { addr: 0x10_000, length: 4, lkey: k.lkey ^ 1 }];
+    assert_eq!(t.local_gather_crc_lane(PD, &bad, 0, &mut [0; 4], lane), Err(AccessError::InvalidKey));
+}
+
+#[test]
 fn reregister_and_deregister_make_old_keys_stale() {
     let t = MemoryTable::new();
     let mut b = Buf::new(64);
