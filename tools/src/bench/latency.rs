@@ -16,10 +16,12 @@
 //! it). Per run and phase, the p50 and p99 of urnic's and raw's one-way
 //! latencies and their ratios; over runs, the medians and ranges.
 //!
-//! urnic and the raw sockets run on two veth pairs made alike in the same
-//! run (one AF_XDP owner per interface: urnic's devices hold the interface
-//! lock). With two cores, one second thread polls urnic's device B and
-//! answers the raw pings, so both stacks see the same second core.
+//! urnic's SEND ping-pong, its WRITE ping-pong and the raw sockets run on
+//! three veth pairs made alike in the same run (one AF_XDP owner per
+//! interface: urnic's devices hold the interface lock; and each urnic
+//! ping-pong carries only its own ACKs, as it would alone). With two cores,
+//! one second thread polls urnic's B devices and answers the raw pings, so
+//! both stacks see the same second core.
 
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
@@ -29,7 +31,7 @@ use super::metrics::{median, pct, spread};
 use super::raw_xdp::{RawPingPong, SEND8_FRAME};
 use super::urnic_runs::{rig, Poller, Rig};
 use super::Cores;
-use crate::perf::{connect_pair, Endpoint, SendPingPong, WritePingPong};
+use crate::perf::{SendPingPong, WritePingPong};
 
 /// Iterations (one round trip of each kind) per window: 2-4 ms here.
 pub(super) const ROUNDS_PER_WINDOW: usize = 50;
@@ -253,41 +255,47 @@ pub(super) fn phase_stats(windows: &[Window], split: Split, phase: Phase) -> Opt
 }
 
 /// Measure [`WINDOWS`] windows of interleaved round trips with `cores`
-/// on two fresh veth pairs.
+/// on three fresh veth pairs: the SEND ping-pong, the WRITE ping-pong and
+/// the raw sockets each on a pair of its own, so that each urnic ping-pong
+/// carries only its own ACKs, as it would alone (a held ACK of one QP rides
+/// behind that QP's next frame or leaves at the next poll of its device
+/// once its bound has passed: on shared devices the WRITE QP's held ACKs
+/// left in the SEND round's first kick, and the SEND rows paid for them).
 pub(super) fn interleaved(cores: Cores) -> Result<Vec<Window>> {
-    let pair = VethPair::create("lat", 1500).context("namespaces (root)")?;
-    let raw_pair = VethPair::create("lat", 1500).context("namespaces (root)")?;
-    let mut rig = rig(&pair, Cores::One, 2 * 65536, "bl")?;
+    let [send_pair, write_pair, raw_pair] = [(); 3].map(|()| VethPair::create("lat", 1500).context("namespaces (root)"));
+    let (send_pair, write_pair, raw_pair) = (send_pair?, write_pair?, raw_pair?);
+    let mut send = rig(&send_pair, Cores::One, 16384, "bl")?;
+    let mut write = rig(&write_pair, Cores::One, 16384, "bm")?;
     let mut raw = RawPingPong::new(&raw_pair)?;
-    // Two cores: the application's thread drives device A and pings; one
-    // second thread polls device B and answers the raw pings.
+    // Two cores: the application's thread drives both A devices and pings;
+    // one second thread polls both B devices and answers the raw pings.
     let _second = match cores {
         Cores::One => None,
         Cores::Two => {
-            let a = rig.ea.ctx.clone();
-            rig.ea.drive = vec![a.clone()];
-            rig.eb.drive = vec![a];
-            let b = rig.eb.ctx.clone();
+            let mut bs = Vec::new();
+            for rig in [&mut send, &mut write] {
+                let a = rig.ea.ctx.clone();
+                rig.ea.drive = vec![a.clone()];
+                rig.eb.drive = vec![a];
+                bs.push(rig.eb.ctx.clone());
+            }
             let mut echo = raw.split_echo().context("raw echo end")?;
             Some(Poller::spawn_loop(move || {
-                b.poll();
+                for b in &bs {
+                    b.poll();
+                }
                 echo.poll();
             }))
         }
     };
-    windows(&mut rig, &mut raw)
+    windows(&mut send, &mut write, &mut raw)
 }
 
-fn windows(rig: &mut Rig, raw: &mut RawPingPong) -> Result<Vec<Window>> {
-    // The WRITE ping-pong on a QP pair of its own between the same devices:
-    // each counts its own completions.
-    let mut wa = Endpoint::new(&rig.ea.ctx, 16384, 16)?;
-    let mut wb = Endpoint::new(&rig.eb.ctx, 16384, 16)?;
-    (wa.drive, wb.drive) = (rig.ea.drive.clone(), rig.eb.drive.clone());
-    connect_pair(&wa, &wb)?;
-    let (ea, eb) = (&mut rig.ea, &mut rig.eb);
+fn windows(send_rig: &mut Rig, write_rig: &mut Rig, raw: &mut RawPingPong) -> Result<Vec<Window>> {
+    let (ea, eb) = (&mut send_rig.ea, &mut send_rig.eb);
+    let (wa, wb) = (&mut write_rig.ea, &mut write_rig.eb);
     let mut send = SendPingPong::new(ea, eb, 8)?;
-    let mut write = WritePingPong::new(&mut wa, &mut wb, 8)?;
+    let mut write = WritePingPong::new(wa, wb, 8)?;
     let probe = Probe::new();
     let raw_round = |raw: &mut RawPingPong, with_ack: bool| -> Result<f64> {
         let t = std::time::Instant::now();
@@ -298,7 +306,7 @@ fn windows(rig: &mut Rig, raw: &mut RawPingPong) -> Result<Vec<Window>> {
         raw_round(raw, false)?;
         raw_round(raw, true)?;
         send.round(ea, eb).context("SEND ping-pong")?;
-        write.round(&mut wa, &mut wb).context("WRITE ping-pong")?;
+        write.round(wa, wb).context("WRITE ping-pong")?;
     }
     let mut out = Vec::with_capacity(WINDOWS);
     for _ in 0..WINDOWS {
@@ -307,12 +315,12 @@ fn windows(rig: &mut Rig, raw: &mut RawPingPong) -> Result<Vec<Window>> {
             w.raw.push(raw_round(raw, false)?);
             w.raw_ack.push(raw_round(raw, true)?);
             w.send.push(send.round(ea, eb).context("SEND ping-pong")?);
-            w.write.push(write.round(&mut wa, &mut wb).context("WRITE ping-pong")?);
+            w.write.push(write.round(wa, wb).context("WRITE ping-pong")?);
         }
         w.probe[1] = probe.measure();
         out.push(w);
     }
-    write.finish(&mut wa, &mut wb)?;
+    write.finish(wa, wb)?;
     Ok(out)
 }
 

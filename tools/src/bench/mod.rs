@@ -88,8 +88,9 @@ struct UrnicRun {
     msg_rate: f64,
     /// CPU seconds per GB in the 64 KiB WRITE run at MTU 1024.
     cpu_per_gb: f64,
-    /// User CPU µs per 4154-byte frame in the 64 KiB WRITE runs at MTU 4096
-    /// (the whole process: with two cores, device B's spinning thread too).
+    /// User CPU µs per 4154-byte frame, 64 KiB WRITEs at MTU 4096 for 2 s
+    /// (one core only: [`rate::cpu_row`]; 0 for two cores, where device B's
+    /// thread spins between frames and its user time is not work).
     user_per_frame_4k: f64,
     /// 8 B one-way latency samples, µs.
     send_lat: Vec<f64>,
@@ -182,8 +183,8 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         r.latency[i] = latency::interleaved(cores)?;
         r.raw_lat[i] = latency::raw_samples(&r.latency, i);
     }
-    p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
-    r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
+    p.step("urnic, 1 core: user CPU per 4154-byte frame over 2 s; the floor: ring handling, copies, ICRC passes");
+    (r.urnic[0].user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 1500");
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 9000");
@@ -232,21 +233,16 @@ fn bandwidth_rows(p: &Progress, pairs: (&VethPair, &VethPair), cores: Cores, r: 
         },
     )?;
     r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
-    let mut user = Vec::new();
     (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
         || {
             p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
-            urnic_write_64k(pair9k, cores, "bj").map(|w| {
-                user.push(w.user_per_msg / rate::FRAMES_PER_64K * 1e6);
-                w.mbs
-            })
+            urnic_write_64k(pair9k, cores, "bj").map(|w| w.mbs)
         },
         || {
             p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
             raw_afxdp(pair9k, write_frame_len(4096), cores, 1.0)
         },
     )?;
-    r.urnic[i].user_per_frame_4k = user.iter().sum::<f64>() / user.len().max(1) as f64;
     Ok(())
 }
 
@@ -267,8 +263,8 @@ pub fn bandwidth_only(n: usize) -> Result<()> {
         for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
             bandwidth_rows(&p, (&pair, &pair9k), cores, &mut r, i)?;
         }
-        p.step("the CPU floor per 4154-byte frame: ring handling, copies, ICRC passes");
-        r.cpu_floor = rate::cpu_floor(&pair9k, 2.0)?;
+        p.step("urnic, 1 core: user CPU per 4154-byte frame over 2 s; the floor: ring handling, copies, ICRC passes");
+        (r.urnic[0].user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
         let ratios = bandwidth_ratios(&r);
         p.println(format!(
             "run {}: 64 KiB WRITE / raw ceiling: MTU 1024 {:.2}/{:.2}, MTU 4096 {:.2}/{:.2} (1/2 cores; urnic {:.0}/{:.0} and {:.0}/{:.0} MB/s); \

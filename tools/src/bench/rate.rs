@@ -26,7 +26,7 @@ use urnic_datapath::netns::VethPair;
 
 use super::metrics::{median, spread};
 use super::raw_xdp::{raw_afxdp, raw_afxdp_cpu, write_frame_len, WRITE64_FRAME};
-use super::urnic_runs::{urnic_rate, urnic_write_64k};
+use super::urnic_runs::{urnic_rate, urnic_user_cpu_64k};
 use super::{bracketed, veth_pairs, Cores};
 use crate::progress::Progress;
 
@@ -147,10 +147,23 @@ pub(super) fn copy_crc_costs() -> CopyCrc {
 
 /// The floor on `pair9k` (a 9000-byte veth): the ceiling's ring handling
 /// measured for `secs`, and the copies and CRCs.
-pub(super) fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
+fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
     let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs)?.user_per_frame * 1e6;
     let c = copy_crc_costs();
     Ok(CpuFloor { rings: (ceiling - c.ceiling_copy).max(0.0), send: c.send, check: c.check, place: c.place })
+}
+
+/// The CPU row of one run on `pair9k` (a 9000-byte veth), over about
+/// `2 * secs`: urnic's user CPU µs per 4154-byte frame (1 core, 64 KiB
+/// WRITEs, two halves of `secs / 2` around the floor, so that the host's
+/// drift meets both alike) and the floor (its ring handling measured for
+/// `secs`).
+pub(super) fn cpu_row(pair9k: &VethPair, secs: f64) -> Result<(f64, CpuFloor)> {
+    let (user_a, msgs_a) = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
+    let floor = cpu_floor(pair9k, secs)?;
+    let (user_b, msgs_b) = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
+    let frames = (msgs_a + msgs_b) as f64 * FRAMES_PER_64K;
+    Ok(((user_a + user_b) / frames * 1e6, floor))
 }
 
 /// What one `--rate` run measured.
@@ -200,9 +213,7 @@ pub fn run_only(n: usize) -> Result<()> {
             }
         }
         p.step("urnic, 1 core: user CPU per 4154-byte frame; the floor");
-        let w = urnic_write_64k(&pair9k, Cores::One, "rc")?;
-        r.user_per_frame = w.user_per_msg / FRAMES_PER_64K * 1e6;
-        r.floor = cpu_floor(&pair9k, 2.0)?;
+        (r.user_per_frame, r.floor) = cpu_row(&pair9k, 2.0)?;
         p.println(format!(
             "run {}: 64 B WRITE {:.3}/{:.3} Mpps vs raw {:.3}/{:.3} (1/2 cores): {:.2}/{:.2}; CPU per message {:.2} us vs raw {:.2} per frame \
              (1 core): {:.2}; user CPU per 4154-byte frame {:.2} us vs floor {:.2} ({:.2} rings + {:.2} send copy+ICRC + {:.2} ICRC check + \
