@@ -33,7 +33,13 @@ const POLY: u64 = 0x1_04C1_1DB7;
 
 /// x^n mod P, not reflected (degree < 32).
 pub(super) const fn xpow_mod(n: u32) -> u32 {
-    let mut r: u64 = 1;
+    times_xpow(1, n)
+}
+
+/// `r` · x^n mod P, not reflected (`r` of degree < 32): `r` shifted up
+/// `n` times, P subtracted whenever x^32 appears.
+pub(super) const fn times_xpow(r: u32, n: u32) -> u32 {
+    let mut r = r as u64;
     let mut i = 0;
     while i < n {
         r <<= 1;
