@@ -265,7 +265,6 @@ mod fused {
     }
 
     const K1024: (u64, u64) = fold_keys(1024);
-    const K256: (u64, u64) = fold_keys(256);
     const K128: (u64, u64) = fold_keys(128);
 
     /// Fold each 128-bit lane of `a` forward by the distance `k` was made
@@ -291,7 +290,6 @@ mod fused {
     }
 
     const K2048: (u64, u64) = fold_keys(2048);
-    const K512: (u64, u64) = fold_keys(512);
 
     /// [`fold256`] on four lanes.
     #[inline]
@@ -429,7 +427,10 @@ mod fused {
     /// that fold a lane forward by `m` lanes (entry 0 is not used). 4 KiB,
     /// of which a QP's frames use one or two entries (its full-MTU payload
     /// and its last one's).
-    pub(super) static JOIN_KEYS: [[u64; 2]; JOIN_LANES + 1] = join_table();
+    pub(super) static JOIN_KEYS: [[u64; 2]; JOIN_LANES + 1] = JOIN_KEYS_CONST;
+
+    /// [`JOIN_KEYS`] for constant evaluation.
+    const JOIN_KEYS_CONST: [[u64; 2]; JOIN_LANES + 1] = join_table();
 
     /// [`JOIN_KEYS`], each `m`'s powers of x from the last's (x^(128m - 32)
     /// and x^(128m + 32) mod P), at compile time.
@@ -489,25 +490,52 @@ mod fused {
             }
         }
         let done = blocks * 256;
-        // SAFETY: `done..len` is in range at both ends; no overlap (caller).
-        unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        if done < len {
+            // SAFETY: `done..len` is in range at both ends; no overlap (caller).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        }
         // SAFETY: `dst` has `len` bytes.
         unsafe { fold_lanes(collapse512(x), d, done, len) }
     }
 
     /// The four 512-bit accumulators of a 256-byte step folded into one
-    /// 128-bit lane: the registers into one (each 64 bytes before the next),
-    /// its two halves into one (32 bytes), then that one's two lanes (16).
+    /// 128-bit lane: each of the sixteen lanes moved at once by its own
+    /// distance to the last ([`COLLAPSE_KEYS`]; the last stays), the sum's
+    /// four lanes added. Folding the registers one onto the next, then the
+    /// halves, then the lanes was a chain of five dependent folds at the
+    /// end of every frame's CRC (sent and checked); now there is one.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,vpclmulqdq,pclmulqdq")]
     fn collapse512(x: [__m512i; 4]) -> __m128i {
-        let k512 = keys512(K512);
-        let y = fold512(x[0], x[1], k512);
-        let y = fold512(y, x[2], k512);
-        let y = fold512(y, x[3], k512);
-        let y = fold256(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1), keys256(K256));
-        let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-        fold128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1), k128)
+        let k = &COLLAPSE_KEYS;
+        // SAFETY: each row is 64 readable bytes; loadu needs no alignment.
+        let key = |i: usize| unsafe { _mm512_loadu_si512(k[4 * i..4 * i + 4].as_ptr().cast()) };
+        let moved = |i: usize| {
+            let k = key(i);
+            _mm512_xor_si512(_mm512_clmulepi64_epi128(x[i], k, 0x00), _mm512_clmulepi64_epi128(x[i], k, 0x11))
+        };
+        // The last lane of x[3] is where the others go: it is added as it is.
+        let last = _mm512_maskz_mov_epi64(0xc0, x[3]);
+        let y = _mm512_ternarylogic_epi64(moved(0), moved(1), moved(2), 0x96);
+        let y = _mm512_ternarylogic_epi64(y, moved(3), last, 0x96);
+        let y = _mm256_xor_si256(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1));
+        _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
+    }
+
+    /// The keys that move lane `j` of a 256-byte step (`j` in 0..16, as
+    /// [`collapse512`]'s registers hold them, four a register) forward by
+    /// `15 - j` lanes onto the last: [`JOIN_KEYS`]' entries, low and high
+    /// per lane; zero for the last lane, which does not move.
+    static COLLAPSE_KEYS: [[u64; 2]; 16] = collapse_table();
+
+    const fn collapse_table() -> [[u64; 2]; 16] {
+        let mut t = [[0u64; 2]; 16];
+        let mut j = 0;
+        while j < 15 {
+            t[j] = JOIN_KEYS_CONST[15 - j];
+            j += 1;
+        }
+        t
     }
 
     /// [`fold_masked`] with four 512-bit registers, as [`fold_copy512`]
@@ -616,23 +644,30 @@ mod fused {
         // The bytes after the last whole block are copied plainly and folded
         // from `dst`, where they now are (in L1).
         let done = blocks * 128;
-        // SAFETY: `done..len` is in range at both ends; no overlap (caller).
-        unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        if done < len {
+            // SAFETY: `done..len` is in range at both ends; no overlap (caller).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        }
         // SAFETY: `dst` has `len` bytes.
         unsafe { fold_lanes(collapse256(x), d, done, len) }
     }
 
-    /// Four 256-bit accumulators of a 128-byte step into one, then its two
-    /// lanes into one.
+    /// Four 256-bit accumulators of a 128-byte step into one lane, as
+    /// [`collapse512`] does: each of the eight lanes moved at once by its
+    /// distance to the last (the last eight rows of [`COLLAPSE_KEYS`]).
     #[inline]
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq")]
     fn collapse256(x: [__m256i; 4]) -> __m128i {
-        let k256 = keys256(K256);
-        let y = fold256(x[0], x[1], k256);
-        let y = fold256(y, x[2], k256);
-        let y = fold256(y, x[3], k256);
-        let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-        fold128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1), k128)
+        let k = &COLLAPSE_KEYS[8..];
+        // SAFETY: each row is 32 readable bytes; loadu needs no alignment.
+        let key = |i: usize| unsafe { _mm256_loadu_si256(k[2 * i..2 * i + 2].as_ptr().cast()) };
+        let moved = |i: usize| {
+            let k = key(i);
+            _mm256_xor_si256(_mm256_clmulepi64_epi128(x[i], k, 0x00), _mm256_clmulepi64_epi128(x[i], k, 0x11))
+        };
+        let last = _mm256_blend_epi32(_mm256_setzero_si256(), x[3], 0xf0);
+        let y = _mm256_xor_si256(_mm256_xor_si256(moved(0), moved(1)), _mm256_xor_si256(moved(2), _mm256_xor_si256(moved(3), last)));
+        _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
     }
 
     /// Fold `data` (at least 128 bytes) from CRC register `register`, its
