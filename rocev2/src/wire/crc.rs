@@ -381,14 +381,16 @@ mod fused {
     /// [`fold_copy512`] continuing `seed` (a lane of the bytes before if
     /// `advance`, else a CRC register in the first 4 bytes of the copy's
     /// first lane), reduced and continued over the tail: `super::fused_copy`'s
-    /// 512-bit arm ([`seeded_finish`]).
+    /// 512-bit arm ([`split_seed`], [`finish_copy`]).
     ///
     /// # Safety
     /// As [`fold_copy512`].
     #[target_feature(enable = "avx512f,avx2,vpclmulqdq,pclmulqdq,ssse3,sse4.1")]
     pub unsafe fn copy_finish512(seed: &__m128i, advance: bool, src: *const u8, dst: &mut [u8]) -> u32 {
+        let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
-        seeded_finish(*seed, advance, dst, |seed, dst| unsafe { fold_copy512(seed, src, dst) })
+        let lane = unsafe { fold_copy512(seed, src, dst) };
+        finish_copy(_mm_xor_si128(lane, moved), dst)
     }
 
     /// [`copy_finish512`] with [`fold_copy`].
@@ -397,39 +399,47 @@ mod fused {
     /// As [`fold_copy`], and the CPU has SSSE3 and SSE4.1 ([`available`]).
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,ssse3,sse4.1")]
     pub unsafe fn copy_finish(seed: &__m128i, advance: bool, src: *const u8, dst: &mut [u8]) -> u32 {
+        let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
-        seeded_finish(*seed, advance, dst, |seed, dst| unsafe { fold_copy(seed, src, dst) })
+        let lane = unsafe { fold_copy(seed, src, dst) };
+        finish_copy(_mm_xor_si128(lane, moved), dst)
     }
 
-    /// The finished CRC of a fused copy into `dst` (`kernel`: [`fold_copy`]
-    /// or [`fold_copy512`] from the seed it is given) continuing `seed` (as
-    /// [`copy_finish512`] takes it). Where [`join_keys`] has the distance
-    /// from the seed to the copy's last whole lane, the copy folds from
-    /// zero and the seed, folded forward by that distance in one step, is
-    /// added to the copy's lane at the end (a CRC is linear: the register
+    /// How a fused copy of `len` (at least 128) bytes continues `seed` (as
+    /// [`copy_finish512`] takes it): `(moved, kernel_seed)`, the kernel to
+    /// fold from `kernel_seed` and `moved` to be added to its last lane.
+    /// Where [`join_keys`] has the distance from the seed to the copy's last
+    /// whole lane, the copy folds from zero and the seed, folded forward by
+    /// that distance in one step, is `moved` (a CRC is linear: the register
     /// after `a` then `b` is that after `a` moved over `b`'s length, plus
     /// that of `b` from zero). The seed is the end of the frame's header
     /// run, a chain of dependent folds: entering the copy's first lane, it
     /// held back that lane's chain, and with it the whole copy's result
     /// (`perf annotate`: 17% of `emit_transport_and_icrc`'s samples on the
     /// first instruction after the lane's load); now the two chains run
-    /// at once. The bytes after the last whole lane are folded in registers
+    /// at once. Otherwise the seed enters the first lane (`moved` is zero).
+    /// Inline parts rather than one function taking the kernel as a
+    /// closure: the closure stayed a function of its own, its lane
+    /// returned through memory.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq")]
+    fn split_seed(seed: __m128i, advance: bool, len: usize) -> (__m128i, __m128i) {
+        debug_assert!(len >= 128);
+        // A lane of the bytes before moves over all the copy's lanes; a
+        // register in the first lane over the lanes after it.
+        match join_keys(len / 16 - usize::from(!advance)) {
+            Some(k) => (fold128(seed, _mm_setzero_si128(), k), _mm_setzero_si128()),
+            None => (_mm_setzero_si128(), if advance { super::crc_short::advance(seed) } else { seed }),
+        }
+    }
+
+    /// The finished CRC of a fused copy into `dst` (at least 16 bytes) whose
+    /// whole lanes fold to `lane`: the bytes after them folded in registers
     /// ([`finish_tail`]).
     #[inline]
     #[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
-    fn seeded_finish(seed: __m128i, advance: bool, dst: &mut [u8], kernel: impl FnOnce(__m128i, &mut [u8]) -> __m128i) -> u32 {
+    fn finish_copy(lane: __m128i, dst: &[u8]) -> u32 {
         let len = dst.len();
-        debug_assert!(len >= 128);
-        let lanes = len / 16;
-        // A lane of the bytes before moves over all `lanes`; a register in
-        // the first lane over the lanes after it.
-        let lane = match join_keys(lanes - usize::from(!advance)) {
-            Some(k) => {
-                let moved = fold128(seed, _mm_setzero_si128(), k);
-                _mm_xor_si128(kernel(_mm_setzero_si128(), dst), moved)
-            }
-            None => kernel(if advance { super::crc_short::advance(seed) } else { seed }, dst),
-        };
         // SAFETY: `len >= 16`: the last 16 bytes are inside `dst`.
         let last = unsafe { _mm_loadu_si128(dst.as_ptr().add(len - 16).cast()) };
         finish_tail(lane, last, len % 16)
