@@ -24,7 +24,10 @@
 //! by the short kernel's final reduction; the tail and short buffers go
 //! through the short kernel or `crc32fast`, as do CPUs without VPCLMULQDQ/AVX2.
 //! A frame's header CRC can enter the copy unreduced ([`CrcLane`]), so that a
-//! frame has one final reduction.
+//! frame has one final reduction; it joins the copy's lane at the end (moved
+//! there in one fold, keys from a table of whole-lane distances), so the copy
+//! does not wait for it. The wide kernels' accumulators collapse the same
+//! way, each lane moved by its own distance at once.
 
 #[cfg(target_arch = "x86_64")]
 use super::crc_short;

@@ -10,8 +10,9 @@
 //!
 //! The method is the bit-reflected fold of Intel's white paper "Fast CRC
 //! Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal
-//! et al., 2009), as [`super::crc`]'s fused kernel uses it, with its final
-//! reduction (128 → 64 → 32 bits, then Barrett). A buffer whose length is
+//! et al., 2009), as [`super::crc`]'s fused kernel uses it, and a final
+//! reduction of 128 → 64 bits in one step (the lane's words each moved by
+//! its own distance, [`reduce`]) and Barrett's 64 → 32. A buffer whose length is
 //! not a multiple of 16 is treated as if it had leading zero bytes up to the
 //! next multiple: with the CRC register entering as a change to the first 4
 //! message bytes, leading zeros before it do not change the result, so the
