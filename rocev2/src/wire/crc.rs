@@ -24,7 +24,10 @@
 //! by the short kernel's final reduction; the tail and short buffers go
 //! through the short kernel or `crc32fast`, as do CPUs without VPCLMULQDQ/AVX2.
 //! A frame's header CRC can enter the copy unreduced ([`CrcLane`]), so that a
-//! frame has one final reduction.
+//! frame has one final reduction; it joins the copy's lane at the end (moved
+//! there in one fold, keys from a table of whole-lane distances), so the copy
+//! does not wait for it. The wide kernels' accumulators collapse the same
+//! way, each lane moved by its own distance at once.
 
 #[cfg(target_arch = "x86_64")]
 use super::crc_short;
@@ -64,8 +67,12 @@ pub fn update(crc: u32, data: &[u8]) -> u32 {
 /// `mask` shorter than `data`), and the caller masks a copy instead.
 #[inline]
 pub fn update_masked(crc: u32, data: &[u8], mask: &[u8]) -> Option<u32> {
+    // The lengths are checked here, inline, before the call: a full-MTU
+    // frame's check (`icrc::compute`) asks first and was refused by the
+    // kernel's own check after a call and its register shuffles (most of
+    // `compute`'s own samples, `perf annotate`).
     #[cfg(target_arch = "x86_64")]
-    if crc_short::available() {
+    if (crc_short::SHORT_MIN..=SHORT_MAX).contains(&data.len()) && mask.len() >= data.len() && crc_short::available() {
         // SAFETY: the CPU has the instructions (checked just above).
         return unsafe { crc_short::update_masked(crc, data, mask) };
     }
@@ -159,13 +166,13 @@ pub unsafe fn copy_update_raw(crc: u32, src: *const u8, dst: &mut [u8]) -> u32 {
     update(crc, dst)
 }
 
-/// The fused copy of `dst.len() >= FUSED_MIN` bytes with `seed` entering
-/// the first 16-byte lane (after [`crc_short::advance`] if `advance`: a
-/// lane of the bytes before), finished: the folded lane reduced at once for
-/// a run of whole lanes (every full-MTU payload), else its CRC from a zero
-/// register (finished form `!0`) continued over the bytes after it. The
-/// advance, the kernel and the reduction inline into one function per
-/// kernel width, so the lanes stay in registers.
+/// The fused copy of `dst.len() >= FUSED_MIN` bytes continuing `seed` (a
+/// lane of the bytes before if `advance`, else a CRC register in the first
+/// 4 bytes of the copy's first lane), finished: the seed moved to the
+/// copy's last whole lane and added there (the copy itself folds from zero,
+/// not waiting for the seed), the sum reduced, the bytes after it folded in.
+/// The seed's fold, the kernel and the reduction inline into one function
+/// per kernel width, so the lanes stay in registers.
 ///
 /// # Safety
 /// As [`copy_update_raw`], and the CPU has the fused kernel ([`fused::available`]).
@@ -265,7 +272,6 @@ mod fused {
     }
 
     const K1024: (u64, u64) = fold_keys(1024);
-    const K256: (u64, u64) = fold_keys(256);
     const K128: (u64, u64) = fold_keys(128);
 
     /// Fold each 128-bit lane of `a` forward by the distance `k` was made
@@ -291,7 +297,6 @@ mod fused {
     }
 
     const K2048: (u64, u64) = fold_keys(2048);
-    const K512: (u64, u64) = fold_keys(512);
 
     /// [`fold256`] on four lanes.
     #[inline]
@@ -310,20 +315,32 @@ mod fused {
         _mm512_set_epi64(hi, lo, hi, lo, hi, lo, hi, lo)
     }
 
-    /// Fold the whole 16-byte lanes of `p[at..len]` onto `z`, one by one.
+    /// Fold the whole 16-byte lanes of `p[at..len]` onto `z` (fewer than
+    /// sixteen: what a wide kernel's last block leaves): `z` and each lane
+    /// but the last moved at once by its own distance to the last lane
+    /// ([`join_keys`]) and added, instead of one chain of dependent folds
+    /// (a received 1 KiB or 4 KiB frame's ICRC run ends in two or three
+    /// lanes after its last block: 15% of `fold_masked512`'s samples sat
+    /// in that chain, `perf annotate`).
     ///
     /// # Safety
     /// `p` must be valid for reads of `len` bytes.
     #[inline]
     #[target_feature(enable = "pclmulqdq")]
-    unsafe fn fold_lanes(mut z: __m128i, p: *const u8, mut at: usize, len: usize) -> __m128i {
-        let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-        while at + 16 <= len {
-            // SAFETY: 16 bytes at `at` are inside the caller's `len` bytes.
-            z = fold128(z, unsafe { _mm_loadu_si128(p.add(at).cast()) }, k128);
-            at += 16;
+    unsafe fn fold_lanes(z: __m128i, p: *const u8, at: usize, len: usize) -> __m128i {
+        let lanes = len.saturating_sub(at) / 16;
+        // SAFETY: lane `i < lanes` lies inside the caller's `len` bytes.
+        let lane = |i: usize| unsafe { _mm_loadu_si128(p.add(at + 16 * i).cast()) };
+        let moved = |x: __m128i, by: usize| match join_keys(by) {
+            Some(k) => fold128(x, _mm_setzero_si128(), k),
+            None => x,
+        };
+        if lanes == 0 || lanes > JOIN_LANES {
+            // Nothing to fold, or more than the table covers: one by one.
+            let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
+            return (0..lanes).fold(z, |z, i| fold128(z, lane(i), k128));
         }
-        z
+        (0..lanes).fold(moved(z, lanes), |acc, i| _mm_xor_si128(acc, moved(lane(i), lanes - 1 - i)))
     }
 
     /// The finished CRC of a folded run ([`fold_lanes`] onto `z` from `at`,
@@ -364,17 +381,19 @@ mod fused {
         }
     }
 
-    /// [`fold_copy512`] from `seed` (advanced first if `advance`), reduced
-    /// and continued over the tail: `super::fused_copy`'s 512-bit arm.
+    /// [`fold_copy512`] continuing `seed` (a lane of the bytes before if
+    /// `advance`, else a CRC register in the first 4 bytes of the copy's
+    /// first lane), reduced and continued over the tail: `super::fused_copy`'s
+    /// 512-bit arm ([`split_seed`], [`finish_copy`]).
     ///
     /// # Safety
     /// As [`fold_copy512`].
     #[target_feature(enable = "avx512f,avx2,vpclmulqdq,pclmulqdq,ssse3,sse4.1")]
     pub unsafe fn copy_finish512(seed: &__m128i, advance: bool, src: *const u8, dst: &mut [u8]) -> u32 {
-        let seed = if advance { super::crc_short::advance(*seed) } else { *seed };
+        let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
         let lane = unsafe { fold_copy512(seed, src, dst) };
-        super::update(super::crc_short::reduce(lane), &dst[dst.len() / 16 * 16..])
+        finish_copy(_mm_xor_si128(lane, moved), dst)
     }
 
     /// [`copy_finish512`] with [`fold_copy`].
@@ -383,10 +402,90 @@ mod fused {
     /// As [`fold_copy`], and the CPU has SSSE3 and SSE4.1 ([`available`]).
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq,ssse3,sse4.1")]
     pub unsafe fn copy_finish(seed: &__m128i, advance: bool, src: *const u8, dst: &mut [u8]) -> u32 {
-        let seed = if advance { super::crc_short::advance(*seed) } else { *seed };
+        let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
         let lane = unsafe { fold_copy(seed, src, dst) };
-        super::update(super::crc_short::reduce(lane), &dst[dst.len() / 16 * 16..])
+        finish_copy(_mm_xor_si128(lane, moved), dst)
+    }
+
+    /// How a fused copy of `len` (at least 128) bytes continues `seed` (as
+    /// [`copy_finish512`] takes it): `(moved, kernel_seed)`, the kernel to
+    /// fold from `kernel_seed` and `moved` to be added to its last lane.
+    /// Where [`join_keys`] has the distance from the seed to the copy's last
+    /// whole lane, the copy folds from zero and the seed, folded forward by
+    /// that distance in one step, is `moved` (a CRC is linear: the register
+    /// after `a` then `b` is that after `a` moved over `b`'s length, plus
+    /// that of `b` from zero). The seed is the end of the frame's header
+    /// run, a chain of dependent folds: entering the copy's first lane, it
+    /// held back that lane's chain, and with it the whole copy's result
+    /// (`perf annotate`: 17% of `emit_transport_and_icrc`'s samples on the
+    /// first instruction after the lane's load); now the two chains run
+    /// at once. Otherwise the seed enters the first lane (`moved` is zero).
+    /// Inline parts rather than one function taking the kernel as a
+    /// closure: the closure stayed a function of its own, its lane
+    /// returned through memory.
+    #[inline]
+    #[target_feature(enable = "pclmulqdq")]
+    fn split_seed(seed: __m128i, advance: bool, len: usize) -> (__m128i, __m128i) {
+        debug_assert!(len >= 128);
+        // A lane of the bytes before moves over all the copy's lanes; a
+        // register in the first lane over the lanes after it.
+        match join_keys(len / 16 - usize::from(!advance)) {
+            Some(k) => (fold128(seed, _mm_setzero_si128(), k), _mm_setzero_si128()),
+            None => (_mm_setzero_si128(), if advance { super::crc_short::advance(seed) } else { seed }),
+        }
+    }
+
+    /// The finished CRC of a fused copy into `dst` (at least 16 bytes) whose
+    /// whole lanes fold to `lane`: the bytes after them folded in registers
+    /// ([`finish_tail`]).
+    #[inline]
+    #[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
+    fn finish_copy(lane: __m128i, dst: &[u8]) -> u32 {
+        let len = dst.len();
+        // SAFETY: `len >= 16`: the last 16 bytes are inside `dst`.
+        let last = unsafe { _mm_loadu_si128(dst.as_ptr().add(len - 16).cast()) };
+        finish_tail(lane, last, len % 16)
+    }
+
+    /// Longest distance, in 16-byte lanes, that [`join_keys`] has keys for:
+    /// a 4096-byte payload (the largest path MTU) and its header lane.
+    pub(super) const JOIN_LANES: usize = 256;
+
+    /// `fold_keys(128 * m)` (low, high) for `m` in `1..=JOIN_LANES`: the keys
+    /// that fold a lane forward by `m` lanes (entry 0 is not used). 4 KiB,
+    /// of which a QP's frames use one or two entries (its full-MTU payload
+    /// and its last one's).
+    pub(super) static JOIN_KEYS: [[u64; 2]; JOIN_LANES + 1] = JOIN_KEYS_CONST;
+
+    /// [`JOIN_KEYS`] for constant evaluation.
+    const JOIN_KEYS_CONST: [[u64; 2]; JOIN_LANES + 1] = join_table();
+
+    /// [`JOIN_KEYS`], each `m`'s powers of x from the last's (x^(128m - 32)
+    /// and x^(128m + 32) mod P), at compile time.
+    const fn join_table() -> [[u64; 2]; JOIN_LANES + 1] {
+        use super::crc_short::{times_xpow, xpow_mod};
+        let mut t = [[0u64; 2]; JOIN_LANES + 1];
+        let mut low = xpow_mod(128 - 32);
+        let mut m = 1;
+        while m <= JOIN_LANES {
+            let high = times_xpow(low, 64);
+            t[m] = [(high.reverse_bits() as u64) << 1, (low.reverse_bits() as u64) << 1];
+            low = times_xpow(low, 128);
+            m += 1;
+        }
+        t
+    }
+
+    /// The keys that fold a lane forward by `lanes` 16-byte lanes
+    /// ([`JOIN_KEYS`]), low key in the low half; `None` for 0 or more than
+    /// [`JOIN_LANES`].
+    #[inline]
+    #[target_feature(enable = "sse2")]
+    fn join_keys(lanes: usize) -> Option<__m128i> {
+        let k = JOIN_KEYS.get(lanes).filter(|_| lanes > 0)?;
+        // SAFETY: `k` is 16 readable bytes; loadu needs no alignment.
+        Some(unsafe { _mm_loadu_si128(k.as_ptr().cast()) })
     }
 
     /// [`fold_copy`] with four 512-bit registers (sixteen 128-bit lanes,
@@ -420,25 +519,52 @@ mod fused {
             }
         }
         let done = blocks * 256;
-        // SAFETY: `done..len` is in range at both ends; no overlap (caller).
-        unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        if done < len {
+            // SAFETY: `done..len` is in range at both ends; no overlap (caller).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        }
         // SAFETY: `dst` has `len` bytes.
         unsafe { fold_lanes(collapse512(x), d, done, len) }
     }
 
     /// The four 512-bit accumulators of a 256-byte step folded into one
-    /// 128-bit lane: the registers into one (each 64 bytes before the next),
-    /// its two halves into one (32 bytes), then that one's two lanes (16).
+    /// 128-bit lane: each of the sixteen lanes moved at once by its own
+    /// distance to the last ([`COLLAPSE_KEYS`]; the last stays), the sum's
+    /// four lanes added. Folding the registers one onto the next, then the
+    /// halves, then the lanes was a chain of five dependent folds at the
+    /// end of every frame's CRC (sent and checked); now there is one.
     #[inline]
     #[target_feature(enable = "avx512f,avx2,vpclmulqdq,pclmulqdq")]
     fn collapse512(x: [__m512i; 4]) -> __m128i {
-        let k512 = keys512(K512);
-        let y = fold512(x[0], x[1], k512);
-        let y = fold512(y, x[2], k512);
-        let y = fold512(y, x[3], k512);
-        let y = fold256(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1), keys256(K256));
-        let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-        fold128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1), k128)
+        let k = &COLLAPSE_KEYS;
+        // SAFETY: each row is 64 readable bytes; loadu needs no alignment.
+        let key = |i: usize| unsafe { _mm512_loadu_si512(k[4 * i..4 * i + 4].as_ptr().cast()) };
+        let moved = |i: usize| {
+            let k = key(i);
+            _mm512_xor_si512(_mm512_clmulepi64_epi128(x[i], k, 0x00), _mm512_clmulepi64_epi128(x[i], k, 0x11))
+        };
+        // The last lane of x[3] is where the others go: it is added as it is.
+        let last = _mm512_maskz_mov_epi64(0xc0, x[3]);
+        let y = _mm512_ternarylogic_epi64(moved(0), moved(1), moved(2), 0x96);
+        let y = _mm512_ternarylogic_epi64(y, moved(3), last, 0x96);
+        let y = _mm256_xor_si256(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64(y, 1));
+        _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
+    }
+
+    /// The keys that move lane `j` of a 256-byte step (`j` in 0..16, as
+    /// [`collapse512`]'s registers hold them, four a register) forward by
+    /// `15 - j` lanes onto the last: [`JOIN_KEYS`]' entries, low and high
+    /// per lane; zero for the last lane, which does not move.
+    static COLLAPSE_KEYS: [[u64; 2]; 16] = collapse_table();
+
+    const fn collapse_table() -> [[u64; 2]; 16] {
+        let mut t = [[0u64; 2]; 16];
+        let mut j = 0;
+        while j < 15 {
+            t[j] = JOIN_KEYS_CONST[15 - j];
+            j += 1;
+        }
+        t
     }
 
     /// [`fold_masked`] with four 512-bit registers, as [`fold_copy512`]
@@ -547,23 +673,30 @@ mod fused {
         // The bytes after the last whole block are copied plainly and folded
         // from `dst`, where they now are (in L1).
         let done = blocks * 128;
-        // SAFETY: `done..len` is in range at both ends; no overlap (caller).
-        unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        if done < len {
+            // SAFETY: `done..len` is in range at both ends; no overlap (caller).
+            unsafe { std::ptr::copy_nonoverlapping(src.add(done), d.add(done), len - done) };
+        }
         // SAFETY: `dst` has `len` bytes.
         unsafe { fold_lanes(collapse256(x), d, done, len) }
     }
 
-    /// Four 256-bit accumulators of a 128-byte step into one, then its two
-    /// lanes into one.
+    /// Four 256-bit accumulators of a 128-byte step into one lane, as
+    /// [`collapse512`] does: each of the eight lanes moved at once by its
+    /// distance to the last (the last eight rows of [`COLLAPSE_KEYS`]).
     #[inline]
     #[target_feature(enable = "avx2,vpclmulqdq,pclmulqdq")]
     fn collapse256(x: [__m256i; 4]) -> __m128i {
-        let k256 = keys256(K256);
-        let y = fold256(x[0], x[1], k256);
-        let y = fold256(y, x[2], k256);
-        let y = fold256(y, x[3], k256);
-        let k128 = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-        fold128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1), k128)
+        let k = &COLLAPSE_KEYS[8..];
+        // SAFETY: each row is 32 readable bytes; loadu needs no alignment.
+        let key = |i: usize| unsafe { _mm256_loadu_si256(k[2 * i..2 * i + 2].as_ptr().cast()) };
+        let moved = |i: usize| {
+            let k = key(i);
+            _mm256_xor_si256(_mm256_clmulepi64_epi128(x[i], k, 0x00), _mm256_clmulepi64_epi128(x[i], k, 0x11))
+        };
+        let last = _mm256_blend_epi32(_mm256_setzero_si256(), x[3], 0xf0);
+        let y = _mm256_xor_si256(_mm256_xor_si256(moved(0), moved(1)), _mm256_xor_si256(moved(2), _mm256_xor_si256(moved(3), last)));
+        _mm_xor_si128(_mm256_castsi256_si128(y), _mm256_extracti128_si256(y, 1))
     }
 
     /// Fold `data` (at least 128 bytes) from CRC register `register`, its
@@ -776,6 +909,54 @@ mod tests {
         assert!(update_masked_lane(0, &buf[..15], &mask).is_none());
         assert!(update_masked_lane(0, &buf[..SHORT_MAX + 1], &mask).is_none());
         assert!(update_masked_lane(0, &buf[..40], &mask[..39]).is_none());
+        #[cfg(target_arch = "x86_64")]
+        assert!(lanes > 0 || !crc_short::available(), "the short kernel is here but no lane was made");
+        let _ = lanes;
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_join_keys_are_the_fold_keys_of_whole_lanes() {
+        for m in 1..=fused::JOIN_LANES {
+            let (lo, hi) = fold_keys(128 * m as u32);
+            assert_eq!(fused::JOIN_KEYS[m], [lo, hi], "{m} lanes");
+        }
+        // The published 4 x 128-bit keys (64 bytes: four lanes).
+        assert_eq!(fused::JOIN_KEYS[4], [0x1_5444_2bd4, 0x1_c6e4_1596]);
+    }
+
+    #[test]
+    fn a_header_lane_joins_the_copy_at_its_end_for_every_payload_length() {
+        // Every payload length 0-5000 (either side of every lane, of the
+        // fused kernels' minimums and of the join table's 4096 bytes), each
+        // with a header run, source offset and initial value from lists
+        // walked at different strides, through the lane (`copy_update_lane`)
+        // and through a finished CRC (`copy_update`), against `crc32fast`.
+        let buf = noise(5300);
+        let mask: Vec<u8> = buf.iter().rev().map(|b| b & 0x48).collect();
+        let hlens = [16, 20, 28, 31, 40, 44, 52, 56, 60, 64, 77, 96, 111, 127];
+        let inits = [0, !0, crate::wire::icrc::LRH_CRC, 0xdead_beef, 0x0000_00ff];
+        let offs = [0, 1, 3, 8, 15, 16, 31, 64, 100];
+        let mut dst = vec![0u8; 5010];
+        let mut lanes = 0;
+        for len in 0..=5000 {
+            let (hlen, init, off) = (hlens[len % hlens.len()], inits[len % inits.len()], offs[len / 7 % offs.len()]);
+            let ored: Vec<u8> = buf[..hlen].iter().zip(&mask).map(|(a, m)| a | m).collect();
+            let head = reference(init, &ored);
+            let src = &buf[hlen + off..hlen + off + len];
+            let want = reference(head, src);
+            dst.fill(0x5a);
+            assert_eq!(copy_update(head, src, &mut dst[..len]), want, "finished CRC, payload {len} offset {off}");
+            assert_eq!(&dst[..len], src);
+            if let Some(lane) = update_masked_lane(init, &buf[..hlen], &mask) {
+                lanes += 1;
+                dst.fill(0xa5);
+                let got = copy_update_lane(lane, src, &mut dst[..len + 7]);
+                assert_eq!(got, want, "header {hlen} init {init:#x} payload {len} offset {off}");
+                assert_eq!(&dst[..len], src);
+                assert!(dst[len..].iter().all(|&b| b == 0xa5), "payload {len}: bytes after the copy");
+            }
+        }
         #[cfg(target_arch = "x86_64")]
         assert!(lanes > 0 || !crc_short::available(), "the short kernel is here but no lane was made");
         let _ = lanes;

@@ -10,8 +10,9 @@
 //!
 //! The method is the bit-reflected fold of Intel's white paper "Fast CRC
 //! Computation for Generic Polynomials Using PCLMULQDQ Instruction" (Gopal
-//! et al., 2009), as [`super::crc`]'s fused kernel uses it, with its final
-//! reduction (128 → 64 → 32 bits, then Barrett). A buffer whose length is
+//! et al., 2009), as [`super::crc`]'s fused kernel uses it, and a final
+//! reduction of 128 → 64 bits in one step (the lane's words each moved by
+//! its own distance, [`reduce`]) and Barrett's 64 → 32. A buffer whose length is
 //! not a multiple of 16 is treated as if it had leading zero bytes up to the
 //! next multiple: with the CRC register entering as a change to the first 4
 //! message bytes, leading zeros before it do not change the result, so the
@@ -33,7 +34,13 @@ const POLY: u64 = 0x1_04C1_1DB7;
 
 /// x^n mod P, not reflected (degree < 32).
 pub(super) const fn xpow_mod(n: u32) -> u32 {
-    let mut r: u64 = 1;
+    times_xpow(1, n)
+}
+
+/// `r` · x^n mod P, not reflected (`r` of degree < 32): `r` shifted up
+/// `n` times, P subtracted whenever x^32 appears.
+pub(super) const fn times_xpow(r: u32, n: u32) -> u32 {
+    let mut r = r as u64;
     let mut i = 0;
     while i < n {
         r <<= 1;
@@ -61,8 +68,13 @@ const K128: (u64, u64) = fold_keys(128);
 /// Fold one lane forward by 256 bits (two lanes in flight).
 const K256: (u64, u64) = fold_keys(256);
 
-/// x^64 mod P, bit-reflected and shifted as the 96 → 64-bit step needs it.
+/// x^64 mod P, bit-reflected and shifted as [`reduce`] multiplies a lane's
+/// third word by it.
 const K64: u64 = (xpow_mod(64).reverse_bits() as u64) << 1;
+
+/// x^128 mod P, the same for a lane's first word (its second takes
+/// x^96 mod P: [`K128`]'s high key).
+const K_WORD0: u64 = (xpow_mod(128).reverse_bits() as u64) << 1;
 
 /// The polynomial P(x), bit-reflected, with its x^32 term (Barrett's P).
 const P_REFLECTED: u64 = 0x1_db71_0641;
@@ -279,23 +291,32 @@ pub(super) fn fold(a: __m128i, b: __m128i, keys: __m128i) -> __m128i {
 
 /// The finished CRC of a 128-bit lane (the CRC register after the bytes
 /// it stands for, complemented).
+///
+/// 128 → 64 bits in one step: the lane's first three 32-bit words (the
+/// earliest bytes) each times x^128, x^96 or x^64 mod P, three independent
+/// multiplications, the last word as it is; then Barrett (two). The usual
+/// reduction (128 → 96 bits, then 96 → 64, then Barrett) was a chain of
+/// four dependent multiplications at the end of every frame's CRC, sent
+/// and checked: most of a 64 B WRITE's masked run's samples (`perf`).
 #[cfg(target_arch = "x86_64")]
 #[inline]
 #[target_feature(enable = "pclmulqdq,sse4.1")]
 pub(super) fn reduce(x: __m128i) -> u32 {
-    let low32 = _mm_set_epi32(0, 0, 0, -1);
-    // 128 → 96 bits: the low 64 bits times x^96 mod P (the 128-bit fold's
-    // high key), added to the high 64.
-    let k = _mm_set_epi64x(K128.1 as i64, K128.0 as i64);
-    let x = _mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x10), _mm_srli_si128(x, 8));
-    // 96 → 64 bits: the low 32 bits times x^64 mod P, added to the rest.
-    let x = _mm_xor_si128(_mm_clmulepi64_si128(_mm_and_si128(x, low32), _mm_set_epi64x(0, K64 as i64), 0x00), _mm_srli_si128(x, 4));
+    // Words 0 and 2 against the low and high keys, word 1 (shifted down)
+    // against its own; each product has at most 64 bits.
+    let even = _mm_and_si128(x, _mm_set_epi32(0, -1, 0, -1));
+    let k02 = _mm_set_epi64x(K64 as i64, K_WORD0 as i64);
+    let w0 = _mm_clmulepi64_si128(even, k02, 0x00);
+    let w2 = _mm_clmulepi64_si128(even, k02, 0x11);
+    let w1 = _mm_clmulepi64_si128(_mm_srli_epi64(x, 32), _mm_set_epi64x(0, K128.1 as i64), 0x00);
+    let r = _mm_xor_si128(_mm_xor_si128(w0, w2), _mm_xor_si128(w1, _mm_srli_si128(x, 12)));
     // Barrett: T1 = (R mod x^32) · μ, T2 = (T1 mod x^32) · P, CRC = (R ^ T2) / x^32
     // (the reflected form keeps the result in bits 32..64).
+    let low32 = _mm_set_epi32(0, 0, 0, -1);
     let pmu = _mm_set_epi64x(MU_REFLECTED as i64, P_REFLECTED as i64);
-    let t1 = _mm_clmulepi64_si128(_mm_and_si128(x, low32), pmu, 0x10);
+    let t1 = _mm_clmulepi64_si128(_mm_and_si128(r, low32), pmu, 0x10);
     let t2 = _mm_clmulepi64_si128(_mm_and_si128(t1, low32), pmu, 0x00);
-    !(_mm_extract_epi32(_mm_xor_si128(x, t2), 1) as u32)
+    !(_mm_extract_epi32(_mm_xor_si128(r, t2), 1) as u32)
 }
 
 #[cfg(all(test, target_arch = "x86_64"))]

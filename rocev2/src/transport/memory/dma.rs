@@ -45,12 +45,38 @@ impl MemoryTable {
     /// [`remote_read`](Self::remote_read) that also continues `crc` (a
     /// finished CRC-32) over the bytes read, in the same pass; returns it.
     pub fn remote_read_crc(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8], crc: u32) -> Result<u32, AccessError> {
+        // SAFETY: `remote_read_with` hands over a source of `out.len()`
+        // readable bytes that is not `out`.
+        self.remote_read_with(pd, qpn, rkey, va, out, |src, out| unsafe { crc::copy_update_raw(crc, src, out) })
+    }
+
+    /// [`remote_read_crc`](Self::remote_read_crc) continuing a CRC not yet
+    /// reduced (a READ response's headers, [`crc::CrcLane`]), which the
+    /// fused copy adds to its own ([`crc::copy_update_lane_raw`]), as
+    /// [`local_gather_crc_lane`](Self::local_gather_crc_lane) does for a
+    /// requester's frame.
+    pub fn remote_read_crc_lane(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8], lane: crc::CrcLane) -> Result<u32, AccessError> {
+        // SAFETY: as in `remote_read_crc`.
+        self.remote_read_with(pd, qpn, rkey, va, out, |src, out| unsafe { crc::copy_update_lane_raw(lane, src, out) })
+    }
+
+    /// The checks of [`remote_read`](Self::remote_read), then `copy` from the
+    /// region's bytes (as many as `out` has) into `out`, under the read guard.
+    fn remote_read_with(
+        &self,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        va: u64,
+        out: &mut [u8],
+        copy: impl FnOnce(*const u8, &mut [u8]) -> u32,
+    ) -> Result<u32, AccessError> {
         let t = self.read();
+        // `[src, src + out.len())` is inside a registered region kept valid
+        // by the read guard, reached only by raw pointer, so it is not the
+        // exclusive `out`.
         let src = t.resolve_remote(pd, qpn, rkey, va, out.len() as u64, Access::REMOTE_READ)?;
-        // SAFETY: `[src, src + out.len())` is inside a registered region kept
-        // valid by the read guard, reached only by raw pointer, so it is not
-        // the exclusive `out`.
-        Ok(unsafe { crc::copy_update_raw(crc, src, out) })
+        Ok(copy(src, out))
     }
 
     /// Execute `op` on the 8 bytes at `va` through `rkey` (needs

@@ -253,6 +253,28 @@ fn a_gather_continues_a_header_lane_as_it_continues_the_finished_crc() {
     // A refused gather is refused the same way.
     let bad = [Sge { addr: 0x10_000, length: 4, lkey: k.lkey ^ 1 }];
     assert_eq!(t.local_gather_crc_lane(PD, &bad, 0, &mut [0; 4], lane), Err(AccessError::InvalidKey));
+    // A READ response's payload (remote key) continues the lane as it
+    // continues the finished CRC: lengths either side of the fused copy's
+    // minimum, of whole lanes and of the 4096-byte MTU, odd starts.
+    for (at, len) in [(0, 0), (3, 1), (0, 511), (1, 512), (16, 1024), (5, 1040), (0, 4096), (2, 4096), (9, 4097), (100, 5000)] {
+        let mut want = vec![0u8; len];
+        let want_crc = t.remote_read_crc(PD, 1, k.rkey, 0x10_000 + at, &mut want, head).unwrap();
+        let mut got = vec![0u8; len];
+        let got_crc = t.remote_read_crc_lane(PD, 1, k.rkey, 0x10_000 + at, &mut got, lane).unwrap();
+        assert_eq!(got, want, "at {at} len {len}");
+        assert_eq!(got, fill[at as usize..at as usize + len], "at {at} len {len}");
+        assert_eq!(got_crc, want_crc, "at {at} len {len}");
+        let mut h = crc32fast::Hasher::new_with_initial(head);
+        h.update(&want);
+        assert_eq!(want_crc, h.finalize(), "at {at} len {len}");
+    }
+    // Refused as remote_read refuses: a wrong key, a range beyond the region.
+    assert_eq!(t.remote_read_crc_lane(PD, 1, k.rkey ^ 1, 0x10_000, &mut [0; 4], lane), Err(AccessError::InvalidKey));
+    assert_eq!(
+        t.remote_read_crc_lane(PD, 1, k.rkey, 0x10_000 + 8190, &mut [0; 4], lane),
+        t.remote_read(PD, 1, k.rkey, 0x10_000 + 8190, &mut [0; 4]).map(|_| 0)
+    );
+    assert!(t.remote_read_crc_lane(PD, 1, k.rkey, 0x10_000 + 8190, &mut [0; 4], lane).is_err());
 }
 
 #[test]

@@ -26,8 +26,8 @@
 use crate::psn::Psn;
 use crate::transport::path::PathHeaders;
 use crate::transport::wr::WcStatus;
+use crate::wire::{crc, Opcode, PayloadFill};
 use crate::wire::{AckSyndrome, AethRepr, BthRepr, NakCode, TransportRepr};
-use crate::wire::{Opcode, PayloadFill};
 
 use super::*;
 
@@ -254,6 +254,18 @@ impl PayloadFill for ReadSource<'_> {
         self.memory.remote_read_crc(self.pd, self.qpn, self.rkey, self.va, dst, crc).unwrap_or_else(|_| {
             *self.failed = true;
             crc
+        })
+    }
+
+    fn copy_crc_lane(self, dst: &mut [u8], lane: crc::CrcLane) -> u32 {
+        // The headers' lane goes into the fused copy unreduced, as a
+        // requester's frame's does (`Gather`): one final reduction a frame.
+        if dst.is_empty() {
+            return lane.finish();
+        }
+        self.memory.remote_read_crc_lane(self.pd, self.qpn, self.rkey, self.va, dst, lane).unwrap_or_else(|_| {
+            *self.failed = true;
+            lane.finish()
         })
     }
 
