@@ -50,10 +50,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rocev2::transport::wr::WorkCompletion;
 
-/// Keeps what producers write (the tail) and what consumers write (the
-/// head) on separate cache lines.
-#[repr(align(128))]
-struct Padded<T>(T);
+use crate::send_ring::{next_position, Padded};
 
 struct Slot {
     /// The position this slot is ready for (see the module docs).
@@ -105,12 +102,7 @@ impl CompletionRing {
     /// The position after `pos`.
     #[inline]
     fn next(&self, pos: usize) -> usize {
-        let index = pos & (self.one_lap - 1);
-        if index + 1 < self.slots.len() {
-            pos + 1
-        } else {
-            (pos & !(self.one_lap - 1)).wrapping_add(self.one_lap)
-        }
+        next_position(pos, self.one_lap, self.slots.len())
     }
 
     #[inline]
