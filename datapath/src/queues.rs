@@ -446,6 +446,14 @@ impl<'a> CqSignals<'a> {
         }
     }
 
+    /// The ring whose run is being gathered (the last completion's), if
+    /// any: a caller that looks rings up by id can skip the lookup for the
+    /// same CQ again.
+    #[inline]
+    pub fn gathering(&self) -> Option<&'a CqRing> {
+        self.to
+    }
+
     /// Push the run held so far into its ring.
     fn push_run(&mut self) {
         if let Some(to) = self.to.take() {
