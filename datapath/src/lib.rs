@@ -4,6 +4,7 @@
 #![deny(missing_docs)]
 
 pub mod capture;
+pub mod completion_ring;
 pub mod memport;
 pub mod neigh;
 pub mod netdev;

@@ -1086,7 +1086,7 @@ impl Nic {
                 self.deliver_to(&cqs, c, &mut tally, &mut signals);
                 work += 1;
             }
-            signals.finish();
+            tally.overruns += signals.finish() as u64;
             tally.count(&self.stats);
         }
         while let Some(ev) = engine.poll_event() {
@@ -1258,20 +1258,29 @@ impl Nic {
     fn deliver(&self, c: Completion) {
         let mut tally = Delivered::default();
         let cqs = self.cqs.read().unwrap_or_else(|e| e.into_inner());
-        self.deliver_to(&cqs, c, &mut tally, &mut CqSignals::new());
+        let mut signals = CqSignals::new();
+        self.deliver_to(&cqs, c, &mut tally, &mut signals);
+        tally.overruns += signals.finish() as u64;
         tally.count(&self.stats);
     }
 
     /// [`Nic::deliver`] with the CQ table already read-locked, counted in
     /// `tally` (the caller adds a batch's tally to the counters once), the
-    /// CQ's arming looked at when `signals`' batch ends.
+    /// completion pushed with its run and the CQ's arming looked at when
+    /// `signals`' batch ends (whose `finish` says how many overran).
     fn deliver_to<'a>(&self, cqs: &'a IntMap<CqId, Arc<CqRing>>, c: Completion, tally: &mut Delivered, signals: &mut CqSignals<'a>) {
+        // The CQ of the run being gathered, if it is this one's: no lookup
+        // for the completions after the first of a run (the table cannot
+        // change under the read lock the caller holds).
+        if let Some(ring) = signals.gathering().filter(|r| r.id == c.cq) {
+            tally.delivered += 1;
+            signals.push(ring, c.wc, c.solicited);
+            return;
+        }
         match cqs.get(&c.cq) {
             Some(ring) => {
                 tally.delivered += 1;
-                if !signals.push(ring, c.wc, c.solicited) {
-                    tally.overruns += 1;
-                }
+                signals.push(ring, c.wc, c.solicited);
             }
             None => tally.orphaned += 1,
         }
@@ -1358,7 +1367,7 @@ mod tests {
             nic.deliver_to(&cqs, c(5, wr_id), &mut tally, &mut signals);
         }
         nic.deliver_to(&cqs, c(6, 9), &mut tally, &mut signals);
-        signals.finish();
+        tally.overruns += signals.finish() as u64;
         drop(cqs);
         let counts = || ["completions", "cq_overruns", "completions_orphaned"].map(|k| nic.stats.iter().find(|(n, _)| *n == k).unwrap().1);
         assert_eq!(counts(), [0, 0, 0], "counted once per batch, at its end");
@@ -1366,6 +1375,34 @@ mod tests {
         assert_eq!(counts(), [3, 1, 1]);
         nic.deliver(c(6, 10));
         assert_eq!(counts(), [3, 1, 2], "a single delivery is counted at once");
+    }
+
+    /// A batch's completions land in their own CQs, in order, whether the
+    /// CQ is looked up or taken from the run being gathered; an unknown CQ
+    /// in the middle of a run is an orphan and does not end up in the run's.
+    #[test]
+    fn a_batch_delivers_each_completion_to_its_cq_in_order() {
+        let nic = nic();
+        let (five, seven) = (Arc::new(CqRing::new(CqId(5), 64, None)), Arc::new(CqRing::new(CqId(7), 64, None)));
+        nic.attach_cq(five.clone());
+        nic.attach_cq(seven.clone());
+        let order = [5, 5, 7, 5, 7, 7, 9, 7, 5, 5, 5];
+        let cqs = nic.cqs.read().unwrap();
+        let mut tally = Delivered::default();
+        let mut signals = CqSignals::new();
+        for (wr_id, &cq) in order.iter().enumerate() {
+            let c = Completion::error(CqId(cq), 0x11, wr_id as u64, WcOpcode::Send, WcStatus::WrFlushErr);
+            nic.deliver_to(&cqs, c, &mut tally, &mut signals);
+        }
+        assert_eq!(signals.finish(), 0);
+        drop(cqs);
+        assert_eq!((tally.delivered, tally.orphaned), (10, 1));
+        for (ring, id) in [(&five, 5), (&seven, 7)] {
+            let mut out = [rocev2::transport::wr::WorkCompletion::default(); 16];
+            let n = ring.poll(&mut out);
+            let expected: Vec<u64> = order.iter().enumerate().filter(|(_, &c)| c == id).map(|(i, _)| i as u64).collect();
+            assert_eq!(out[..n].iter().map(|w| w.wr_id).collect::<Vec<_>>(), expected, "CQ {id}");
+        }
     }
 
     /// A NIC on an in-memory hub (kept alive by the caller) and a peer port

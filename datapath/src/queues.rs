@@ -2,7 +2,8 @@
 //! equivalent of the rings a hardware NIC shares with its driver.
 //!
 //! Posting and polling are lock-free (crossbeam `ArrayQueue`; a QP's send
-//! ring is [`SendRing`]) and touch only the queue of the QP or CQ concerned.
+//! ring is [`SendRing`], a CQ's [`CompletionRing`]) and touch only the queue
+//! of the QP or CQ concerned.
 //!
 //! A work queue's depth bounds the WRs posted and not yet retired, those the
 //! datapath took and the engine still holds included, as on an HCA: a post
@@ -19,6 +20,7 @@ use rocev2::transport::attr::SrqId;
 use rocev2::transport::retired::RetiredCount;
 use rocev2::transport::wqe::{RecvWqe, SendWrRef};
 
+pub use crate::completion_ring::CompletionRing;
 pub use crate::send_ring::{SendConsumer, SendRing};
 use rocev2::transport::wr::{CqId, WcStatus, WorkCompletion};
 
@@ -242,7 +244,7 @@ const ARM_SOLICITED: u8 = 2;
 pub struct CqRing {
     /// The CQ's id.
     pub id: CqId,
-    ring: ArrayQueue<WorkCompletion>,
+    ring: CompletionRing,
     armed: AtomicU8,
     overflowed: AtomicBool,
     channel: Option<std::sync::Arc<CompletionChannel>>,
@@ -251,7 +253,7 @@ pub struct CqRing {
 impl CqRing {
     /// A CQ ring of `depth` entries, optionally reporting to `channel`.
     pub fn new(id: CqId, depth: usize, channel: Option<std::sync::Arc<CompletionChannel>>) -> CqRing {
-        CqRing { id, ring: ArrayQueue::new(depth.max(1)), armed: AtomicU8::new(ARM_NONE), overflowed: AtomicBool::new(false), channel }
+        CqRing { id, ring: CompletionRing::new(depth), armed: AtomicU8::new(ARM_NONE), overflowed: AtomicBool::new(false), channel }
     }
 
     /// A ring of `depth` entries with this ring's id, channel and arming,
@@ -264,15 +266,15 @@ impl CqRing {
         }
         let new = CqRing {
             id: self.id,
-            ring: ArrayQueue::new(depth),
+            ring: CompletionRing::new(depth),
             armed: AtomicU8::new(self.armed.load(Ordering::Acquire)),
             overflowed: AtomicBool::new(self.overflowed()),
             channel: self.channel.clone(),
         };
-        while let Some(wc) = self.ring.pop() {
+        self.ring.pop_with(usize::MAX, |_, wc| {
             // Cannot fail: depth >= len was checked and only we push here.
-            let _ = new.ring.push(wc);
-        }
+            new.ring.push_slice(std::slice::from_ref(wc));
+        });
         Some(new)
     }
 
@@ -298,25 +300,24 @@ impl CqRing {
     }
 
     /// Datapath side: deliver a completion. Returns false on overrun.
-    /// One fence per call: a batch of completions goes through
-    /// [`CqSignals`] instead, which fences once for the batch.
+    /// One claim and one fence per call: a batch of completions goes through
+    /// [`CqSignals`] instead, which claims once per run of completions to
+    /// one CQ and fences once for the batch.
     pub fn push(&self, wc: WorkCompletion, solicited: bool) -> bool {
         let mut batch = CqSignals::new();
-        batch.push(self, wc, solicited)
+        batch.push(self, wc, solicited);
+        batch.finish() == 0
     }
 
-    /// Put a completion into the ring without looking at the arming; what it
-    /// asks of the arming is added to `wake`. [`CqRing::signal`] follows.
-    fn push_quiet(&self, wc: WorkCompletion, solicited: bool, wake: &mut Wake) -> bool {
-        wake.any = true;
-        // IBV_CQ_SOLICITED: a solicited completion, or any unsuccessful one
-        // (ibv_req_notify_cq(3): "or an error completion").
-        wake.solicited |= solicited || wc.status != WcStatus::Success;
-        let ok = self.ring.push(wc).is_ok();
-        if !ok {
+    /// Put `wcs` into the ring, in order, without looking at the arming
+    /// (the caller's [`Wake`] and [`CqRing::signal_fenced`] do): how many
+    /// found the ring full (lost, and the ring marked overflowed).
+    fn push_run(&self, wcs: &[WorkCompletion]) -> usize {
+        let lost = wcs.len() - self.ring.push_slice(wcs);
+        if lost > 0 {
             self.overflowed.store(true, Ordering::Release);
         }
-        ok
+        lost
     }
 
     /// Signal the channel if the CQ is armed for what `wake` says was
@@ -343,18 +344,9 @@ impl CqRing {
     /// `f(index, completion)` without an intermediate buffer (the C
     /// `ibv_poll_cq` writes each straight into the caller's `ibv_wc` array).
     /// Returns how many.
-    pub fn poll_with(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> usize {
-        let mut n = 0;
-        while n < max {
-            match self.ring.pop() {
-                Some(wc) => {
-                    f(n, &wc);
-                    n += 1;
-                }
-                None => break,
-            }
-        }
-        n
+    /// One claim of the ring's head for all of them ([`CompletionRing`]).
+    pub fn poll_with(&self, max: usize, f: impl FnMut(usize, &WorkCompletion)) -> usize {
+        self.ring.pop_with(max, f)
     }
 
     /// Application side: arm the CQ (`ibv_req_notify_cq`): the next completion
@@ -379,13 +371,21 @@ struct Wake {
 /// CQs a [`CqSignals`] batch tracks before it signals them early.
 const SIGNAL_SLOTS: usize = 4;
 
-/// The datapath's delivery of a batch of completions: each goes into its
-/// ring at once (the application may poll it right away), and the CQs'
-/// arming is looked at once for the batch, after one full fence, when the
-/// batch ends (dropped, or [`CqSignals::finish`]) — instead of one fence
-/// per completion. A CQ armed before the batch ends is signalled once if
-/// the batch brought it what it was armed for (any completion, or a
-/// solicited or unsuccessful one).
+/// Completions to one CQ a [`CqSignals`] batch holds before it pushes them
+/// (one claim of the ring for the run).
+const RUN: usize = 16;
+
+/// The datapath's delivery of a batch of completions: the completions to
+/// one CQ that come one after another (a run, up to [`RUN`]) go into its
+/// ring together, with one claim of the ring ([`CompletionRing`]), when
+/// the next completion is for another CQ, the run is full, or the batch
+/// ends — the application may poll them as soon as they are pushed, and a
+/// batch is one poll iteration's completions, pushed right after the
+/// engine made them. The CQs' arming is looked at once for the batch, after
+/// one full fence, when the batch ends (dropped, or [`CqSignals::finish`])
+/// — instead of one fence per completion. A CQ armed before the batch ends
+/// is signalled once if the batch brought it what it was armed for (any
+/// completion, or a solicited or unsuccessful one).
 ///
 /// Why one fence is enough (the Dekker-style handshake with
 /// [`CqRing::req_notify`], which stores `armed`, fences, then polls): our
@@ -394,10 +394,22 @@ const SIGNAL_SLOTS: usize = 4;
 /// see it armed and signal; without the fence each could miss the other's
 /// store (store buffering) and the application would sleep on a CQ that
 /// has completions. More than [`SIGNAL_SLOTS`] CQs in one batch: the
-/// tracked ones are signalled (fence included) when a new one comes.
-#[derive(Default)]
+/// tracked ones are signalled (run pushed and fence included) when a new
+/// one comes.
 pub struct CqSignals<'a> {
     pending: [Option<(&'a CqRing, Wake)>; SIGNAL_SLOTS],
+    /// The completions not yet pushed, the first `len` of them, all to `to`.
+    run: [WorkCompletion; RUN],
+    len: usize,
+    to: Option<&'a CqRing>,
+    /// Completions lost to full rings so far.
+    lost: usize,
+}
+
+impl Default for CqSignals<'_> {
+    fn default() -> Self {
+        CqSignals { pending: [None; SIGNAL_SLOTS], run: [WorkCompletion::default(); RUN], len: 0, to: None, lost: 0 }
+    }
 }
 
 impl<'a> CqSignals<'a> {
@@ -406,10 +418,11 @@ impl<'a> CqSignals<'a> {
         CqSignals::default()
     }
 
-    /// Deliver a completion into `ring` (its arming looked at when the
-    /// batch ends). Returns false on overrun (the completion is lost and
-    /// the ring marked overflowed, as [`CqRing::push`]).
-    pub fn push(&mut self, ring: &'a CqRing, wc: WorkCompletion, solicited: bool) -> bool {
+    /// Deliver a completion into `ring` (pushed with its run, its arming
+    /// looked at when the batch ends). A completion that finds the ring
+    /// full is lost, the ring marked overflowed (as [`CqRing::push`]), and
+    /// counted in what [`CqSignals::finish`] returns.
+    pub fn push(&mut self, ring: &'a CqRing, wc: WorkCompletion, solicited: bool) {
         let slot = match self.pending.iter().position(|p| p.is_none_or(|(r, _)| std::ptr::eq(r, ring))) {
             Some(i) => i,
             None => {
@@ -417,17 +430,49 @@ impl<'a> CqSignals<'a> {
                 0
             }
         };
-        let entry = self.pending[slot].get_or_insert((ring, Wake::default()));
-        ring.push_quiet(wc, solicited, &mut entry.1)
+        let wake = &mut self.pending[slot].get_or_insert((ring, Wake::default())).1;
+        wake.any = true;
+        // IBV_CQ_SOLICITED: a solicited completion, or any unsuccessful one
+        // (ibv_req_notify_cq(3): "or an error completion").
+        wake.solicited |= solicited || wc.status != WcStatus::Success;
+        if self.len == RUN || self.to.is_some_and(|to| !std::ptr::eq(to, ring)) {
+            self.push_run();
+        }
+        // `len < RUN` here: a full run was pushed just above.
+        if let Some(w) = self.run.get_mut(self.len) {
+            *w = wc;
+            self.len += 1;
+            self.to = Some(ring);
+        }
     }
 
-    /// End the batch: one fence, then every CQ it touched is signalled if
-    /// armed for what it got. (Dropping the batch does the same.)
-    pub fn finish(mut self) {
+    /// The ring whose run is being gathered (the last completion's), if
+    /// any: a caller that looks rings up by id can skip the lookup for the
+    /// same CQ again.
+    #[inline]
+    pub fn gathering(&self) -> Option<&'a CqRing> {
+        self.to
+    }
+
+    /// Push the run held so far into its ring.
+    fn push_run(&mut self) {
+        if let Some(to) = self.to.take() {
+            self.lost += to.push_run(&self.run[..self.len]);
+            self.len = 0;
+        }
+    }
+
+    /// End the batch: the last run pushed, one fence, then every CQ it
+    /// touched is signalled if armed for what it got. (Dropping the batch
+    /// does the same.) Returns how many of the batch's completions were
+    /// lost to full rings (CQ overruns).
+    pub fn finish(mut self) -> usize {
         self.signal_all();
+        std::mem::take(&mut self.lost)
     }
 
     fn signal_all(&mut self) {
+        self.push_run();
         if self.pending[0].is_none() {
             return;
         }
@@ -522,7 +567,7 @@ mod tests {
     fn successes(cq: &CqRing, ids: std::ops::Range<u64>) -> CqSignals<'_> {
         let mut batch = CqSignals::new();
         for id in ids {
-            assert!(batch.push(cq, wc(id, WcStatus::Success), false));
+            batch.push(cq, wc(id, WcStatus::Success), false);
         }
         batch
     }
@@ -532,10 +577,14 @@ mod tests {
     #[test]
     fn a_batch_signals_once_at_its_end() {
         let (ch, cq) = armed_cq(3, 8, false);
-        let batch = successes(&cq, 0..3);
-        assert_eq!(cq.len(), 3, "pushed at once");
+        let other = CqRing::new(CqId(4), 8, None);
+        let mut batch = successes(&cq, 0..3);
+        assert_eq!(cq.len(), 0, "a run is held until it ends");
+        batch.push(&other, wc(100, WcStatus::Success), false);
+        assert_eq!(cq.len(), 3, "pushed when a completion for another CQ comes");
         assert!(ch.try_get_event().is_none(), "signalled at the batch's end");
-        batch.finish();
+        assert_eq!(batch.finish(), 0);
+        assert_eq!(other.len(), 1, "the last run pushed at the batch's end");
         assert_eq!(ch.try_get_event(), Some(CqId(3)));
         assert!(ch.try_get_event().is_none(), "one event per arm");
         // Dropped without `finish`: signalled all the same.
@@ -553,6 +602,23 @@ mod tests {
         let mut out = [wc(0, WcStatus::Success); 8];
         assert_eq!(cq.poll(&mut out), 5);
         assert_eq!(out[..5].iter().map(|w| w.wr_id).collect::<Vec<_>>(), [0, 1, 2, 4, 5]);
+    }
+
+    /// A run longer than `RUN` is pushed `RUN` at a time, in order; what
+    /// does not fit is lost, counted and marked, as `CqRing::push` does.
+    #[test]
+    fn long_runs_are_pushed_in_order_and_overruns_counted() {
+        let cq = CqRing::new(CqId(1), 3 * RUN, None);
+        let mut batch = successes(&cq, 0..RUN as u64 + 1);
+        assert_eq!(cq.len(), RUN, "a full run is pushed when the next completion comes");
+        for id in RUN as u64 + 1..4 * RUN as u64 {
+            batch.push(&cq, wc(id, WcStatus::Success), false);
+        }
+        assert_eq!(batch.finish(), RUN, "a fourth run does not fit a ring of three");
+        assert!(cq.overflowed());
+        let mut out = [wc(0, WcStatus::Success); 4 * RUN];
+        assert_eq!(cq.poll(&mut out), 3 * RUN);
+        assert!(out[..3 * RUN].iter().map(|w| w.wr_id).eq(0..3 * RUN as u64), "in order, the first ones kept");
     }
 
     /// Armed for solicited completions: a batch fires it when any of its
@@ -584,16 +650,12 @@ mod tests {
             cq.req_notify(false);
         }
         let mut batch = CqSignals::new();
-        let mut refused = 0;
         for round in 0..3 {
             for cq in cqs.iter().chain(cqs.iter().rev()) {
-                if !batch.push(cq, wc(round, WcStatus::Success), false) {
-                    refused += 1;
-                }
+                batch.push(cq, wc(round, WcStatus::Success), false);
             }
         }
-        batch.finish();
-        assert_eq!(refused, cqs.len() * 4, "2 of 6 fit each 2-entry ring");
+        assert_eq!(batch.finish(), cqs.len() * 4, "2 of 6 fit each 2-entry ring");
         assert!(cqs.iter().all(CqRing::overflowed));
         let mut events: Vec<u32> = std::iter::from_fn(|| ch.try_get_event()).map(|c| c.0).collect();
         events.sort_unstable();

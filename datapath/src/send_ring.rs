@@ -39,7 +39,20 @@ use rocev2::transport::wqe::{SendWqe, SendWrRef};
 /// Keeps what producers write (the tail) and what the consumer writes (the
 /// head) on separate cache lines.
 #[repr(align(128))]
-struct Padded<T>(T);
+pub(crate) struct Padded<T>(pub(crate) T);
+
+/// The position after `pos` in a ring of `capacity` slots whose positions
+/// are a lap (a multiple of `one_lap`, the smallest power of two above the
+/// capacity) plus an index (see the module docs).
+#[inline]
+pub(crate) fn next_position(pos: usize, one_lap: usize, capacity: usize) -> usize {
+    let index = pos & (one_lap - 1);
+    if index + 1 < capacity {
+        pos + 1
+    } else {
+        (pos & !(one_lap - 1)).wrapping_add(one_lap)
+    }
+}
 
 struct Slot {
     /// The position this slot is ready for (see the module docs).
@@ -117,12 +130,7 @@ impl SendRing {
     /// The position after `pos`.
     #[inline]
     fn next(&self, pos: usize) -> usize {
-        let index = pos & (self.one_lap - 1);
-        if index + 1 < self.slots.len() {
-            pos + 1
-        } else {
-            (pos & !(self.one_lap - 1)).wrapping_add(self.one_lap)
-        }
+        next_position(pos, self.one_lap, self.slots.len())
     }
 
     /// How many posts came before the one at `pos` (see the module docs).

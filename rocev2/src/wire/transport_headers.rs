@@ -73,7 +73,7 @@ impl TransportRepr {
         if bth.tver != 0 {
             return Err(WireError::BadTver(bth.tver));
         }
-        let len = Self::header_len(&layout);
+        let len = BTH_LEN + bth.opcode.ext_len();
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
         self.bth = bth;
         // `h` holds all `len` bytes, so every header below is complete.
@@ -130,7 +130,7 @@ impl TransportRepr {
     /// does not carry are ignored. Returns bytes written.
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
         let Some(layout) = self.bth.opcode.layout() else { return Err(WireError::UnknownOpcode(self.bth.opcode.0)) };
-        let len = Self::header_len(&layout);
+        let len = BTH_LEN + self.bth.opcode.ext_len();
         let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
         let mut off = self.bth.emit(h)?;
         // `h` holds all `len` bytes, so every header below fits.
