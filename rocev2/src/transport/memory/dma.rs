@@ -176,6 +176,7 @@ impl MemoryTable {
     /// every other mover). Anything else (several SGEs, another SGE or PD,
     /// a changed table, a key the checker refuses) goes through the checker
     /// as `local_gather_crc_lane` does, with its errors.
+    #[inline]
     pub fn local_gather_crc_lane_memo(
         &self,
         memo: &mut GatherMemo,
