@@ -20,7 +20,7 @@ use crate::psn::Psn;
 use crate::time::Instant;
 use crate::transport::attr::{Mtu, QpType};
 use crate::transport::ids::{Access, CqId, PdId};
-use crate::transport::memory::MemoryTable;
+use crate::transport::memory::{GatherMemo, MemoryTable};
 use crate::transport::path::PathHeaders;
 use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
@@ -144,6 +144,10 @@ pub(crate) struct Requester {
     /// WQEs this send queue has retired, for the post path's full check
     /// (kept across a reset: see [`Requester::reset`]).
     retired: Arc<RetiredCount>,
+    /// The local key of the message being sent, resolved at its first frame
+    /// and kept while the memory table is unchanged (a one-SGE message's
+    /// later frames copy without resolving it again).
+    gather_memo: GatherMemo,
 }
 
 pub(super) fn local_timeout(code: u8) -> Option<Duration> {
@@ -170,6 +174,7 @@ impl Requester {
             ident: 0,
             spent: Vec::new(),
             retired,
+            gather_memo: GatherMemo::default(),
         }
     }
 
@@ -548,7 +553,14 @@ impl Requester {
         let mut gather_failed = false;
         // The payload is copied and the ICRC continued over it in one pass
         // (or, in a small frame, copied and then covered with the headers).
-        let fill = Gather { memory: ctx.memory, pd: ctx.pd, payload: &w.wr.payload, offset: payload_off, failed: &mut gather_failed };
+        let fill = Gather {
+            memory: ctx.memory,
+            memo: &mut self.gather_memo,
+            pd: ctx.pd,
+            payload: &w.wr.payload,
+            offset: payload_off,
+            failed: &mut gather_failed,
+        };
         let res = path.emit_with_crc(t, payload_len, buf, fill);
         let n = match res {
             Ok(n) => n,
@@ -591,6 +603,8 @@ impl Requester {
 /// failed gather zeroes the payload and sets `failed`).
 struct Gather<'a> {
     memory: &'a MemoryTable,
+    /// The send queue's resolved key ([`MemoryTable::local_gather_crc_lane_memo`]).
+    memo: &'a mut GatherMemo,
     pd: PdId,
     payload: &'a WqePayload,
     offset: u64,
@@ -621,7 +635,7 @@ impl PayloadFill for Gather<'_> {
     fn copy_crc_lane(self, dst: &mut [u8], lane: crc::CrcLane) -> u32 {
         match self.payload {
             WqePayload::Inline(data) => crc::copy_update_lane(lane, Self::inline(data, self.offset), dst),
-            WqePayload::Sgl(sgl) => self.memory.local_gather_crc_lane(self.pd, sgl, self.offset, dst, lane).unwrap_or_else(|_| {
+            WqePayload::Sgl(sgl) => self.memory.local_gather_crc_lane_memo(self.memo, self.pd, sgl, self.offset, dst, lane).unwrap_or_else(|_| {
                 dst.fill(0);
                 *self.failed = true;
                 lane.finish()

@@ -239,6 +239,7 @@ pub fn update_masked_lane(crc: u32, data: &[u8], mask: &[u8]) -> Option<CrcLane>
 ///
 /// # Safety
 /// As [`copy_update_raw`].
+#[inline]
 pub unsafe fn copy_update_lane_raw(lane: CrcLane, src: *const u8, dst: &mut [u8]) -> u32 {
     #[cfg(target_arch = "x86_64")]
     if dst.len() >= FUSED_MIN && fused::available() {

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use super::keys::Table;
 use super::{AccessError, AtomicOp, MemoryTable, SgeError};
 use crate::transport::ids::{Access, PdId, Sge};
 use crate::wire::crc;
@@ -161,23 +162,60 @@ impl MemoryTable {
     /// copy folds the lane in ([`crc::copy_update_lane_raw`]), later pieces
     /// continue the finished CRC.
     pub fn local_gather_crc_lane(&self, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8], lane: crc::CrcLane) -> Result<u32, AccessError> {
+        gather_crc_lane(&self.read(), pd, sgl, offset, out, lane)
+    }
+
+    /// [`local_gather_crc_lane`](Self::local_gather_crc_lane) for the
+    /// frames of one message: a one-SGE list's key is resolved once and the
+    /// region's host address kept in `memo`, which later frames use while
+    /// the table has not changed since (its generation, bumped by every
+    /// writer before it changes anything, read under the same read guard
+    /// as the copy: an equal generation means no registration change since
+    /// the verdict, so the region and its memory are still exactly those
+    /// resolved, and the guard keeps them until the copy is done, as in
+    /// every other mover). Anything else (several SGEs, another SGE or PD,
+    /// a changed table, a key the checker refuses) goes through the checker
+    /// as `local_gather_crc_lane` does, with its errors.
+    #[inline]
+    pub fn local_gather_crc_lane_memo(
+        &self,
+        memo: &mut GatherMemo,
+        pd: PdId,
+        sgl: &[Sge],
+        offset: u64,
+        out: &mut [u8],
+        lane: crc::CrcLane,
+    ) -> Result<u32, AccessError> {
         let t = self.read();
-        // The pieces start at 0 of `out` and follow each other: only the
-        // first sees the lane. An empty gather is the lane's own CRC.
-        let mut crc = None;
-        t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
-            // SAFETY: `src..src+n` was validated inside a registered region kept
-            // alive by the read guard; `at + n <= out.len()` by construction of
-            // the pieces. Registered memory is reached only by raw pointer and
-            // cannot be the exclusive `out`.
-            crc = Some(unsafe {
-                match crc {
-                    None => crc::copy_update_lane_raw(lane, src, &mut out[at..at + n]),
-                    Some(c) => crc::copy_update_raw(c, src, &mut out[at..at + n]),
-                }
-            });
-        })?;
-        Ok(crc.unwrap_or_else(|| lane.finish()))
+        let [sge] = sgl else { return gather_crc_lane(&t, pd, sgl, offset, out, lane) };
+        // Under the guard no writer is inside: this is the generation of the
+        // table the guard protects.
+        let generation = self.generation.load(Ordering::Acquire);
+        let fresh = memo.generation == generation && memo.pd == pd && memo.sge == *sge;
+        if !fresh {
+            // The whole SGE, as the post-time check saw it; a refusal (or an
+            // SGE only partly valid) takes the checker's path for this range.
+            let Ok(host) = t.resolve_local(pd, sge.lkey, sge.addr, u64::from(sge.length), Access::empty()) else {
+                *memo = GatherMemo::default();
+                return gather_crc_lane(&t, pd, sgl, offset, out, lane);
+            };
+            *memo = GatherMemo { generation, pd, sge: *sge, host: host as usize };
+        }
+        let end = offset.checked_add(out.len() as u64).ok_or(AccessError::OutOfBounds)?;
+        if end > u64::from(sge.length) {
+            return Err(AccessError::OutOfBounds);
+        }
+        if out.is_empty() {
+            return Ok(lane.finish());
+        }
+        let src = (memo.host as *const u8).wrapping_add(offset as usize);
+        // SAFETY: `[memo.host, memo.host + sge.length)` was resolved inside a
+        // registered region at `generation`, which is still the table's under
+        // this read guard (no deregistration or re-registration since), and
+        // the guard keeps the region valid until the copy returns;
+        // `offset + out.len() <= sge.length`. Registered memory is reached
+        // only by raw pointer and cannot be the exclusive `out`.
+        Ok(unsafe { crc::copy_update_lane_raw(lane, src, out) })
     }
 
     /// Copy `data` to byte `offset` of the SGE list's concatenation (needs
@@ -194,7 +232,40 @@ impl MemoryTable {
     }
 }
 
+/// [`MemoryTable::local_gather_crc_lane`]'s work in a table its caller holds.
+fn gather_crc_lane(t: &Table, pd: PdId, sgl: &[Sge], offset: u64, out: &mut [u8], lane: crc::CrcLane) -> Result<u32, AccessError> {
+    // The pieces start at 0 of `out` and follow each other: only the
+    // first sees the lane. An empty gather is the lane's own CRC.
+    let mut crc = None;
+    t.for_sgl_pieces(pd, sgl, offset, out.len(), Access::empty(), |src, at, n| {
+        // SAFETY: `src..src+n` was validated inside a registered region kept
+        // alive by the read guard; `at + n <= out.len()` by construction of
+        // the pieces. Registered memory is reached only by raw pointer and
+        // cannot be the exclusive `out`.
+        crc = Some(unsafe {
+            match crc {
+                None => crc::copy_update_lane_raw(lane, src, &mut out[at..at + n]),
+                Some(c) => crc::copy_update_raw(c, src, &mut out[at..at + n]),
+            }
+        });
+    })?;
+    Ok(crc.unwrap_or_else(|| lane.finish()))
+}
+
 /// Total length of an SGE list in bytes.
 pub fn sgl_len(sgl: &[Sge]) -> u64 {
     sgl.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// A send queue's memo of one resolved local SGE, for
+/// [`MemoryTable::local_gather_crc_lane_memo`]: valid only at the table
+/// generation it records (0, the default, is no table's).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GatherMemo {
+    generation: u64,
+    pd: PdId,
+    sge: Sge,
+    /// Host address of the SGE's first byte (a pointer kept as an integer:
+    /// it is dereferenced only under the guard that revalidates it).
+    host: usize,
 }

@@ -497,6 +497,144 @@ fn deregistration_races_batched_traffic() {
     }
 }
 
+/// A send queue's memo of a resolved local key
+/// ([`MemoryTable::local_gather_crc_lane_memo`]) gives what the checker's
+/// gather gives, and never outlives a registration change: after a
+/// deregistration and a registration of another buffer under the same key the
+/// memo's next gather reads the new buffer; after a
+/// deregistration it is refused as the checker refuses it; a deregistration
+/// waits for a batch that gathered through the memo.
+#[test]
+fn a_gather_memo_gives_the_checkers_bytes_and_follows_registration_changes() {
+    use crate::wire::crc;
+    let mask = [0u8; crc::SHORT_MAX];
+    let Some(lane) = crc::update_masked_lane(!0, &[0x5a; 56], &mask) else {
+        eprintln!("this CPU has no PCLMULQDQ/SSSE3/SSE4.1: no lanes to continue");
+        return;
+    };
+    let t = Arc::new(MemoryTable::new());
+    let mut b = Buf::new(8192);
+    let k = reg(&t, &mut b, 0x10_000, ALL);
+    let fill: Vec<u8> = (0..8192u32).map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8).collect();
+    t.local_scatter(PD, &[Sge { addr: 0x10_000, length: 8192, lkey: k.lkey }], 0, &fill).unwrap();
+    let mut memo = GatherMemo::default();
+    let gather = |t: &MemoryTable, memo: &mut GatherMemo, sgl: &[Sge], offset: u64, len: usize| {
+        let mut want = vec![0u8; len];
+        let want_crc = t.local_gather_crc_lane(PD, sgl, offset, &mut want, lane);
+        let mut got = vec![0u8; len];
+        let got_crc = t.local_gather_crc_lane_memo(memo, PD, sgl, offset, &mut got, lane);
+        assert_eq!(got_crc, want_crc, "{sgl:?} offset {offset} len {len}");
+        assert_eq!(got, want, "{sgl:?} offset {offset} len {len}");
+        got_crc.map(|_| got)
+    };
+    // One SGE's frames in turn (the memo taken at the first, used by the
+    // rest), ranges at its end and past it, an empty one.
+    let one = [Sge { addr: 0x10_100, length: 6000, lkey: k.lkey }];
+    for (offset, len) in [(0, 1024), (1024, 1024), (2048, 4096), (5999, 1), (6000, 0), (5000, 1001), (u64::MAX, 2), (0, 0)] {
+        let _ = gather(&t, &mut memo, &one, offset, len);
+    }
+    assert_eq!(gather(&t, &mut memo, &one, 6, 4096).unwrap(), fill[0x106..0x106 + 4096]);
+    // Another SGE, another PD, several SGEs, a wrong key, an SGE beyond the region.
+    let other = [Sge { addr: 0x10_000, length: 100, lkey: k.lkey }];
+    assert_eq!(gather(&t, &mut memo, &other, 3, 90).unwrap(), fill[3..93]);
+    let two = [Sge { addr: 0x10_000, length: 100, lkey: k.lkey }, Sge { addr: 0x11_000, length: 3000, lkey: k.lkey }];
+    assert_eq!(gather(&t, &mut memo, &two, 50, 1000).unwrap()[50..], fill[0x1000..0x1000 + 950]);
+    let mut out = [0u8; 8];
+    assert_eq!(t.local_gather_crc_lane_memo(&mut memo, PdId(2), &one, 0, &mut out, lane), Err(AccessError::PdMismatch));
+    assert_eq!(gather(&t, &mut memo, &[Sge { lkey: k.lkey ^ 1, ..one[0] }], 0, 8), Err(AccessError::InvalidKey));
+    // The SGE reaches past the region, the range read does not: the mover
+    // checks the range (the post-time check refuses such an SGE).
+    let beyond = [Sge { addr: 0x11_000, length: 5000, lkey: k.lkey }];
+    assert_eq!(gather(&t, &mut memo, &beyond, 0, 8).unwrap(), fill[0x1000..0x1008]);
+    assert_eq!(gather(&t, &mut memo, &beyond, 4090, 8), Err(AccessError::OutOfBounds));
+    // Another buffer registered under the same key: the memo's SGE matches.
+    assert!(gather(&t, &mut memo, &one, 0, 64).is_ok());
+    let mut b2 = Buf::new(8192);
+    t.deregister(k.lkey).unwrap();
+    // SAFETY: `b2` outlives the table's last use of it (deregistered below).
+    let k2 = unsafe { t.register_with_key(PD, b2.ptr(), 8192, 0x10_000, ALL, k.lkey) }.unwrap();
+    assert_eq!(k2.lkey, k.lkey);
+    let fill2: Vec<u8> = fill.iter().map(|x| !x).collect();
+    t.local_scatter(PD, &[Sge { addr: 0x10_000, length: 8192, lkey: k.lkey }], 0, &fill2).unwrap();
+    assert_eq!(gather(&t, &mut memo, &one, 0, 64).unwrap(), fill2[0x100..0x140], "the memo read the old buffer");
+    // A deregistration waits for a batch that gathered through the memo;
+    // afterwards the memo's gather is refused.
+    let k3 = MrKeys { lkey: k.lkey, rkey: k.rkey };
+    assert_deregistration_waits_for(&t, k3, "a batch gathering through a memo", move |t, pause| {
+        let batch = t.batch();
+        let mut memo = GatherMemo::default();
+        let mut out = [0u8; 64];
+        t.local_gather_crc_lane_memo(&mut memo, PD, &one, 0, &mut out, lane).unwrap();
+        pause();
+        t.local_gather_crc_lane_memo(&mut memo, PD, &one, 64, &mut out, lane).unwrap();
+        drop(batch);
+    });
+    assert_eq!(t.local_gather_crc_lane_memo(&mut memo, PD, &one, 0, &mut out, lane), Err(AccessError::InvalidKey));
+    drop((b, b2));
+}
+
+/// Deregistration against a gatherer that keeps its memo across batches:
+/// the main thread registers a buffer under the same key each round (a
+/// memo of the old round's SGE would match the new one but for the table's
+/// generation), fills it with a round's pattern, deregisters it and then
+/// overwrites it with a poison pattern. A gather through a stale memo would
+/// read the poison (or a freed buffer); every successful gather must read
+/// one round's pattern whole.
+#[test]
+fn a_gather_memo_never_reads_a_deregistered_region() {
+    use crate::wire::crc;
+    use std::sync::atomic::AtomicBool;
+    const LEN: usize = 512;
+    let mask = [0u8; crc::SHORT_MAX];
+    let Some(lane) = crc::update_masked_lane(!0, &[0x5a; 56], &mask) else {
+        eprintln!("this CPU has no PCLMULQDQ/SSSE3/SSE4.1: no lanes to continue");
+        return;
+    };
+    let t = Arc::new(MemoryTable::new());
+    let mut first = Buf::new(LEN);
+    let key = reg(&t, &mut first, 0x20_000, ALL).lkey;
+    t.deregister(key).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let gathered = Arc::new(AtomicU64::new(0));
+    let gatherer = {
+        let (t, stop, gathered) = (t.clone(), stop.clone(), gathered.clone());
+        std::thread::spawn(move || {
+            let sge = [Sge { addr: 0x20_000, length: LEN as u32, lkey: key }];
+            let mut memo = GatherMemo::default();
+            let mut out = [0u8; LEN];
+            while !stop.load(Ordering::Relaxed) {
+                let _batch = t.batch();
+                for _ in 0..8 {
+                    if t.local_gather_crc_lane_memo(&mut memo, PD, &sge, 0, &mut out, lane).is_ok() {
+                        assert_ne!(out[0], 0xee, "a gather read the poison written after deregistration");
+                        assert!(out.iter().all(|&x| x == out[0]), "a gather read two rounds' bytes");
+                        gathered.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }
+        })
+    };
+    for round in 0..200u32 {
+        let mut b = Buf::new(LEN);
+        b.0.fill(u64::from_ne_bytes([(round % 200) as u8 + 1; 8]));
+        // SAFETY: `b` outlives the registration (deregistered below).
+        unsafe { t.register_with_key(PD, b.ptr(), LEN, 0x20_000, ALL, key) }.unwrap();
+        let before = gathered.load(Ordering::Relaxed);
+        // (A gatherer that failed stops counting: its panic is reported below.)
+        while gathered.load(Ordering::Relaxed) < before + 2 && !gatherer.is_finished() {
+            std::thread::yield_now();
+        }
+        t.deregister(key).unwrap();
+        b.0.fill(u64::from_ne_bytes([0xee; 8]));
+        for _ in 0..5 {
+            std::thread::yield_now();
+        }
+        drop(b);
+    }
+    stop.store(true, Ordering::Relaxed);
+    gatherer.join().unwrap();
+}
+
 #[test]
 fn type1_window_bind_use_rebind_and_rules() {
     let t = MemoryTable::new();
