@@ -5,6 +5,7 @@
 
 pub mod capture;
 pub mod completion_ring;
+pub mod kernel_time;
 pub mod memport;
 pub mod neigh;
 pub mod netdev;

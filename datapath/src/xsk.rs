@@ -876,7 +876,7 @@ impl Port for XskPort {
         self.give_back();
         if self.fill.needs_wakeup() {
             self.stats.wakeups += 1;
-            let _ = self.fill.wakeup(self.rx.fd_mut(), 0);
+            let _ = crate::kernel_time::syscall(|| self.fill.wakeup(self.rx.fd_mut(), 0));
         }
         Ok(frames)
     }
@@ -897,7 +897,7 @@ impl Port for XskPort {
         // peer first). Zero-copy kicks complete later, so they stop at one.
         while self.in_flight > 0 && self.tx.needs_wakeup() {
             self.stats.wakeups += 1;
-            match self.tx.wakeup() {
+            match crate::kernel_time::syscall(|| self.tx.wakeup()) {
                 Ok(()) => break,
                 Err(e) if e.raw_os_error() == Some(libc::EAGAIN) => {
                     let before = self.in_flight;

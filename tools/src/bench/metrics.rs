@@ -1,6 +1,7 @@
 //! What `urnic bench` reads about itself and its samples: this process's
 //! resident memory (/proc/self/statm), CPU time (getrusage) of the process
-//! and of its finished children, and quantiles of latency samples.
+//! and of its finished children, a thread's exact user CPU time
+//! ([`UserClock`]), and quantiles of latency samples.
 
 /// Median (sorts `v`); NaN if empty.
 pub(super) fn median(v: &mut [f64]) -> f64 {
@@ -44,10 +45,44 @@ fn cpu(who: i32) -> f64 {
     user + sys
 }
 
-/// User CPU time of this process so far (all its threads), s: urnic's own
-/// work, without the kernel's AF_XDP and veth work done on its behalf.
-pub(super) fn user_self() -> f64 {
-    rusage(libc::RUSAGE_SELF).0
+/// This thread's run time so far (user + system, exact: the scheduler's
+/// `CLOCK_THREAD_CPUTIME_ID`), s.
+fn thread_cpu() -> f64 {
+    // SAFETY: clock_gettime fills the timespec we pass.
+    let ts = unsafe {
+        let mut ts: libc::timespec = std::mem::zeroed();
+        libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts);
+        ts
+    };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
+}
+
+/// The calling thread's user CPU time from now on, exactly: its run time
+/// less the time it spends inside the AF_XDP sockets' system calls
+/// (`urnic_datapath::kernel_time`, timed while this lives). For a thread
+/// that does all of a measurement's work and enters the kernel only
+/// through its sockets (one core: urnic's devices in run-to-completion
+/// mode, the raw ceiling's one thread). `getrusage`'s user time is a
+/// sample on this kernel (one per 4 ms tick), not a measurement.
+pub(super) struct UserClock {
+    _timing: urnic_datapath::kernel_time::Timing,
+    run0: f64,
+    kernel0: u64,
+}
+
+impl UserClock {
+    /// Start on the calling thread.
+    pub(super) fn start() -> UserClock {
+        let timing = urnic_datapath::kernel_time::Timing::start();
+        UserClock { _timing: timing, run0: thread_cpu(), kernel0: urnic_datapath::kernel_time::this_thread_ns() }
+    }
+
+    /// User CPU seconds of the calling thread (the one that started it)
+    /// since the start.
+    pub(super) fn user(&self) -> f64 {
+        let kernel = (urnic_datapath::kernel_time::this_thread_ns() - self.kernel0) as f64 / 1e9;
+        (thread_cpu() - self.run0 - kernel).max(0.0)
+    }
 }
 
 /// CPU time (user + system) of this process so far (all its threads), s.

@@ -148,7 +148,7 @@ pub(super) fn copy_crc_costs() -> CopyCrc {
 /// The floor on `pair9k` (a 9000-byte veth): the ceiling's ring handling
 /// measured for `secs`, and the copies and CRCs.
 fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
-    let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs)?.user_per_frame * 1e6;
+    let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs, true)?.user_per_frame.unwrap_or_default() * 1e6;
     let c = copy_crc_costs();
     Ok(CpuFloor { rings: (ceiling - c.ceiling_copy).max(0.0), send: c.send, check: c.check, place: c.place })
 }
@@ -202,7 +202,7 @@ pub fn run_only(n: usize) -> Result<()> {
                     if cores == Cores::Two {
                         return raw_afxdp(&pair, WRITE64_FRAME, cores, 1.0);
                     }
-                    let t = raw_afxdp_cpu(&pair, WRITE64_FRAME, 1.0)?;
+                    let t = raw_afxdp_cpu(&pair, WRITE64_FRAME, 1.0, false)?;
                     cpu_c.push(t.cpu_per_frame);
                     Ok(t.pps)
                 },

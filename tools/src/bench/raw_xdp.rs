@@ -14,7 +14,7 @@ use urnic::XskConfig;
 use urnic_datapath::netns::{in_netns, VethPair};
 use urnic_datapath::{Port, XskPort};
 
-use super::metrics::{cpu_self, user_self};
+use super::metrics::{cpu_self, UserClock};
 use super::Cores;
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
@@ -95,7 +95,7 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
     let len = frame.len();
     let count = move |rx: &mut XskPort| received_of_len(rx, 256, len);
     match cores {
-        Cores::One => Ok(one_thread(&mut tx, &mut rx, &frame, secs).pps),
+        Cores::One => Ok(one_thread(&mut tx, &mut rx, &frame, secs, false).pps),
         Cores::Two => {
             let stop = Arc::new(AtomicBool::new(false));
             let s2 = stop.clone();
@@ -124,8 +124,10 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
 pub(super) struct OneThread {
     /// Frames per second (wall clock).
     pub(super) pps: f64,
-    /// User CPU seconds per frame.
-    pub(super) user_per_frame: f64,
+    /// User CPU seconds per frame, exact ([`UserClock`]), if asked for
+    /// (timing the kicks adds two clock reads to each: not while the
+    /// rate is what counts).
+    pub(super) user_per_frame: Option<f64>,
     /// CPU seconds (user + system) per frame: the rate the thread would
     /// reach on a core of its own, whatever else the host runs.
     pub(super) cpu_per_frame: f64,
@@ -133,30 +135,30 @@ pub(super) struct OneThread {
 
 /// The one-thread ceiling on open sockets: a 200 ms warm-up, then `secs`
 /// of sending and receiving.
-fn one_thread(tx: &mut XskPort, rx: &mut XskPort, frame: &[u8], secs: f64) -> OneThread {
+fn one_thread(tx: &mut XskPort, rx: &mut XskPort, frame: &[u8], secs: f64, time_user: bool) -> OneThread {
     let len = frame.len();
     let warm = Instant::now() + Duration::from_millis(200);
     while Instant::now() < warm {
         blast(tx, frame);
         received_of_len(rx, 256, len);
     }
-    let (start, user0, cpu0, mut got) = (Instant::now(), user_self(), cpu_self(), 0u64);
+    let (start, clock, cpu0, mut got) = (Instant::now(), time_user.then(UserClock::start), cpu_self(), 0u64);
     while start.elapsed().as_secs_f64() < secs {
         blast(tx, frame);
         got += received_of_len(rx, 256, len);
     }
-    let (elapsed, user, cpu) = (start.elapsed().as_secs_f64(), user_self() - user0, cpu_self() - cpu0);
+    let (elapsed, user, cpu) = (start.elapsed().as_secs_f64(), clock.map(|c| c.user()), cpu_self() - cpu0);
     let n = got.max(1) as f64;
-    OneThread { pps: got as f64 / elapsed, user_per_frame: user / n, cpu_per_frame: cpu / n }
+    OneThread { pps: got as f64 / elapsed, user_per_frame: user.map(|u| u / n), cpu_per_frame: cpu / n }
 }
 
 /// The one-thread raw ceiling of `frame_len`-byte frames for `secs`, with
-/// its CPU per frame (the user part is the ring handling any AF_XDP stack
-/// pays: `rate`'s CPU floor).
-pub(super) fn raw_afxdp_cpu(pair: &VethPair, frame_len: usize, secs: f64) -> Result<OneThread> {
+/// its CPU per frame, and with `time_user` its user CPU per frame too (the
+/// ring handling any AF_XDP stack pays: `rate`'s CPU floor).
+pub(super) fn raw_afxdp_cpu(pair: &VethPair, frame_len: usize, secs: f64, time_user: bool) -> Result<OneThread> {
     let frame = raw_frame(pair, frame_len)?;
     let (mut tx, mut rx) = raw_ports(pair)?;
-    Ok(one_thread(&mut tx, &mut rx, &frame, secs))
+    Ok(one_thread(&mut tx, &mut rx, &frame, secs, time_user))
 }
 
 /// Frame length of an 8-byte SEND ONLY: Ethernet, IPv4, UDP, BTH, payload, ICRC.

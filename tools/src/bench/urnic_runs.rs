@@ -12,7 +12,7 @@ use anyhow::{bail, Context as _, Result};
 use urnic::{open_af_xdp, Context, DatapathMode, XskConfig};
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::{cpu_self, rss, user_self};
+use super::metrics::{cpu_self, rss, UserClock};
 use super::Cores;
 use crate::perf::{bw, connect_pair, send_lat_samples, write_lat_samples, BwOp, Endpoint};
 
@@ -141,23 +141,22 @@ pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Resul
 const USER_CPU_CHUNK: usize = 3_000;
 
 /// urnic's user CPU on one core over at least `secs` of 64 KiB WRITEs on a
-/// fresh rig, after the warm-up: (user CPU seconds of the whole process,
-/// messages). On a kernel with tick-based CPU accounting (here: HZ 250,
-/// no `VIRT_CPU_ACCOUNTING_GEN`) `getrusage` splits the exactly measured
-/// run time into user and system by sampling 4 ms ticks: a 0.25 s run gets
-/// about 60 samples and a user share good to about ±15%, two seconds about
-/// 500 samples and ±5%. So the CPU row is measured here, long, not from the
-/// bandwidth rows' short runs.
+/// fresh rig, after the warm-up: (user CPU seconds of the thread that
+/// drives both devices, messages), measured exactly ([`UserClock`]: its
+/// run time less its time inside the sockets' system calls). On this
+/// kernel `getrusage`'s user time is a sample per 4 ms tick: about ±15%
+/// over the bandwidth rows' short runs, about ±5% over two seconds, and
+/// the host's phases on top.
 pub(super) fn urnic_user_cpu_64k(pair: &VethPair, secs: f64) -> Result<(f64, usize)> {
     let mut rig = rig(pair, Cores::One, 2 * 65536, "bu")?;
     warm_up(&mut rig, 65536)?;
-    let (start, user0) = (Instant::now(), user_self());
+    let (start, clock) = (Instant::now(), UserClock::start());
     let mut msgs = 0;
     while msgs == 0 || start.elapsed().as_secs_f64() < secs {
         bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, USER_CPU_CHUNK, 128).context("1 core: 64 KiB, user CPU")?;
         msgs += USER_CPU_CHUNK;
     }
-    Ok((user_self() - user0, msgs))
+    Ok((clock.user(), msgs))
 }
 
 /// The 64-byte WRITE message rate on `rig` (after a warm-up): messages/s,
