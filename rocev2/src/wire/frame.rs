@@ -235,13 +235,13 @@ fn parse_ip<'a>(
     let ib = ip_packet.get(ib_start..icrc_at).unwrap_or(&[]);
     *udp_out = udp;
     let hdr_len = transport.parse_into(ib)?;
-    let Some(layout) = transport.bth.opcode.layout() else { return Err(WireError::UnknownOpcode(transport.bth.opcode.0)) };
+    let Some(shape) = transport.bth.opcode.shape() else { return Err(WireError::UnknownOpcode(transport.bth.opcode.0)) };
     let body = ib.get(hdr_len..).unwrap_or(&[]);
     let pad = usize::from(transport.bth.pad_count);
     if pad > body.len() {
         return Err(WireError::BadPad { pad: transport.bth.pad_count });
     }
-    if !layout.payload && !body.is_empty() {
+    if !shape.payload() && !body.is_empty() {
         return Err(if pad > 0 { WireError::BadPad { pad: transport.bth.pad_count } } else { WireError::UnexpectedPayload });
     }
     // IBTA 9.2 (PadCnt): payload plus pad fill whole 4-byte words; rxe and

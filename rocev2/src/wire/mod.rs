@@ -46,7 +46,7 @@ pub use icrc::ICRC_LEN;
 pub use ip::{ipv4_mapped, IpRepr, IPPROTO_UDP};
 pub use ipv4::{internet_checksum, Ipv4Packet, Ipv4Repr, IPV4_LEN};
 pub use ipv6::{Ipv6Packet, Ipv6Repr, IPV6_LEN};
-pub use opcode::{HeaderLayout, Opcode, Segment, Service};
+pub use opcode::{HeaderLayout, Opcode, OpcodeShape, Segment, Service};
 pub use template::HeaderTemplate;
 pub use transport_headers::TransportRepr;
 pub use udp::{UdpPacket, UdpRepr, ROCEV2_UDP_PORT, UDP_LEN};

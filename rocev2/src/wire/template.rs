@@ -13,6 +13,7 @@
 //! words follows from a partial sum of the rest). The bytes on the wire are
 //! the same (tested against `FrameRepr` for every case below).
 
+use super::bth::BTH_LEN;
 use super::error::WireError;
 use super::ethernet::EthernetRepr;
 use super::frame::{emit_transport_and_icrc, pad_for, PayloadFill};
@@ -103,15 +104,15 @@ impl HeaderTemplate {
         // let-else, not `ok_or(..)?`: the latter built the 10-byte `Result` on
         // the stack and read it back across its two stores (a store-forwarding
         // stall on every frame; most of this function's samples in `perf`).
-        let Some(layout) = op.layout() else { return Err(WireError::UnknownOpcode(op.0)) };
-        if payload_len > 0 && !layout.payload {
+        let Some(shape) = op.shape() else { return Err(WireError::UnknownOpcode(op.0)) };
+        if payload_len > 0 && !shape.payload() {
             return Err(WireError::UnexpectedPayload);
         }
         if payload_len > usize::from(u16::MAX) {
             return Err(WireError::FieldOverflow);
         }
         let (l3_at, ip_len) = (usize::from(self.l3_at), usize::from(self.ip_len));
-        let udp_len = UDP_LEN + TransportRepr::header_len(&layout) + payload_len + pad_for(payload_len) + ICRC_LEN;
+        let udp_len = UDP_LEN + BTH_LEN + shape.ext_len() + payload_len + pad_for(payload_len) + ICRC_LEN;
         let udp_len16 = u16::try_from(udp_len).map_err(|_| WireError::FieldOverflow)?;
         let total = l3_at + ip_len + udp_len;
         let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
