@@ -790,8 +790,11 @@ impl Engine {
                 self.wake(qpn);
                 return Some(len);
             }
+            return self.transmit_request(now, qpn, buf);
         }
-        self.transmit_request(now, qpn, buf)
+        // The common case (a data frame): the QP still in hand, no second lookup.
+        let out = request_frame(qp, now, self.last_now, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, &mut self.ready, buf);
+        self.after_request(qpn, out)
     }
 
     /// The next response of `qpn`'s responder, if any.
@@ -818,39 +821,18 @@ impl Engine {
     /// pending responder flush); after one, the QP is back on the ready list.
     fn transmit_request(&mut self, now: Instant, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
-        if qp.responder_flush_pending && !qp.responder.has_pending() {
-            qp.responder_flush_pending = false;
-            flush_responder(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events);
-        }
-        if !matches!(qp.state, QpState::Rts | QpState::Sqd) {
-            return None;
-        }
-        // DCQCN pacing: requests leave no faster than the QP's current rate.
-        if !qp.rp.may_send(now) {
-            return None;
-        }
-        // The path is used in place (UD sends carry their own per WR).
-        let r = {
-            let (requester, mut ctx, path) = req_parts(qp, &self.memory, &mut self.completions);
-            requester.poll_transmit(now, &mut ctx, path, buf)
-        };
-        if let Ok(Some(len)) = r {
-            qp.rp.on_sent(now, len);
-            // The reply a held ACK waited for: the ACK leaves next, right
-            // behind it (the QP is back on the ready list after a frame).
-            qp.responder.release_hold();
-            mark_ready(qp, &mut self.ready);
-        }
-        // `arm` and `note_drained` with the QP in hand (one lookup a frame).
-        let due = next_arm(qp, self.last_now);
-        if r.is_ok() {
-            check_drained(qp, &mut self.events);
-        }
-        if let Some(t) = due {
+        let out = request_frame(qp, now, self.last_now, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, &mut self.ready, buf);
+        self.after_request(qpn, out)
+    }
+
+    /// What follows a [`request_frame`] once the QP is out of hand: its
+    /// timer queued, a fatal send-queue error taken to ERR.
+    fn after_request(&mut self, qpn: u32, out: RequestOut) -> Option<usize> {
+        if let Some(t) = out.due {
             self.queue_timer(t, qpn);
         }
-        match r {
-            Ok(out) => out,
+        match out.frame {
+            Ok(len) => len,
             Err(SqFatal(_)) => {
                 self.enter_error(qpn, true);
                 None
@@ -1002,6 +984,57 @@ fn post_one_send(qp: &mut Qp, wr: Box<SendWqe>, completions: &mut VecDeque<Compl
     let sig_all = qp.init.sq_sig_all;
     qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
     Ok(true)
+}
+
+/// A request frame of `qp`'s and what [`Engine::after_request`] does with
+/// the QP out of hand.
+struct RequestOut {
+    frame: Result<Option<usize>, SqFatal>,
+    /// The QP's timer to queue.
+    due: Option<Instant>,
+}
+
+/// The next request frame of `qp` (in RTS or SQD, as DCQCN pacing allows)
+/// into `buf`, with the QP in hand: the engine's parts it needs borrowed
+/// one by one, so a caller that has just looked the QP up passes it on.
+#[allow(clippy::too_many_arguments)]
+fn request_frame(
+    qp: &mut Qp,
+    now: Instant,
+    last_now: Instant,
+    memory: &MemoryTable,
+    srqs: &mut IntMap<SrqId, RecvQueue>,
+    completions: &mut VecDeque<Completion>,
+    events: &mut VecDeque<AsyncEvent>,
+    ready: &mut VecDeque<u32>,
+    buf: &mut [u8],
+) -> RequestOut {
+    if qp.responder_flush_pending && !qp.responder.has_pending() {
+        qp.responder_flush_pending = false;
+        flush_responder(qp, memory, srqs, completions, events);
+    }
+    // DCQCN pacing: requests leave no faster than the QP's current rate.
+    if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !qp.rp.may_send(now) {
+        return RequestOut { frame: Ok(None), due: None };
+    }
+    // The path is used in place (UD sends carry their own per WR).
+    let r = {
+        let (requester, mut ctx, path) = req_parts(qp, memory, completions);
+        requester.poll_transmit(now, &mut ctx, path, buf)
+    };
+    if let Ok(Some(len)) = r {
+        qp.rp.on_sent(now, len);
+        // The reply a held ACK waited for: the ACK leaves next, right
+        // behind it (the QP is back on the ready list after a frame).
+        qp.responder.release_hold();
+        mark_ready(qp, ready);
+    }
+    // `arm` and `note_drained` with the QP in hand (one lookup a frame).
+    let due = next_arm(qp, last_now);
+    if r.is_ok() {
+        check_drained(qp, events);
+    }
+    RequestOut { frame: r, due }
 }
 
 fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
