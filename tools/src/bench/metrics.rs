@@ -57,31 +57,95 @@ fn thread_cpu() -> f64 {
     ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-/// The calling thread's user CPU time from now on, exactly: its run time
-/// less the time it spends inside the AF_XDP sockets' system calls
-/// (`urnic_datapath::kernel_time`, timed while this lives). For a thread
-/// that does all of a measurement's work and enters the kernel only
-/// through its sockets (one core: urnic's devices in run-to-completion
-/// mode, the raw ceiling's one thread). `getrusage`'s user time is a
-/// sample on this kernel (one per 4 ms tick), not a measurement.
+/// Context switches of the calling thread so far, voluntary and not
+/// (getrusage, `RUSAGE_THREAD`).
+fn thread_switches() -> i64 {
+    // SAFETY: getrusage fills the struct we pass.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    ru.ru_nvcsw + ru.ru_nivcsw
+}
+
+/// What [`UserClock`] reads at each lap's end.
+#[derive(Clone, Copy)]
+struct Reading {
+    /// The thread's run time, s.
+    run: f64,
+    /// Its time inside timed system calls, ns.
+    kernel: u64,
+    /// Its context switches.
+    switches: i64,
+}
+
+impl Reading {
+    fn now() -> Reading {
+        Reading { run: thread_cpu(), kernel: urnic_datapath::kernel_time::this_thread_ns(), switches: thread_switches() }
+    }
+}
+
+/// The calling thread's user CPU time per unit of work, exactly, over laps
+/// of work: a lap's user time is the thread's run time less the time it
+/// spent inside the AF_XDP sockets' system calls (`urnic_datapath::
+/// kernel_time`, timed while this lives). For a thread that does all of a
+/// measurement's work and enters the kernel only through its sockets (one
+/// core: urnic's devices in run-to-completion mode, the raw ceiling's one
+/// thread). A system call is timed by the wall clock, so a lap in which the
+/// thread was switched out (preempted inside a call, that wait would be
+/// taken off a run time that never had it) is left out, as is the other
+/// process's mark on the caches. `getrusage`'s user time is a sample on
+/// this kernel (one per 4 ms tick), not a measurement.
 pub(super) struct UserClock {
     _timing: urnic_datapath::kernel_time::Timing,
-    run0: f64,
-    kernel0: u64,
+    last: Reading,
+    /// The counted laps' user CPU seconds, run seconds and units of work.
+    user: f64,
+    run: f64,
+    units: f64,
+    /// Laps counted and left out.
+    laps: [usize; 2],
 }
 
 impl UserClock {
-    /// Start on the calling thread.
+    /// Start the first lap on the calling thread.
     pub(super) fn start() -> UserClock {
         let timing = urnic_datapath::kernel_time::Timing::start();
-        UserClock { _timing: timing, run0: thread_cpu(), kernel0: urnic_datapath::kernel_time::this_thread_ns() }
+        UserClock { _timing: timing, last: Reading::now(), user: 0.0, run: 0.0, units: 0.0, laps: [0, 0] }
     }
 
-    /// User CPU seconds of the calling thread (the one that started it)
-    /// since the start.
-    pub(super) fn user(&self) -> f64 {
-        let kernel = (urnic_datapath::kernel_time::this_thread_ns() - self.kernel0) as f64 / 1e9;
-        (thread_cpu() - self.run0 - kernel).max(0.0)
+    /// End the lap in which the calling thread (the one that started the
+    /// clock) did `units` of work, and start the next.
+    pub(super) fn lap(&mut self, units: f64) {
+        let now = Reading::now();
+        if now.switches == self.last.switches {
+            let run = now.run - self.last.run;
+            let kernel = (now.kernel - self.last.kernel) as f64 / 1e9;
+            self.user += (run - kernel).max(0.0);
+            self.run += run;
+            self.units += units;
+            self.laps[0] += 1;
+        } else {
+            self.laps[1] += 1;
+        }
+        self.last = Reading::now();
+    }
+
+    /// Run seconds of the counted laps.
+    pub(super) fn counted_run(&self) -> f64 {
+        self.run
+    }
+
+    /// User CPU seconds per unit of work over the counted laps; an error
+    /// saying so if the thread was switched out in every lap.
+    pub(super) fn per_unit(&self) -> anyhow::Result<f64> {
+        anyhow::ensure!(
+            self.units > 0.0,
+            "user CPU: the measuring thread was switched out in each of its {} laps (the host is too busy for this row)",
+            self.laps[1]
+        );
+        Ok(self.user / self.units)
     }
 }
 

@@ -20,7 +20,7 @@
 
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use rocev2::wire::crc;
 use urnic_datapath::netns::VethPair;
 
@@ -148,7 +148,7 @@ pub(super) fn copy_crc_costs() -> CopyCrc {
 /// The floor on `pair9k` (a 9000-byte veth): the ceiling's ring handling
 /// measured for `secs`, and the copies and CRCs.
 fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
-    let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs, true)?.user_per_frame.unwrap_or_default() * 1e6;
+    let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs, true)?.user_per_frame.context("the raw ceiling's user CPU")?? * 1e6;
     let c = copy_crc_costs();
     Ok(CpuFloor { rings: (ceiling - c.ceiling_copy).max(0.0), send: c.send, check: c.check, place: c.place })
 }
@@ -159,11 +159,10 @@ fn cpu_floor(pair9k: &VethPair, secs: f64) -> Result<CpuFloor> {
 /// drift meets both alike) and the floor (its ring handling measured for
 /// `secs`).
 pub(super) fn cpu_row(pair9k: &VethPair, secs: f64) -> Result<(f64, CpuFloor)> {
-    let (user_a, msgs_a) = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
+    let a = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
     let floor = cpu_floor(pair9k, secs)?;
-    let (user_b, msgs_b) = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
-    let frames = (msgs_a + msgs_b) as f64 * FRAMES_PER_64K;
-    Ok(((user_a + user_b) / frames * 1e6, floor))
+    let b = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
+    Ok(((a + b) / 2.0 / FRAMES_PER_64K * 1e6, floor))
 }
 
 /// What one `--rate` run measured.

@@ -124,10 +124,11 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
 pub(super) struct OneThread {
     /// Frames per second (wall clock).
     pub(super) pps: f64,
-    /// User CPU seconds per frame, exact ([`UserClock`]), if asked for
-    /// (timing the kicks adds two clock reads to each: not while the
-    /// rate is what counts).
-    pub(super) user_per_frame: Option<f64>,
+    /// User CPU seconds per frame, exact ([`UserClock`]: an error if the
+    /// thread was switched out in every lap), if asked for (timing the
+    /// kicks adds two clock reads to each: not while the rate is what
+    /// counts).
+    pub(super) user_per_frame: Option<Result<f64>>,
     /// CPU seconds (user + system) per frame: the rate the thread would
     /// reach on a core of its own, whatever else the host runs.
     pub(super) cpu_per_frame: f64,
@@ -142,14 +143,22 @@ fn one_thread(tx: &mut XskPort, rx: &mut XskPort, frame: &[u8], secs: f64, time_
         blast(tx, frame);
         received_of_len(rx, 256, len);
     }
-    let (start, clock, cpu0, mut got) = (Instant::now(), time_user.then(UserClock::start), cpu_self(), 0u64);
+    let (start, mut clock, cpu0, mut got) = (Instant::now(), time_user.then(UserClock::start), cpu_self(), 0u64);
+    let mut lap = (Instant::now(), 0u64);
     while start.elapsed().as_secs_f64() < secs {
         blast(tx, frame);
-        got += received_of_len(rx, 256, len);
+        let n = received_of_len(rx, 256, len);
+        got += n;
+        lap.1 += n;
+        // Laps of about 10 ms for the user CPU (see `UserClock`).
+        if let Some(c) = clock.as_mut().filter(|_| lap.0.elapsed() >= Duration::from_millis(10)) {
+            c.lap(lap.1 as f64);
+            lap = (Instant::now(), 0);
+        }
     }
-    let (elapsed, user, cpu) = (start.elapsed().as_secs_f64(), clock.map(|c| c.user()), cpu_self() - cpu0);
+    let (elapsed, cpu) = (start.elapsed().as_secs_f64(), cpu_self() - cpu0);
     let n = got.max(1) as f64;
-    OneThread { pps: got as f64 / elapsed, user_per_frame: user.map(|u| u / n), cpu_per_frame: cpu / n }
+    OneThread { pps: got as f64 / elapsed, user_per_frame: clock.map(|c| c.per_unit()), cpu_per_frame: cpu / n }
 }
 
 /// The one-thread raw ceiling of `frame_len`-byte frames for `secs`, with

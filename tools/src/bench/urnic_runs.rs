@@ -137,26 +137,25 @@ pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Resul
     Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * WRITE_64K_ITERS) as f64 / 1e9) })
 }
 
-/// 64 KiB WRITEs per call of the long CPU measurement (about 0.12 s each).
-const USER_CPU_CHUNK: usize = 3_000;
+/// 64 KiB WRITEs per lap of the CPU measurement (about 40 ms each).
+const USER_CPU_LAP: usize = 1_000;
 
-/// urnic's user CPU on one core over at least `secs` of 64 KiB WRITEs on a
-/// fresh rig, after the warm-up: (user CPU seconds of the thread that
-/// drives both devices, messages), measured exactly ([`UserClock`]: its
-/// run time less its time inside the sockets' system calls). On this
-/// kernel `getrusage`'s user time is a sample per 4 ms tick: about ±15%
-/// over the bandwidth rows' short runs, about ±5% over two seconds, and
-/// the host's phases on top.
-pub(super) fn urnic_user_cpu_64k(pair: &VethPair, secs: f64) -> Result<(f64, usize)> {
+/// urnic's user CPU on one core over 64 KiB WRITEs on a fresh rig, after
+/// the warm-up, laps until those counted ([`UserClock`]: no context switch
+/// in them) ran `secs` or four times that passed: (user CPU seconds per
+/// message of the thread that drives both devices, exact: its run time
+/// less its time inside the sockets' system calls). On this kernel
+/// `getrusage`'s user time is a sample per 4 ms tick: about ±15% over the
+/// bandwidth rows' short runs, about ±5% over two seconds.
+pub(super) fn urnic_user_cpu_64k(pair: &VethPair, secs: f64) -> Result<f64> {
     let mut rig = rig(pair, Cores::One, 2 * 65536, "bu")?;
     warm_up(&mut rig, 65536)?;
-    let (start, clock) = (Instant::now(), UserClock::start());
-    let mut msgs = 0;
-    while msgs == 0 || start.elapsed().as_secs_f64() < secs {
-        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, USER_CPU_CHUNK, 128).context("1 core: 64 KiB, user CPU")?;
-        msgs += USER_CPU_CHUNK;
+    let (start, mut clock) = (Instant::now(), UserClock::start());
+    while clock.counted_run() < secs && start.elapsed().as_secs_f64() < 4.0 * secs {
+        bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, USER_CPU_LAP, 128).context("1 core: 64 KiB, user CPU")?;
+        clock.lap(USER_CPU_LAP as f64);
     }
-    Ok((clock.user(), msgs))
+    clock.per_unit()
 }
 
 /// The 64-byte WRITE message rate on `rig` (after a warm-up): messages/s,
