@@ -176,8 +176,6 @@ impl CompletionRing {
             }
             if n > 0 {
                 end = self.next(end);
-            }
-            if n > 0 {
                 // Claim `tail..end`: succeeds for one producer only, and no
                 // producer writes a slot the tail has not passed, so the
                 // slots counted stay free until we publish them.

@@ -260,8 +260,9 @@ fn parse_ip<'a>(
 
 impl FrameRepr {
     fn layout_len(&self) -> Result<usize, WireError> {
-        let layout = self.transport.bth.opcode.layout().ok_or(WireError::UnknownOpcode(self.transport.bth.opcode.0))?;
-        Ok(TransportRepr::header_len(&layout))
+        let op = self.transport.bth.opcode;
+        let shape = op.shape().ok_or(WireError::UnknownOpcode(op.0))?;
+        Ok(BTH_LEN + shape.ext_len())
     }
 
     /// Bytes the whole frame takes for a payload of `payload_len` bytes

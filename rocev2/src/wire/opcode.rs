@@ -173,15 +173,6 @@ impl Opcode {
         LAYOUTS[self.0 as usize]
     }
 
-    /// [`HeaderLayout::ext_len`] of the opcode's layout (0 for an opcode
-    /// without one): one load from a table, where the layout's sum of
-    /// eight flags times their lengths took 14 instructions per frame
-    /// parsed or emitted (callgrind).
-    #[inline]
-    pub const fn ext_len(self) -> usize {
-        EXT_LENS[self.0 as usize] as usize
-    }
-
     /// What an emit or a frame parse checks of the opcode (known, payload
     /// allowed, extension headers' length), or `None` for an opcode urnic
     /// does not know: one byte from a table, where [`layout`](Self::layout)
@@ -387,20 +378,6 @@ static SHAPES: [u8; 256] = {
     t
 };
 
-/// [`Opcode::ext_len`] for every opcode byte.
-static EXT_LENS: [u8; 256] = {
-    let mut t = [0; 256];
-    let mut i = 0;
-    while i < 256 {
-        if let Some(l) = Opcode(i as u8).layout_by_match() {
-            // At most 28 + 8 + 4 + 16: fits a byte.
-            t[i] = l.ext_len() as u8;
-        }
-        i += 1;
-    }
-    t
-};
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -421,7 +398,6 @@ mod tests {
         assert_eq!(Opcode::CNP.layout().unwrap().ext_len(), 16);
         for b in 0..=255u8 {
             let op = Opcode(b);
-            assert_eq!(op.ext_len(), op.layout().map_or(0, |l| l.ext_len()), "opcode {b:#x}");
             let shape = op.shape().map(|s| (s.payload(), s.ext_len()));
             assert_eq!(shape, op.layout().map(|l| (l.payload, l.ext_len())), "opcode {b:#x}");
         }

@@ -9,7 +9,6 @@ use super::ext::{
     AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr, IethPacket, ImmDtPacket,
     RethPacket, RethRepr,
 };
-use super::opcode::HeaderLayout;
 
 /// All transport headers of one packet: the BTH and its extension headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -37,11 +36,6 @@ impl TransportRepr {
     /// start that parsing fills in).
     pub const fn bth_only(bth: BthRepr) -> TransportRepr {
         TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None }
-    }
-
-    /// Length of the BTH plus the extension headers of `layout`.
-    pub const fn header_len(layout: &HeaderLayout) -> usize {
-        BTH_LEN + layout.ext_len()
     }
 
     /// Parse the BTH and the extension headers its opcode calls for.
@@ -218,7 +212,7 @@ mod tests {
         for want in [full, middle, ud, middle, full] {
             let mut b = [0u8; 64];
             let n = want.emit(&mut b).unwrap();
-            assert_eq!(n, BTH_LEN + want.bth.opcode.ext_len());
+            assert_eq!(n, BTH_LEN + want.bth.opcode.shape().unwrap().ext_len());
             assert_eq!(into.parse_into(&b[..n]), Ok(n));
             assert_eq!(into, want);
             assert_eq!(TransportRepr::parse(&b[..n]), Ok((want, n)));

@@ -45,6 +45,17 @@ fn cpu(who: i32) -> f64 {
     user + sys
 }
 
+/// A markdown table of per-run ratios: a row per `(what, per-run ratios,
+/// target)` with the median and the range over the runs (`runs` of them).
+pub(super) fn ratio_table<'a>(runs: usize, rows: impl IntoIterator<Item = (&'a str, Vec<f64>, &'a str)>) -> String {
+    let mut t = vec![format!("| ratio (per run, {runs} runs) | median | range | target |"), "|---|---|---|---|".to_string()];
+    for (what, mut v, target) in rows {
+        let (lo, hi) = spread(&v);
+        t.push(format!("| {what} | {:.2} | {lo:.2}–{hi:.2} | {target} |", median(&mut v)));
+    }
+    t.join("\n")
+}
+
 /// This thread's run time so far (user + system, exact: the scheduler's
 /// `CLOCK_THREAD_CPUTIME_ID`), s.
 fn thread_cpu() -> f64 {
@@ -162,6 +173,14 @@ pub(super) fn cpu_children() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_ratio_table_gives_each_rows_median_and_range() {
+        let t = ratio_table(3, [("a", vec![0.9, 0.8, 1.0], "≥ 0.85"), ("b", vec![1.3, 1.2, 1.25], "≤ 1.25")]);
+        let want = "| ratio (per run, 3 runs) | median | range | target |\n|---|---|---|---|\n\
+                    | a | 0.90 | 0.80–1.00 | ≥ 0.85 |\n| b | 1.25 | 1.20–1.30 | ≤ 1.25 |";
+        assert_eq!(t, want);
+    }
 
     #[test]
     fn quantiles() {

@@ -52,7 +52,7 @@ use urnic_datapath::netns::VethPair;
 use self::baselines::{iperf3, tcp_pingpong, udp_pingpong};
 pub use self::c_path::run_only as c_path_only;
 use self::c_path::CPathRun;
-use self::metrics::{median, spread};
+use self::metrics::median;
 pub use self::rate::run_only as rate_only;
 use self::raw_xdp::{raw_afxdp, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
@@ -88,10 +88,6 @@ struct UrnicRun {
     msg_rate: f64,
     /// CPU seconds per GB in the 64 KiB WRITE run at MTU 1024.
     cpu_per_gb: f64,
-    /// User CPU µs per 4154-byte frame, 64 KiB WRITEs at MTU 4096 for 2 s
-    /// (one core only: [`rate::cpu_row`]; 0 for two cores, where device B's
-    /// thread spins between frames and its user time is not work).
-    user_per_frame_4k: f64,
     /// 8 B one-way latency samples, µs.
     send_lat: Vec<f64>,
     write_lat: Vec<f64>,
@@ -145,6 +141,10 @@ struct Run {
     tcp_lat: Vec<f64>,
     /// Raw AF_XDP ping-pong one-way µs, [cores] (all windows of `latency`).
     raw_lat: [Vec<f64>; 2],
+    /// urnic's user CPU µs per 4154-byte frame, one core, 64 KiB WRITEs at
+    /// MTU 4096 ([`rate::cpu_row`]; not with two cores, where device B's
+    /// thread spins between frames and its user time is not work).
+    user_per_frame_4k: f64,
     /// The mandatory user CPU per 4154-byte frame (see `rate`).
     cpu_floor: rate::CpuFloor,
     /// urnic's 8 B SEND and WRITE interleaved with the raw ping-pong, in
@@ -184,7 +184,7 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
         r.raw_lat[i] = latency::raw_samples(&r.latency, i);
     }
     p.step("urnic, 1 core: user CPU per 4154-byte frame over 2 s; the floor: ring handling, copies, ICRC passes");
-    (r.urnic[0].user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
+    (r.user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 1500");
     (r.tcp_mbps, r.tcp_cpu_per_gb) = iperf3(&pair, 2, &[])?;
     p.step("kernel TCP (iperf3): bandwidth, MTU 9000");
@@ -264,7 +264,7 @@ pub fn bandwidth_only(n: usize) -> Result<()> {
             bandwidth_rows(&p, (&pair, &pair9k), cores, &mut r, i)?;
         }
         p.step("urnic, 1 core: user CPU per 4154-byte frame over 2 s; the floor: ring handling, copies, ICRC passes");
-        (r.urnic[0].user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
+        (r.user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;
         let ratios = bandwidth_ratios(&r);
         p.println(format!(
             "run {}: 64 KiB WRITE / raw ceiling: MTU 1024 {:.2}/{:.2}, MTU 4096 {:.2}/{:.2} (1/2 cores; urnic {:.0}/{:.0} and {:.0}/{:.0} MB/s); \
@@ -278,7 +278,7 @@ pub fn bandwidth_only(n: usize) -> Result<()> {
             r.urnic[1].write_64k,
             r.urnic[0].write_64k_mtu4096,
             r.urnic[1].write_64k_mtu4096,
-            r.urnic[0].user_per_frame_4k,
+            r.user_per_frame_4k,
             r.cpu_floor.total(),
             ratios[4]
         ));
@@ -293,13 +293,8 @@ pub fn bandwidth_only(n: usize) -> Result<()> {
         "user CPU per 4154-byte frame / floor, 1 core",
     ];
     let targets = ["≥ 0.85", "≥ 0.85", "≥ 0.95 in every run", "≥ 0.95 in every run", "≤ 1.25"];
-    let mut t = vec![format!("| ratio (per run, {} runs) | median | range | target |", all.len()), "|---|---|---|---|".to_string()];
-    for (j, (what, target)) in rows.iter().zip(targets).enumerate() {
-        let mut v: Vec<f64> = all.iter().map(|r| bandwidth_ratios(r)[j]).collect();
-        let (lo, hi) = spread(&v);
-        t.push(format!("| {what} | {:.2} | {lo:.2}–{hi:.2} | {target} |", median(&mut v)));
-    }
-    crate::out::outln!("{}", t.join("\n"))?;
+    let table = rows.iter().zip(targets).enumerate().map(|(j, (what, target))| (*what, all.iter().map(|r| bandwidth_ratios(r)[j]).collect(), target));
+    crate::out::outln!("{}", metrics::ratio_table(all.len(), table))?;
     Ok(())
 }
 
@@ -313,7 +308,7 @@ fn bandwidth_ratios(r: &Run) -> [f64; 5] {
         at(r.urnic[0].write_64k_mtu4096, r.raw_4k[0], 4096.0),
         at(r.urnic[1].write_64k, r.raw_1k[1], 1024.0),
         at(r.urnic[1].write_64k_mtu4096, r.raw_4k[1], 4096.0),
-        r.urnic[0].user_per_frame_4k / r.cpu_floor.total(),
+        r.user_per_frame_4k / r.cpu_floor.total(),
     ]
 }
 

@@ -24,7 +24,7 @@ use anyhow::{Context as _, Result};
 use rocev2::wire::crc;
 use urnic_datapath::netns::VethPair;
 
-use super::metrics::{median, spread};
+use super::metrics::ratio_table;
 use super::raw_xdp::{raw_afxdp, raw_afxdp_cpu, write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::{urnic_rate, urnic_user_cpu_64k};
 use super::{bracketed, veth_pairs, Cores};
@@ -238,18 +238,17 @@ pub fn run_only(n: usize) -> Result<()> {
         all.push(r);
     }
     drop(p);
-    let med = |f: &dyn Fn(&RateRun) -> f64| {
-        let mut v: Vec<f64> = all.iter().map(f).collect();
-        let (lo, hi) = spread(&v);
-        (median(&mut v), lo, hi)
-    };
-    let line = |what: &str, (m, lo, hi): (f64, f64, f64), target: &str| format!("| {what} | {m:.2} | {lo:.2}–{hi:.2} | {target} |");
-    let mut t = vec![format!("| ratio (per run, {} runs) | median | range | target |", all.len()), "|---|---|---|---|".to_string()];
-    t.push(line("64 B WRITE message rate / raw ceiling, 1 core", med(&|r| r.rate[0].0 / r.rate[0].1), "≥ 0.85"));
-    t.push(line("64 B WRITE message rate / raw ceiling, 2 cores", med(&|r| r.rate[1].0 / r.rate[1].1), "≥ 0.85"));
-    t.push(line("the same on CPU time: raw CPU per frame / urnic CPU per message, 1 core", med(&|r| r.cpu_per.1 / r.cpu_per.0), "(context)"));
-    t.push(line("user CPU per 4154-byte frame / floor, 1 core", med(&|r| r.user_per_frame / r.floor.total()), "≤ 1.25"));
-    crate::out::outln!("{}", t.join("\n"))?;
+    let per_run = |f: &dyn Fn(&RateRun) -> f64| all.iter().map(f).collect::<Vec<f64>>();
+    let t = ratio_table(
+        all.len(),
+        [
+            ("64 B WRITE message rate / raw ceiling, 1 core", per_run(&|r| r.rate[0].0 / r.rate[0].1), "≥ 0.85"),
+            ("64 B WRITE message rate / raw ceiling, 2 cores", per_run(&|r| r.rate[1].0 / r.rate[1].1), "≥ 0.85"),
+            ("the same on CPU time: raw CPU per frame / urnic CPU per message, 1 core", per_run(&|r| r.cpu_per.1 / r.cpu_per.0), "(context)"),
+            ("user CPU per 4154-byte frame / floor, 1 core", per_run(&|r| r.user_per_frame / r.floor.total()), "≤ 1.25"),
+        ],
+    );
+    crate::out::outln!("{t}")?;
     Ok(())
 }
 

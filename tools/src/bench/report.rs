@@ -142,9 +142,9 @@ pub(super) fn summarize(runs: &[Run]) -> Summary {
                     med(&|r| r.cpu_floor.check),
                     med(&|r| r.cpu_floor.place)
                 ),
-                format!("{:.2} us", med(&|r| r.urnic[i].user_per_frame_4k)),
+                format!("{:.2} us", med(&|r| r.user_per_frame_4k)),
                 format!("{:.2} us", med(&|r| r.cpu_floor.total())),
-                per(&|r| r.urnic[i].user_per_frame_4k / r.cpu_floor.total()),
+                per(&|r| r.user_per_frame_4k / r.cpu_floor.total()),
                 Some("<= 1.25"),
             );
         }
