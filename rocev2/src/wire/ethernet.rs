@@ -30,6 +30,59 @@ pub struct VlanTag {
     pub vid: u16,
 }
 
+impl VlanTag {
+    /// The tag a TCI holds (PCP 3 bits, DEI, VID 12 bits).
+    const fn from_tci(tci: u16) -> VlanTag {
+        VlanTag { pcp: (tci >> 13) as u8, dei: tci & 0x1000 != 0, vid: tci & 0x0fff }
+    }
+}
+
+/// The fixed part of a received Ethernet header, each byte read once
+/// ([`EthernetHead::parse`]): what the frame parse needs before the IP
+/// header, where the checked view ([`EthernetFrame`]) tests the TPID again
+/// for each of its length, EtherType and tag.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct EthernetHead<'a> {
+    /// The first 14 bytes: the addresses, then the TPID or the EtherType.
+    pub(crate) bytes: &'a [u8; ETHERNET_LEN],
+    /// 14, or 18 with a tag.
+    pub(crate) len: usize,
+    /// The EtherType after the tag, if any.
+    pub(crate) ethertype: u16,
+    /// The 802.1Q tag (TPID 0x8100).
+    pub(crate) vlan: Option<VlanTag>,
+}
+
+impl<'a> EthernetHead<'a> {
+    /// The checks and errors of [`EthernetFrame::new_checked`] (14 bytes,
+    /// and 4 more after the TPID 0x8100), then the header's fields.
+    #[inline(always)]
+    pub(crate) fn parse(frame: &'a [u8]) -> Result<EthernetHead<'a>, WireError> {
+        let Some(bytes) = frame.first_chunk::<ETHERNET_LEN>() else { return Err(WireError::Truncated(Header::Ethernet)) };
+        let tpid = u16::from_be_bytes([bytes[12], bytes[13]]);
+        if tpid != ETHERTYPE_VLAN {
+            return Ok(EthernetHead { bytes, len: ETHERNET_LEN, ethertype: tpid, vlan: None });
+        }
+        let Some(t) = frame.first_chunk::<{ ETHERNET_LEN + VLAN_TAG_LEN }>() else { return Err(WireError::Truncated(Header::Vlan)) };
+        let vlan = Some(VlanTag::from_tci(u16::from_be_bytes([t[14], t[15]])));
+        Ok(EthernetHead { bytes, len: ETHERNET_LEN + VLAN_TAG_LEN, ethertype: u16::from_be_bytes([t[16], t[17]]), vlan })
+    }
+
+    /// Destination MAC address.
+    #[inline]
+    pub(crate) fn dst_addr(&self) -> MacAddr {
+        let [a, b, c, d, e, f, ..] = *self.bytes;
+        [a, b, c, d, e, f]
+    }
+
+    /// Source MAC address.
+    #[inline]
+    pub(crate) fn src_addr(&self) -> MacAddr {
+        let [_, _, _, _, _, _, a, b, c, d, e, f, ..] = *self.bytes;
+        [a, b, c, d, e, f]
+    }
+}
+
 /// Ethernet II header, optionally with one 802.1Q tag.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct EthernetRepr {
@@ -86,8 +139,7 @@ impl<T: AsRef<[u8]>> EthernetFrame<T> {
         if !self.has_vlan() {
             return None;
         }
-        let tci = field::u16_at(self.buffer.as_ref(), 14);
-        Some(VlanTag { pcp: (tci >> 13) as u8, dei: tci & 0x1000 != 0, vid: tci & 0x0fff })
+        Some(VlanTag::from_tci(field::u16_at(self.buffer.as_ref(), 14)))
     }
 
     /// Header length: 14, or 18 with a tag.
@@ -220,6 +272,23 @@ mod tests {
         f.set_vlan(VlanTag::default());
         f.set_ethertype(1);
         assert_eq!(f.payload_mut(), &mut [][..]);
+    }
+
+    /// The receive path's head parse gives what the checked view gives, and
+    /// refuses what it refuses, for every length up to a tagged header and
+    /// beyond, tagged or not (and an 802.1ad TPID, which is an EtherType here).
+    #[test]
+    fn the_head_parse_agrees_with_the_view() {
+        for tpid in [[0x08, 0x00], [0x81, 0x00], [0x88, 0xa8], [0x86, 0xdd]] {
+            let mut b: Vec<u8> = (1..=24).collect();
+            b[12..14].copy_from_slice(&tpid);
+            for len in 0..=b.len() {
+                let f = &b[..len];
+                let head = EthernetHead::parse(f).map(|h| (h.len, h.ethertype, h.vlan, h.dst_addr(), h.src_addr()));
+                let view = EthernetFrame::new_checked(f).map(|v| (v.header_len(), v.ethertype(), v.vlan(), v.dst_addr(), v.src_addr()));
+                assert_eq!(head, view, "tpid {tpid:02x?} len {len}");
+            }
+        }
     }
 
     #[test]

@@ -13,7 +13,7 @@
 use super::bth::{BthPacket, BthRepr, BTH_LEN};
 use super::crc;
 use super::error::{Header, WireError};
-use super::ethernet::{EthernetFrame, EthernetRepr, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
+use super::ethernet::{EthernetHead, EthernetRepr, ETHERNET_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, ETHERTYPE_VLAN};
 use super::icrc::{self, ICRC_LEN};
 use super::ip::{IpRepr, IPPROTO_UDP};
 use super::ipv4::{Ipv4Repr, IPV4_LEN};
@@ -94,8 +94,8 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
 /// 30 instructions). `f` runs only for a frame that passed every check.
 #[inline(always)]
 pub fn parse_frame_with<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>) -> R) -> Result<R, WireError> {
-    let e = EthernetFrame::new_checked(frame)?;
-    let (off, ethertype) = (e.header_len(), e.ethertype());
+    let e = EthernetHead::parse(frame)?;
+    let (off, ethertype) = (e.len, e.ethertype);
     let version = match ethertype {
         ETHERTYPE_IPV4 => 4,
         ETHERTYPE_IPV6 => 6,
@@ -112,7 +112,7 @@ pub fn parse_frame_with<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>)
             // place: taken into a local first, the two 6-byte arrays were
             // stored in pieces and read back across them (a store-forwarding
             // stall per frame, a third of `Engine::handle_frame`'s samples).
-            eth: EthernetRepr { dst: [0; 6], src: [0; 6], vlan: e.vlan(), ethertype },
+            eth: EthernetRepr { dst: [0; 6], src: [0; 6], vlan: e.vlan, ethertype },
             ip: UNSET_IP,
             udp: UNSET_UDP,
             // Field by field: `UNSET_TRANSPORT` (144 bytes) would be copied

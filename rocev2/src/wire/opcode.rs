@@ -246,31 +246,26 @@ impl Opcode {
 
     /// Position within a message for SEND, WRITE and READ RESPONSE opcodes;
     /// `Only` for single-packet operations (READ request, atomics, ACKs, UD, CNP).
+    #[inline]
     pub const fn segment(self) -> Segment {
-        match self.service() {
-            Service::Rc | Service::Uc => match self.0 & 0x1f {
-                0x00 | 0x06 | 0x0d => Segment::First,
-                0x01 | 0x07 | 0x0e => Segment::Middle,
-                0x02 | 0x03 | 0x08 | 0x09 | 0x0f | 0x16 => Segment::Last,
-                _ => Segment::Only,
-            },
+        match (KINDS[self.0 as usize] >> kind::SEGMENT_SHIFT) & 3 {
+            0 => Segment::First,
+            1 => Segment::Middle,
+            2 => Segment::Last,
             _ => Segment::Only,
         }
     }
 
     /// SEND of any kind (RC, UC, UD).
+    #[inline]
     pub const fn is_send(self) -> bool {
-        match self.service() {
-            Service::Rc => matches!(self.0 & 0x1f, 0x00..=0x05 | 0x16 | 0x17),
-            Service::Uc => matches!(self.0 & 0x1f, 0x00..=0x05),
-            Service::Ud => matches!(self.0 & 0x1f, 0x04 | 0x05),
-            _ => false,
-        }
+        KINDS[self.0 as usize] & kind::SEND != 0
     }
 
     /// RDMA WRITE of any kind (RC, UC).
+    #[inline]
     pub const fn is_write(self) -> bool {
-        matches!(self.service(), Service::Rc | Service::Uc) && matches!(self.0 & 0x1f, 0x06..=0x0b)
+        KINDS[self.0 as usize] & kind::WRITE != 0
     }
 
     /// RC READ RESPONSE first/middle/last/only.
@@ -285,21 +280,74 @@ impl Opcode {
 
     /// A request (sent by a requester to a responder), as opposed to a
     /// response (ACK, atomic ACK, READ response) or a CNP.
+    #[inline]
     pub const fn is_request(self) -> bool {
-        self.is_send() || self.is_write() || self.0 == 0x0c || self.is_atomic()
+        KINDS[self.0 as usize] & kind::REQUEST != 0
     }
 
     /// A response travelling from responder to requester.
+    #[inline]
     pub const fn is_response(self) -> bool {
-        self.is_read_response() || matches!(self.0, 0x11 | 0x12)
+        KINDS[self.0 as usize] & kind::RESPONSE != 0
     }
 
     /// Carries immediate data.
+    #[inline]
     pub const fn has_immediate(self) -> bool {
-        match self.layout() {
+        KINDS[self.0 as usize] & kind::IMMEDIATE != 0
+    }
+
+    /// [`segment`](Self::segment) by the IBTA table (9.2, table 35): what
+    /// [`KINDS`] is built from.
+    const fn segment_by_match(self) -> Segment {
+        match self.service() {
+            Service::Rc | Service::Uc => match self.0 & 0x1f {
+                0x00 | 0x06 | 0x0d => Segment::First,
+                0x01 | 0x07 | 0x0e => Segment::Middle,
+                0x02 | 0x03 | 0x08 | 0x09 | 0x0f | 0x16 => Segment::Last,
+                _ => Segment::Only,
+            },
+            _ => Segment::Only,
+        }
+    }
+
+    /// [`is_send`](Self::is_send) by the IBTA table.
+    const fn is_send_by_match(self) -> bool {
+        match self.service() {
+            Service::Rc => matches!(self.0 & 0x1f, 0x00..=0x05 | 0x16 | 0x17),
+            Service::Uc => matches!(self.0 & 0x1f, 0x00..=0x05),
+            Service::Ud => matches!(self.0 & 0x1f, 0x04 | 0x05),
+            _ => false,
+        }
+    }
+
+    /// [`is_write`](Self::is_write) by the IBTA table.
+    const fn is_write_by_match(self) -> bool {
+        matches!(self.service(), Service::Rc | Service::Uc) && matches!(self.0 & 0x1f, 0x06..=0x0b)
+    }
+
+    /// The classes above in one byte ([`KINDS`]).
+    const fn kind_by_match(self) -> u8 {
+        let send = self.is_send_by_match();
+        let write = self.is_write_by_match();
+        let request = send || write || self.0 == 0x0c || self.is_atomic();
+        let response = self.is_read_response() || matches!(self.0, 0x11 | 0x12);
+        let immediate = match self.layout_by_match() {
             Some(l) => l.immdt,
             None => false,
-        }
+        };
+        let segment = match self.segment_by_match() {
+            Segment::First => 0,
+            Segment::Middle => 1,
+            Segment::Last => 2,
+            Segment::Only => 3,
+        };
+        (if send { kind::SEND } else { 0 })
+            | (if write { kind::WRITE } else { 0 })
+            | (if request { kind::REQUEST } else { 0 })
+            | (if response { kind::RESPONSE } else { 0 })
+            | (if immediate { kind::IMMEDIATE } else { 0 })
+            | segment << kind::SEGMENT_SHIFT
     }
 
     /// The IBTA name of the opcode, e.g. `"RC_SEND_FIRST"`, or `"UNKNOWN"`.
@@ -365,6 +413,32 @@ static LAYOUTS: [Option<HeaderLayout>; 256] = {
     t
 };
 
+/// The bits of a [`KINDS`] entry.
+mod kind {
+    pub(super) const SEND: u8 = 0x01;
+    pub(super) const WRITE: u8 = 0x02;
+    pub(super) const REQUEST: u8 = 0x04;
+    pub(super) const RESPONSE: u8 = 0x08;
+    pub(super) const IMMEDIATE: u8 = 0x10;
+    /// Two bits: 0 first, 1 middle, 2 last, 3 only.
+    pub(super) const SEGMENT_SHIFT: u8 = 5;
+}
+
+/// Every opcode byte's class (send, write, request, response, immediate
+/// data, segment) in one byte: the responder asks several of these per
+/// packet, each one load from here instead of a match on the service and
+/// the operation (about 16 instructions per data frame for `is_write`
+/// alone, callgrind).
+static KINDS: [u8; 256] = {
+    let mut t = [0; 256];
+    let mut i = 0;
+    while i < 256 {
+        t[i] = Opcode(i as u8).kind_by_match();
+        i += 1;
+    }
+    t
+};
+
 /// [`Opcode::shape`] for every opcode byte (0: unknown).
 static SHAPES: [u8; 256] = {
     let mut t = [0; 256];
@@ -389,6 +463,27 @@ mod tests {
         assert_eq!(known, 38);
     }
 
+    /// The classes read from `KINDS` are those of the IBTA table for every
+    /// opcode byte (known or not).
+    #[test]
+    fn kinds_match_the_ibta_table() {
+        for b in 0..=255u8 {
+            let op = Opcode(b);
+            assert_eq!(op.segment(), op.segment_by_match(), "opcode {b:#x}");
+            assert_eq!(op.is_send(), op.is_send_by_match(), "opcode {b:#x}");
+            assert_eq!(op.is_write(), op.is_write_by_match(), "opcode {b:#x}");
+            let request = op.is_send_by_match() || op.is_write_by_match() || op == Opcode::RC_READ_REQUEST || op.is_atomic();
+            assert_eq!(op.is_request(), request, "opcode {b:#x}");
+            assert_eq!(op.is_response(), op.is_read_response() || op == Opcode::RC_ACK || op == Opcode::RC_ATOMIC_ACK, "opcode {b:#x}");
+            assert_eq!(op.has_immediate(), op.layout().is_some_and(|l| l.immdt), "opcode {b:#x}");
+        }
+        let requests = (0..=255u8).filter(|&b| Opcode(b).is_request()).count();
+        // RC: 6 SEND, 6 WRITE, READ, 2 atomics, 2 SEND with invalidate; UC: 6 + 6; UD: 2.
+        assert_eq!(requests, 17 + 12 + 2);
+        assert!(Opcode::RC_WRITE_LAST_IMM.has_immediate() && !Opcode::RC_WRITE_LAST.has_immediate());
+        assert_eq!((Opcode::RC_READ_RESPONSE_FIRST.segment(), Opcode::CNP.segment()), (Segment::First, Segment::Only));
+    }
+
     #[test]
     fn layouts_match_ibta_table() {
         assert_eq!(Opcode::RC_WRITE_ONLY_IMM.layout().unwrap().ext_len(), 20);
@@ -405,6 +500,7 @@ mod tests {
         assert_eq!(Opcode(0x15).layout(), None);
         assert_eq!(Opcode(0x2c).layout(), None);
         assert_eq!(Opcode::RC_SEND_LAST_INV.segment(), Segment::Last);
+        assert_eq!(Opcode::UC_WRITE_MIDDLE.segment(), Segment::Middle);
         assert!(Opcode::UC_WRITE_LAST_IMM.has_immediate());
     }
 }

@@ -33,6 +33,57 @@ impl MemoryTable {
         Ok(())
     }
 
+    /// [`remote_check`](Self::remote_check) for an RDMA WRITE of several
+    /// packets (needs REMOTE_WRITE): the whole range `[va, va + len)` checked
+    /// at its FIRST packet, and a memo of the resolution for
+    /// [`remote_write_memo`](Self::remote_write_memo) to place the
+    /// message's packets without resolving the R_Key again while the table
+    /// has not changed (its generation, read under the same read guard).
+    pub fn remote_check_write(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, len: u64) -> Result<WriteMemo, AccessError> {
+        let t = self.read();
+        let host = t.resolve_remote(pd, qpn, rkey, va, len, Access::REMOTE_WRITE)?;
+        // Under the guard no writer is inside: this is the generation of the
+        // table the resolution was made in.
+        let generation = self.generation.load(Ordering::Acquire);
+        Ok(WriteMemo { generation, pd, qpn, rkey, va, len, host: host as usize })
+    }
+
+    /// [`remote_write`](Self::remote_write) of one packet of the message
+    /// `memo` was taken for: when the table's generation is still the memo's
+    /// (no registration, deregistration, re-registration, bind or
+    /// invalidation since: every writer bumps it before it changes the
+    /// table) and `[va, va + data.len())` lies in the memo's range with the
+    /// same PD, QP and R_Key, the resolution the checker made for the whole
+    /// range still holds for this part of it (an address space is linear:
+    /// the host address of `va` is the range's plus `va - memo.va`), so the
+    /// bytes go there; anything else goes through the checker as
+    /// `remote_write` does, with its errors.
+    #[inline]
+    pub fn remote_write_memo(&self, memo: &WriteMemo, pd: PdId, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
+        let t = self.read();
+        let generation = self.generation.load(Ordering::Acquire);
+        let off = va.wrapping_sub(memo.va);
+        let fresh = memo.generation == generation
+            && memo.pd == pd
+            && memo.qpn == qpn
+            && memo.rkey == rkey
+            && va >= memo.va
+            && off.checked_add(data.len() as u64).is_some_and(|end| end <= memo.len);
+        let dst = if fresh {
+            (memo.host as *mut u8).wrapping_add(off as usize)
+        } else {
+            t.resolve_remote(pd, qpn, rkey, va, data.len() as u64, Access::REMOTE_WRITE)?
+        };
+        // SAFETY: `[dst, dst + data.len())` lies in a registered region: either
+        // resolved just now, or a part (`off + data.len() <= memo.len`) of
+        // the range resolved at `memo.generation`, which is still the table's
+        // under this read guard (no change since), and the guard keeps the
+        // region valid until the copy returns (deregistration takes the write
+        // guard). `data` is a Rust slice; `copy` tolerates overlap.
+        unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
     /// Read `out.len()` bytes at `va` through `rkey` (needs REMOTE_READ).
     pub fn remote_read(&self, pd: PdId, qpn: u32, rkey: u32, va: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let t = self.read();
@@ -267,5 +318,23 @@ pub struct GatherMemo {
     sge: Sge,
     /// Host address of the SGE's first byte (a pointer kept as an integer:
     /// it is dereferenced only under the guard that revalidates it).
+    host: usize,
+}
+
+/// A responder's memo of the remote range an RDMA WRITE of several packets
+/// was checked for at its FIRST packet ([`MemoryTable::remote_check_write`],
+/// [`MemoryTable::remote_write_memo`]): valid only at the table generation
+/// it records (0, the default, is no table's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WriteMemo {
+    generation: u64,
+    pd: PdId,
+    qpn: u32,
+    rkey: u32,
+    /// The range checked: `[va, va + len)`.
+    va: u64,
+    len: u64,
+    /// Host address of `va` (a pointer kept as an integer: it is
+    /// dereferenced only under the guard that revalidates it).
     host: usize,
 }

@@ -59,7 +59,7 @@ mod region;
 mod window;
 
 pub use cache::{LkeyCache, LKEY_CACHE_ENTRIES};
-pub use dma::{sgl_len, GatherMemo};
+pub use dma::{sgl_len, GatherMemo, WriteMemo};
 use keys::{key_of, Table, MAX_INDEX};
 use lock::{ReadGuard, TableLock, WriteGuard};
 use object::Object;

@@ -796,3 +796,74 @@ fn register_with_a_chosen_key() {
     t.deregister(0x3ea).unwrap();
     assert_eq!(t.remote_write(PD, 1, 0x3ea, 0x5008, &[7; 8]), Err(AccessError::InvalidKey));
 }
+
+/// A responder's memo of a WRITE's checked range
+/// ([`MemoryTable::remote_check_write`], [`MemoryTable::remote_write_memo`])
+/// places what the checker's `remote_write` places and refuses what it
+/// refuses: every part of the range, ranges reaching past it or before it,
+/// another R_Key, PD or QP (a type-2 window bound to one QP), and after
+/// registration changes (another buffer under the same key, a
+/// deregistration, an invalidation) never the old resolution.
+#[test]
+fn a_write_memo_places_as_the_checker_and_follows_registration_changes() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(8192);
+    let k = reg(&t, &mut b, 0x10_000, ALL);
+    let memo = t.remote_check_write(PD, 3, k.rkey, 0x10_100, 6000).unwrap();
+    assert_eq!(t.remote_check_write(PD, 3, k.rkey, 0x10_100, 8000), Err(AccessError::OutOfBounds));
+    assert_eq!(t.remote_check_write(OTHER_PD, 3, k.rkey, 0x10_100, 60), Err(AccessError::PdMismatch));
+    let mut round = 0u8;
+    // Each case twice: the checker's write of one pattern, then the memo's of
+    // another; the same verdict, and on success the memo's bytes in place.
+    let mut same = |t: &MemoryTable, pd: PdId, qpn: u32, rkey: u32, va: u64, len: usize| {
+        round = round.wrapping_add(2);
+        let want = t.remote_write(pd, qpn, rkey, va, &vec![round; len]);
+        let got = t.remote_write_memo(&memo, pd, qpn, rkey, va, &vec![round + 1; len]);
+        assert_eq!(got, want, "pd {pd:?} qpn {qpn} rkey {rkey:#x} va {va:#x} len {len}");
+        if got.is_ok() {
+            let mut back = vec![0u8; len];
+            t.remote_read(pd, qpn, rkey, va, &mut back).unwrap();
+            assert!(back.iter().all(|&x| x == round + 1), "va {va:#x} len {len}: not the memo's bytes");
+        }
+        got
+    };
+    // The message's packets in turn, and its range's edges.
+    for (va, len) in [(0x10_100, 1024), (0x10_500, 1024), (0x10_900, 3952), (0x11_86f, 1), (0x11_870, 0)] {
+        assert_eq!(same(&t, PD, 3, k.rkey, va, len), Ok(()));
+    }
+    // Past the memo's range (but in the region), before it, past the region.
+    assert_eq!(same(&t, PD, 3, k.rkey, 0x11_800, 200), Ok(()));
+    assert_eq!(same(&t, PD, 3, k.rkey, 0x10_0ff, 2), Ok(()));
+    assert_eq!(same(&t, PD, 3, k.rkey, 0x11_f00, 0x200), Err(AccessError::OutOfBounds));
+    assert_eq!(same(&t, PD, 3, k.rkey, u64::MAX, 2), Err(AccessError::OutOfBounds));
+    // Another key byte, another PD, another QP.
+    let wrong = (k.rkey & !0xff) | u32::from((k.rkey as u8).wrapping_add(1));
+    assert_eq!(same(&t, PD, 3, wrong, 0x10_100, 8), Err(AccessError::InvalidKey));
+    assert_eq!(same(&t, OTHER_PD, 3, k.rkey, 0x10_100, 8), Err(AccessError::PdMismatch));
+    assert_eq!(same(&t, PD, 4, k.rkey, 0x10_100, 8), Ok(()));
+    // A type-2 window bound to QP 5: its memo does not serve QP 6, and after
+    // the window's invalidation it serves nobody.
+    let mw = t.alloc_mw(PD, MwType::Type2).unwrap();
+    let w = t.bind_mw(PD, 5, mw, (mw as u8).wrapping_add(1), k.lkey, 0x10_000, 0x1000, Access::REMOTE_WRITE).unwrap();
+    let wmemo = t.remote_check_write(PD, 5, w, 0x10_000, 0x1000).unwrap();
+    assert_eq!(t.remote_write_memo(&wmemo, PD, 5, w, 0x10_800, &[1; 16]), Ok(()));
+    assert_eq!(t.remote_write_memo(&wmemo, PD, 6, w, 0x10_800, &[1; 16]), Err(AccessError::WrongQp));
+    t.invalidate(PD, 5, w).unwrap();
+    assert_eq!(t.remote_write_memo(&wmemo, PD, 5, w, 0x10_800, &[1; 16]), Err(AccessError::Invalidated));
+    // Another buffer registered under the same key: the memo's range
+    // matches, the generation does not; its bytes go to the new buffer.
+    let mut b2 = Buf::new(8192);
+    t.deregister(k.lkey).unwrap();
+    assert_eq!(t.remote_write_memo(&memo, PD, 3, k.rkey, 0x10_100, &[9; 64]), Err(AccessError::InvalidKey));
+    // SAFETY: `b2` outlives the table's last use of it.
+    let k2 = unsafe { t.register_with_key(PD, b2.ptr(), 8192, 0x10_000, ALL, k.lkey) }.unwrap();
+    assert_eq!(k2.rkey, k.rkey);
+    let before = b.bytes();
+    assert_eq!(t.remote_write_memo(&memo, PD, 3, k.rkey, 0x10_100, &[0xa5; 64]), Ok(()));
+    assert_eq!(b.bytes(), before, "the memo wrote into the deregistered buffer");
+    assert_eq!(b2.bytes()[0x100..0x140], [0xa5; 64]);
+    // The default memo is no table's.
+    assert_eq!(t.remote_write_memo(&WriteMemo::default(), PD, 3, k.rkey, 0x10_100, &[1; 8]), Ok(()));
+    t.deregister(k2.lkey).unwrap();
+    drop((b, b2));
+}

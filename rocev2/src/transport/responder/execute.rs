@@ -243,10 +243,13 @@ impl Responder {
                 // An ONLY carries the whole range (`len == dma`, checked above),
                 // so the placement below checks exactly it before it writes a
                 // byte, and nothing between here and there can fail: one
-                // resolution of the R_Key instead of two.
-                if dma > 0 && seg != Segment::Only && ctx.memory.remote_check(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma, Access::REMOTE_WRITE).is_err()
-                {
-                    return Err(Fault::RemoteAccess);
+                // resolution of the R_Key instead of two. A FIRST keeps the
+                // resolution of the whole range (`WriteMemo`): its packets are
+                // placed through it while the memory table has not changed
+                // since, and through the checker (with the same refusals as
+                // before) once it has.
+                if dma > 0 && seg != Segment::Only {
+                    self.write_memo = ctx.memory.remote_check_write(ctx.pd, ctx.qpn, reth.rkey, reth.va, dma).map_err(|_| Fault::RemoteAccess)?;
                 }
                 (reth.rkey, reth.va, dma, reth.dma_len)
             }
@@ -266,7 +269,7 @@ impl Responder {
             return Err(Fault::Rnr);
         }
         if len > 0 {
-            ctx.memory.remote_write(ctx.pd, ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
+            ctx.memory.remote_write_memo(&self.write_memo, ctx.pd, ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
             ctx.stats.resp_bytes_placed += len;
         }
         if matches!(seg, Segment::First | Segment::Middle) {

@@ -26,7 +26,7 @@ use crate::time::Instant;
 use crate::transport::attr::{Mtu, QpType};
 use crate::transport::events::AsyncEvent;
 use crate::transport::ids::{Access, CqId, PdId};
-use crate::transport::memory::MemoryTable;
+use crate::transport::memory::{MemoryTable, WriteMemo};
 use crate::transport::recv::RecvQueue;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::RecvWqe;
@@ -178,6 +178,12 @@ pub(crate) struct Responder {
     /// (rxe `duplicate_request`: `ack_psn - 1`).
     last_ack_psn: Psn,
     msg: MsgState,
+    /// The R_Key's resolution for the whole range of the last RDMA WRITE of
+    /// several packets, made at its FIRST: its packets are placed through
+    /// it while the memory table has not changed since
+    /// ([`MemoryTable::remote_write_memo`]). Kept beside `msg`, not in it,
+    /// so that a packet does not copy it out and back.
+    write_memo: WriteMemo,
     /// UC: drop packets until the next FIRST/ONLY (rxe `drop_msg`).
     uc_drop: bool,
     resources: Vec<Option<Resource>>,
@@ -208,6 +214,7 @@ impl Responder {
             nak_outstanding: false,
             last_ack_psn: rq_psn.sub(1),
             msg: MsgState::Idle,
+            write_memo: WriteMemo::default(),
             uc_drop: false,
             resources: Vec::new(),
             res_head: 0,

@@ -377,6 +377,42 @@ fn write_first_middle_last_places_at_running_va() {
     assert_eq!(h.stats.resp_bytes_placed, 600);
 }
 
+/// A WRITE's packets after FIRST are placed through the R_Key's resolution
+/// made at FIRST only while the memory table is unchanged: a MIDDLE after
+/// the target's deregistration is a remote access error (as when every
+/// packet resolved the key), and one after the key was registered again
+/// over other memory lands in that memory, never in the old.
+#[test]
+fn write_target_changed_mid_message_is_resolved_again() {
+    let mut h = Harness::new(QpType::Rc, 0);
+    let data = pattern(768, 5);
+    let rkey = h.mr.rkey;
+    h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA + 0x2000, rkey, 768), &data[..256]);
+    h.mem.deregister(h.mr.lkey).unwrap();
+    let out = h.req(tr(Opcode::RC_WRITE_MIDDLE, 1, false), &data[256..512]);
+    assert_eq!(out, ResponderOutcome::QpError(WcStatus::RemAccessErr));
+    let r = h.responses();
+    assert_eq!((r.len(), r[0].psn(), r[0].syndrome()), (1, 1, Some(NAK_ACC)));
+    assert_eq!(h.bytes(IOVA + 0x2000 + 256, 256), vec![0; 256], "the MIDDLE was placed");
+
+    let mut h = Harness::new(QpType::Rc, 0);
+    let rkey = h.mr.rkey;
+    h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA + 0x2000, rkey, 768), &data[..256]);
+    h.mem.deregister(h.mr.lkey).unwrap();
+    let mut other = vec![0u64; REGION / 8].into_boxed_slice();
+    // SAFETY: `other` stays alive until after its deregistration below.
+    let k = unsafe { h.mem.register_with_key(PD, other.as_mut_ptr().cast(), REGION, IOVA, ALL, h.mr.lkey) }.unwrap();
+    assert_eq!(k.rkey, rkey);
+    assert_eq!(h.req(tr(Opcode::RC_WRITE_MIDDLE, 1, false), &data[256..512]), ResponderOutcome::Ok);
+    assert_eq!(h.req(tr(Opcode::RC_WRITE_LAST, 2, true), &data[512..]), ResponderOutcome::Ok);
+    let mut placed = vec![0u8; 512];
+    h.mem.remote_read(PD, QPN, rkey, IOVA + 0x2000 + 256, &mut placed).unwrap();
+    assert_eq!(placed, data[256..], "not in the memory registered now");
+    assert_eq!(h.bytes(IOVA + 0x2000, 768), [&data[..256], &[0; 512]].concat(), "the old memory was written after its deregistration");
+    h.mem.deregister(k.lkey).unwrap();
+    drop(other);
+}
+
 #[test]
 fn write_access_violations_nak_and_leave_memory_untouched() {
     let ro = |h: &mut Harness| {
