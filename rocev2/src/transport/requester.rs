@@ -474,16 +474,7 @@ impl Requester {
         let kind = w.kind;
         // The headers are built where they are emitted from (no BTH built
         // beside them and copied in).
-        let mut t = TransportRepr {
-            bth: BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, psn) },
-            deth: None,
-            reth: None,
-            atomic_eth: None,
-            aeth: None,
-            atomic_ack: None,
-            immediate: None,
-            invalidate_rkey: None,
-        };
+        let mut t = TransportRepr::bth_only(BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, psn) });
         let bth = &mut t.bth;
         let (payload_off, payload_len, last) = match kind {
             Kind::Send | Kind::Write => {
