@@ -41,6 +41,7 @@
 //! application threads never take one.
 
 use rocev2::hash::IntMap;
+use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use std::time::Instant as StdInstant;
@@ -1023,16 +1024,18 @@ impl Nic {
         let mut sent = 0;
         let mut looped = 0;
         let mut only_acks = true;
-        while sent + looped < TX_BUDGET {
+        {
+            // The fill is built once per poll, not once per frame (it holds
+            // seven references); `was_looped` tells the loop what it did.
             let engine = &mut *engine;
-            let mut was_looped = false;
+            let was_looped = Cell::new(false);
             let mut fill = |buf: &mut [u8]| {
                 let n = engine.poll_transmit(now, buf)?;
                 let frame = buf.get(..n)?;
                 self.capture(frame);
                 if self.is_local(frame) {
                     self.loop_back(i, frame);
-                    was_looped = true;
+                    was_looped.set(true);
                     return None;
                 }
                 // Multicast: to the wire, and to this device's members.
@@ -1041,13 +1044,16 @@ impl Nic {
                 only_acks = only_acks && rocev2::wire::peek_opcode(frame) == Some(Opcode::RC_ACK);
                 Some(n)
             };
-            match port.transmit_with(&mut fill) {
-                Ok(true) => sent += 1,
-                Ok(false) if was_looped => looped += 1,
-                Ok(false) => break,
-                Err(_) => {
-                    self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
-                    break;
+            while sent + looped < TX_BUDGET {
+                was_looped.set(false);
+                match port.transmit_with(&mut fill) {
+                    Ok(true) => sent += 1,
+                    Ok(false) if was_looped.get() => looped += 1,
+                    Ok(false) => break,
+                    Err(_) => {
+                        self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
+                        break;
+                    }
                 }
             }
         }

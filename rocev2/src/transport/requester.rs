@@ -356,6 +356,9 @@ impl Requester {
         }
         self.rnr_until = None;
         let pmtu = u64::from(ctx.pmtu.bytes());
+        // The path MTU is a power of two (256-4096): a packet's index in its
+        // message is a shift of its offset, not a 64-bit division.
+        let pmtu_shift = ctx.pmtu.bytes().trailing_zeros();
         loop {
             let Some(w) = self.wqes.get(self.cur) else { return Ok(None) };
             if w.done.is_some() {
@@ -427,14 +430,14 @@ impl Requester {
             let w = &self.wqes[self.cur];
             let first = w.first_psn.expect("assigned above");
             let psn = match w.kind {
-                Kind::Send | Kind::Write => first.add((self.cur_off / pmtu) as u32),
-                Kind::Read => first.add((w.read_done / pmtu) as u32),
+                Kind::Send | Kind::Write => first.add((self.cur_off >> pmtu_shift) as u32),
+                Kind::Read => first.add((w.read_done >> pmtu_shift) as u32),
                 _ => first,
             };
             if ctx.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
                 return Ok(None);
             }
-            return self.emit(now, ctx, path, buf, pmtu).map(Some);
+            return self.emit(now, ctx, path, buf, pmtu, psn).map(Some);
         }
     }
 
@@ -454,7 +457,9 @@ impl Requester {
         }
     }
 
-    /// Emit the packet at the cursor and advance it.
+    /// Emit the packet at the cursor, PSN `psn` (from the cursor:
+    /// [`poll_transmit`](Self::poll_transmit) has just computed it for its
+    /// window check), and advance the cursor.
     fn emit(
         &mut self,
         now: Instant,
@@ -462,21 +467,21 @@ impl Requester {
         path: Option<&mut PathHeaders>,
         buf: &mut [u8],
         pmtu: u64,
+        psn: Psn,
     ) -> Result<usize, SqFatal> {
         let i = self.cur;
         let w = &self.wqes[i];
-        let first_psn = w.first_psn.expect("assigned above");
-        let mut bth = BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, first_psn) };
-        let mut t =
-            TransportRepr { bth, deth: None, reth: None, atomic_eth: None, aeth: None, atomic_ack: None, immediate: None, invalidate_rkey: None };
-        let (payload_off, payload_len, last) = match w.kind {
+        let kind = w.kind;
+        // The headers are built where they are emitted from (no BTH built
+        // beside them and copied in).
+        let mut t = TransportRepr::bth_only(BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, psn) });
+        let bth = &mut t.bth;
+        let (payload_off, payload_len, last) = match kind {
             Kind::Send | Kind::Write => {
                 let off = self.cur_off;
                 let n = (w.len - off.min(w.len)).min(pmtu);
-                let idx = off / pmtu;
                 let first = off == 0;
                 let last = off + n >= w.len;
-                bth.psn = first_psn.add(idx as u32);
                 bth.opcode = data_opcode(ctx.qp_type, &w.wr.op, first, last);
                 bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
                 if let SendOp::Write { remote } | SendOp::WriteWithImm { remote, .. } = w.wr.op {
@@ -505,7 +510,6 @@ impl Requester {
                 let SendOp::Read { remote } = w.wr.op else { unreachable!("kind Read") };
                 let done = w.read_done;
                 bth.opcode = Opcode::RC_READ_REQUEST;
-                bth.psn = first_psn.add((done / pmtu) as u32);
                 t.reth = Some(RethRepr {
                     va: remote.addr.wrapping_add(done),
                     rkey: remote.rkey,
@@ -532,8 +536,6 @@ impl Requester {
             bth.ack_req = ctx.qp_type == QpType::Rc;
             self.pkts_since_ack_req = 0;
         }
-        t.bth = bth;
-        let psn = bth.psn;
 
         // UD sends carry their own path.
         let mut ud_path;
@@ -572,14 +574,10 @@ impl Requester {
         }
         ctx.stats.tx_packets += 1;
         ctx.stats.tx_bytes += n as u64;
-        let kind = self.wqes[i].kind;
-        let npsn = self.wqes[i].npsn;
         // Advance the cursor.
-        match kind {
-            Kind::Send | Kind::Write => self.cur_off = payload_off + payload_len as u64,
-            _ => {}
+        if let Kind::Send | Kind::Write = kind {
+            self.cur_off = payload_off + payload_len as u64;
         }
-        let _ = (psn, npsn);
         if last {
             self.cur += 1;
             self.cur_off = 0;
