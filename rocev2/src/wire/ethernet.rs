@@ -215,9 +215,11 @@ impl EthernetRepr {
     // most of `Engine::handle_frame`'s perf samples).
     #[inline]
     pub fn parse(b: &[u8]) -> Result<(EthernetRepr, usize), WireError> {
-        let f = EthernetFrame::new_checked(b)?;
-        let repr = EthernetRepr { dst: f.dst_addr(), src: f.src_addr(), vlan: f.vlan(), ethertype: f.ethertype() };
-        Ok((repr, f.header_len()))
+        // The receive path's head parse: the same checks and errors as the
+        // checked view (`the_head_parse_agrees_with_the_view`).
+        let h = EthernetHead::parse(b)?;
+        let repr = EthernetRepr { dst: h.dst_addr(), src: h.src_addr(), vlan: h.vlan, ethertype: h.ethertype };
+        Ok((repr, h.len))
     }
 
     /// Emit into the start of `out` (at least `header_len()` bytes).
