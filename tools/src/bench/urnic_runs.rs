@@ -101,21 +101,39 @@ fn iters_for(size: usize) -> usize {
 /// not the steady state the ceiling is measured in).
 const WARMUP: Duration = Duration::from_millis(200);
 
-/// 64 KiB WRITEs timed per measurement: 0.4-1.5 s here, comparable to the
-/// ceiling's 1 s (the earlier 3000, about 0.25 s without a warm-up, measured
-/// about a tenth lower than a long run of the same code).
-const WRITE_64K_ITERS: usize = 6_000;
+/// How long a 64 KiB WRITE measurement runs: the raw ceiling's window
+/// (`raw_afxdp(.., 1.0)`), so that both sides of a ratio average the host's
+/// noise over the same time. A fixed count (6,000 WRITEs) ran 0.23 s at
+/// 1.7 GB/s on two cores against the ceiling's 1 s there, and a stall of a
+/// few milliseconds moved that row's ratio by several hundredths.
+pub(super) const WRITE_64K_SECS: f64 = 1.0;
+
+/// 64 KiB WRITEs for about `secs` at the warm-up's rate `bytes_per_s`
+/// (1,000..40,000: a rate read wrong by a stall still gives a window of
+/// useful length).
+fn write_64k_iters(bytes_per_s: f64, secs: f64) -> usize {
+    let n = bytes_per_s * secs / 65536.0;
+    if n.is_finite() {
+        (n as usize).clamp(1_000, 40_000)
+    } else {
+        1_000
+    }
+}
 
 /// 64-byte WRITEs timed for the message rate (about 0.5 s).
 const MSG_RATE_ITERS: usize = 150_000;
 
-/// Run `size`-byte WRITEs untimed for [`WARMUP`].
-fn warm_up(rig: &mut Rig, size: usize) -> Result<()> {
-    let until = Instant::now() + WARMUP;
+/// Run `size`-byte WRITEs untimed for [`WARMUP`]; their rate, bytes per
+/// second (what a timed run of the same size can expect).
+fn warm_up(rig: &mut Rig, size: usize) -> Result<f64> {
+    let start = Instant::now();
+    let until = start + WARMUP;
+    let mut bytes = 0usize;
     while Instant::now() < until {
         bw(&mut rig.ea, &mut rig.eb, BwOp::Write, size, 200, 128).context("warm-up")?;
+        bytes += 200 * size;
     }
-    Ok(())
+    Ok(bytes as f64 / start.elapsed().as_secs_f64())
 }
 
 /// What one 64 KiB WRITE measurement gave.
@@ -126,15 +144,15 @@ pub(super) struct Write64k {
     pub(super) cpu_per_gb: f64,
 }
 
-/// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, and the
-/// CPU it took.
+/// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, over about
+/// [`WRITE_64K_SECS`], and the CPU it took.
 pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<Write64k> {
     let mut rig = rig(pair, cores, 2 * 65536, tag)?;
-    warm_up(&mut rig, 65536)?;
+    let iters = write_64k_iters(warm_up(&mut rig, 65536)?, WRITE_64K_SECS);
     let cpu0 = cpu_self();
-    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, WRITE_64K_ITERS, 128).with_context(|| format!("{}: 64 KiB", cores.label()))?.avg_mbs;
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, iters, 128).with_context(|| format!("{}: 64 KiB", cores.label()))?.avg_mbs;
     let cpu = cpu_self() - cpu0;
-    Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * WRITE_64K_ITERS) as f64 / 1e9) })
+    Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * iters) as f64 / 1e9) })
 }
 
 /// 64 KiB WRITEs per lap of the CPU measurement (about 40 ms each).
@@ -273,5 +291,17 @@ mod tests {
     fn iterations_per_point() {
         assert_eq!(iters_for(64), 20_000);
         assert_eq!(iters_for(1 << 20), 200);
+    }
+
+    #[test]
+    fn the_64k_window_follows_the_warm_up_rate() {
+        // 1.7 GB/s for 1 s: about 25,900 WRITEs; 0.7 GB/s: about 10,700.
+        assert_eq!(write_64k_iters(1.7e9, 1.0), 25_939);
+        assert_eq!(write_64k_iters(0.7e9, 1.0), 10_681);
+        // A stalled warm-up or a nonsense rate still gives a usable window.
+        assert_eq!(write_64k_iters(1e6, 1.0), 1_000);
+        assert_eq!(write_64k_iters(1e12, 1.0), 40_000);
+        assert_eq!(write_64k_iters(f64::NAN, 1.0), 1_000);
+        assert_eq!(write_64k_iters(f64::INFINITY, 1.0), 1_000);
     }
 }
