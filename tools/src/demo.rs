@@ -48,6 +48,7 @@ pub struct DemoOpts<'a> {
     pub depth: usize,
     pub link_mtu: u32,
     pub lat_iters: usize,
+    pub lat_sizes: &'a [usize],
     pub pcap_dir: Option<&'a std::path::Path>,
     pub link: Link,
     pub datapath: Datapath,
@@ -111,7 +112,7 @@ fn demo_devices(o: &DemoOpts) -> Result<(Context, Context, Option<VethPair>, Str
 
 /// Run the demo.
 pub fn run(o: &DemoOpts) -> Result<()> {
-    let DemoOpts { sizes, iters, depth, lat_iters, pcap_dir, .. } = *o;
+    let DemoOpts { sizes, iters, depth, lat_iters, lat_sizes, pcap_dir, .. } = *o;
     // Run-to-completion by default: this thread drives both devices'
     // datapaths itself (no datapath threads competing for the two cores),
     // as an embedding would.
@@ -130,7 +131,7 @@ pub fn run(o: &DemoOpts) -> Result<()> {
             ctx.nic().set_capture(Some(&path)).with_context(|| path.display().to_string())?;
         }
     }
-    let max = sizes.iter().copied().max().unwrap_or(64).max(8192);
+    let max = sizes.iter().chain(lat_sizes).copied().max().unwrap_or(64).max(8192);
     let buf = (2 * max).div_ceil(4096) * 4096;
     let mut ea = Endpoint::new(&a, buf, depth as u32)?;
     let mut eb = Endpoint::new(&b, buf, depth as u32)?;
@@ -159,7 +160,7 @@ pub fn run(o: &DemoOpts) -> Result<()> {
     outln!("{RULE}")?;
     banner("Send Latency Test (urnic)", "urnic0 <-> urnic1", mtu, 1)?;
     outln!("{}", lat_header())?;
-    for size in [8usize, 64, 4096] {
+    for &size in lat_sizes {
         let s = send_lat(&mut ea, &mut eb, size, lat_iters)?;
         outln!("{}", lat_row(size, lat_iters, &s))?;
     }

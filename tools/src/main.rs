@@ -115,6 +115,9 @@ enum Cmd {
         /// Ping-pong iterations for the latency test.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         lat_iters: u32,
+        /// Message sizes for the latency test (SEND ping-pong; 1 B to 8 MiB).
+        #[arg(long, value_delimiter = ',', value_parser = message_size, default_values_t = [8usize, 64, 4096])]
+        lat_sizes: Vec<usize>,
         /// Capture each device's frames into DIR/urnic0.pcap and DIR/urnic1.pcap.
         #[arg(long, value_name = "DIR")]
         pcap_dir: Option<std::path::PathBuf>,
@@ -364,13 +367,14 @@ fn run_perf(a: PerfArgs) -> Result<()> {
 
 fn run(cmd: Cmd) -> Result<()> {
     match cmd {
-        Cmd::Demo { link, datapath, shards, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, pcap_dir } => {
+        Cmd::Demo { link, datapath, shards, xdp_mode, pcap, stats, sizes, iters, tx_depth, link_mtu, lat_iters, lat_sizes, pcap_dir } => {
             demo::run(&demo::DemoOpts {
                 sizes: &sizes,
                 iters: iters as usize,
                 depth: tx_depth as usize,
                 link_mtu,
                 lat_iters: lat_iters as usize,
+                lat_sizes: &lat_sizes,
                 pcap_dir: pcap_dir.as_deref(),
                 link,
                 datapath,
