@@ -361,6 +361,20 @@ impl Requester {
         let pmtu_shift = ctx.pmtu.bytes().trailing_zeros();
         loop {
             let Some(w) = self.wqes.get(self.cur) else { return Ok(None) };
+            // A message under way (every frame but a message's first): its
+            // PSN, the window and the frame from this one look-up of the WQE.
+            if let (None, Some(first)) = (w.done, w.first_psn) {
+                let psn = match w.kind {
+                    Kind::Send | Kind::Write => first.add((self.cur_off >> pmtu_shift) as u32),
+                    Kind::Read => first.add((w.read_done >> pmtu_shift) as u32),
+                    _ => first,
+                };
+                // Flow control: stay within MAX_UNACKED_PSNS of the oldest unacked PSN.
+                if ctx.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
+                    return Ok(None);
+                }
+                return self.emit(now, ctx, path, buf, pmtu, psn).map(Some);
+            }
             if w.done.is_some() {
                 self.cur += 1;
                 self.cur_off = 0;
@@ -425,19 +439,8 @@ impl Requester {
                 w.npsn = npsn;
                 self.next_psn = first.add(npsn);
                 self.cur_off = 0;
+                // Its first frame goes as every other: the loop finds it under way.
             }
-            // Flow control: stay within MAX_UNACKED_PSNS of the oldest unacked PSN.
-            let w = &self.wqes[self.cur];
-            let first = w.first_psn.expect("assigned above");
-            let psn = match w.kind {
-                Kind::Send | Kind::Write => first.add((self.cur_off >> pmtu_shift) as u32),
-                Kind::Read => first.add((w.read_done >> pmtu_shift) as u32),
-                _ => first,
-            };
-            if ctx.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
-                return Ok(None);
-            }
-            return self.emit(now, ctx, path, buf, pmtu, psn).map(Some);
         }
     }
 
