@@ -37,13 +37,20 @@ fn write(p: &Pair, id: u64, packets: usize) -> SendWr {
     }
 }
 
-#[test]
-fn lone_qp_sends_in_a_row_and_several_take_turns() {
+/// Two engines with an RC QP each (a's 0x10, b's 0x40), IB MTU 1024,
+/// first PSNs 0, `buf_len` bytes of buffer each; and their configuration.
+fn pair(buf_len: usize) -> (Pair, PairConfig) {
     let params = RcParams { mtu: Mtu::Mtu1024, sq_psn: Psn::new(0), ..RcParams::default() };
-    let mut cfg = PairConfig { buf_len: 64 * 1024, params: [params; 2], ..PairConfig::default() };
+    let mut cfg = PairConfig { buf_len, params: [params; 2], ..PairConfig::default() };
     cfg.engines[0].first_qpn = 0x10;
     cfg.engines[1].first_qpn = 0x40;
-    let mut p = Pair::new(&cfg).unwrap();
+    (Pair::new(&cfg).unwrap(), cfg)
+}
+
+#[test]
+fn lone_qp_sends_in_a_row_and_several_take_turns() {
+    let (mut p, cfg) = pair(64 * 1024);
+    let params = cfg.params[0];
     let (a_addr, b_addr) = (p.a.addr, p.b.addr);
     let q0 = p.a.qpn;
     let d0 = p.b.qpn;
@@ -86,11 +93,7 @@ fn lone_qp_sends_in_a_row_and_several_take_turns() {
 /// (the go-back-N from the first unacknowledged PSN).
 #[test]
 fn lone_qp_stopped_by_the_window_resumes() {
-    let params = RcParams { mtu: Mtu::Mtu1024, sq_psn: Psn::new(0), ..RcParams::default() };
-    let mut cfg = PairConfig { buf_len: 256 * 1024, params: [params; 2], ..PairConfig::default() };
-    cfg.engines[0].first_qpn = 0x10;
-    cfg.engines[1].first_qpn = 0x40;
-    let mut p = Pair::new(&cfg).unwrap();
+    let (mut p, _) = pair(256 * 1024);
     let qa = p.a.qpn;
     let d0 = p.b.qpn;
     for (i, b) in p.a.mem_mut()[..200 * MTU].iter_mut().enumerate() {
