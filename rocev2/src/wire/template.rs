@@ -123,11 +123,11 @@ impl HeaderTemplate {
         let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall)?;
         let len = self.header_len();
         if let Some(head) = buf.first_chunk_mut::<TEMPLATE_MAX>() {
-            // A frame of at least 66 bytes (every one with a payload): the
-            // whole template in fixed-size moves, not a `memcpy` call of
-            // `len` bytes. What lies past `len` (zeros) is still inside the
-            // frame, and the transport headers, payload, pad and ICRC
-            // written below cover it.
+            // A frame of at least 66 bytes (every data frame but a BTH-only
+            // one with under 8 payload bytes): the whole template in
+            // fixed-size moves, not a `memcpy` call of `len` bytes. What lies
+            // past `len` (zeros) is still inside the frame, and the transport
+            // headers, payload, pad and ICRC written below cover it.
             let (a, b) = head.split_at_mut(32);
             a.copy_from_slice(&self.bytes[..32]);
             b.copy_from_slice(&self.bytes[32..]);
