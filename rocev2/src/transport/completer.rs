@@ -81,9 +81,9 @@ impl Requester {
 
     fn progress(&mut self, now: Instant, ctx: &RequesterCtx<'_>) {
         self.seq_retry_started = false;
-        self.retry_left = ctx.retry_cnt;
-        self.rnr_left = ctx.rnr_retry;
-        self.timer = local_timeout(ctx.timeout).map(|d| now + d);
+        self.retry_left = ctx.attr.retry_cnt;
+        self.rnr_left = ctx.attr.rnr_retry;
+        self.timer = local_timeout(ctx.attr.timeout).map(|d| now + d);
     }
 
     /// A response for this QP (ACK, NAK, READ response, atomic ACK).
@@ -91,7 +91,7 @@ impl Requester {
         let t = &frame.repr.transport;
         let psn = t.bth.psn;
         let op = t.bth.opcode;
-        let pmtu = u64::from(ctx.pmtu.bytes());
+        let pmtu = u64::from(ctx.attr.path_mtu.bytes());
         // A response for a PSN we never sent is a ghost (IBTA 9.7.5.1.6): ignore.
         if !psn.is_before(self.next_psn) {
             ctx.stats.req_ghost_responses += 1;
@@ -139,7 +139,7 @@ impl Requester {
                     self.ack_before(psn, false);
                     self.advance_una(psn);
                     // IBTA 9.7.5.2.8: rnr_retry 7 means retry forever.
-                    if ctx.rnr_retry != 7 {
+                    if ctx.attr.rnr_retry != 7 {
                         if self.rnr_left == 0 {
                             let i = self.index_of(psn);
                             return self.fail_at(i, WcStatus::RnrRetryExcErr, ctx);
@@ -287,7 +287,7 @@ impl Requester {
             return self.fail_at(Some(i), WcStatus::BadRespErr, ctx);
         }
         if let WqePayload::Sgl(sgl) = &w.wr.payload {
-            if ctx.memory.local_scatter(ctx.pd, sgl, w.read_done, payload).is_err() {
+            if ctx.memory.local_scatter(ctx.init.pd, sgl, w.read_done, payload).is_err() {
                 return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
             }
         }
@@ -316,7 +316,7 @@ impl Requester {
         let orig = frame.repr.transport.atomic_ack.unwrap_or(0);
         // The result lands in host byte order, as the target's atomics are.
         if let WqePayload::Sgl(sgl) = &w.wr.payload {
-            if ctx.memory.local_scatter(ctx.pd, sgl, 0, &orig.to_ne_bytes()).is_err() {
+            if ctx.memory.local_scatter(ctx.init.pd, sgl, 0, &orig.to_ne_bytes()).is_err() {
                 return self.fail_at(Some(i), WcStatus::LocProtErr, ctx);
             }
         }
@@ -360,7 +360,7 @@ impl Requester {
         self.retry_left -= 1;
         ctx.stats.req_retransmits += 1;
         let w = &self.wqes[i];
-        let pmtu = u64::from(ctx.pmtu.bytes());
+        let pmtu = u64::from(ctx.attr.path_mtu.bytes());
         let first = w.first_psn.expect("filtered");
         // Resume at the oldest unacknowledged PSN (inside this WQE or at its start).
         // `una` can be past a READ/ATOMIC whose response was lost (a later ACK

@@ -334,23 +334,7 @@ pub(crate) fn req_parts<'a>(
 ) -> (&'a mut Requester, RequesterCtx<'a>, Option<&'a mut PathHeaders>) {
     (
         &mut qp.requester,
-        RequesterCtx {
-            memory,
-            pd: qp.init.pd,
-            qpn: qp.qpn,
-            qp_type: qp.init.qp_type,
-            dest_qpn: qp.attr.dest_qp_num,
-            pmtu: qp.attr.path_mtu,
-            qkey: qp.attr.qkey,
-            send_cq: qp.init.send_cq,
-            completions,
-            stats: &mut qp.stats,
-            timeout: qp.attr.timeout,
-            retry_cnt: qp.attr.retry_cnt,
-            rnr_retry: qp.attr.rnr_retry,
-            max_rd_atomic: qp.attr.max_rd_atomic,
-            draining: qp.state == QpState::Sqd,
-        },
+        RequesterCtx { memory, init: &qp.init, attr: &qp.attr, qpn: qp.qpn, completions, stats: &mut qp.stats, draining: qp.state == QpState::Sqd },
         qp.path.as_mut(),
     )
 }

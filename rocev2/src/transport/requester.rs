@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use crate::psn::Psn;
 use crate::time::Instant;
-use crate::transport::attr::{Mtu, QpType};
-use crate::transport::ids::{Access, CqId, PdId};
+use crate::transport::attr::{QpAttr, QpInitAttr, QpType};
+use crate::transport::ids::{Access, PdId};
 use crate::transport::memory::{GatherMemo, MemoryTable};
 use crate::transport::path::PathHeaders;
 use crate::transport::retired::RetiredCount;
@@ -79,23 +79,19 @@ impl Wqe {
     }
 }
 
-/// What the requester needs from its QP for one call.
+/// What the requester needs from its QP for one call. The QP's attributes
+/// are borrowed in place, not copied field by field for every frame.
 pub(crate) struct RequesterCtx<'a> {
     pub memory: &'a MemoryTable,
-    pub pd: PdId,
+    /// The QP's creation attributes (PD, type, send CQ).
+    pub init: &'a QpInitAttr,
+    /// The QP's current attributes: destination QPN, path MTU, Q_Key,
+    /// `timeout` (4.096 µs × 2^timeout, 0 = infinite), `retry_cnt`,
+    /// `rnr_retry`, `max_rd_atomic`.
+    pub attr: &'a QpAttr,
     pub qpn: u32,
-    pub qp_type: QpType,
-    pub dest_qpn: u32,
-    pub pmtu: Mtu,
-    pub qkey: u32,
-    pub send_cq: CqId,
     pub completions: &'a mut VecDeque<Completion>,
     pub stats: &'a mut QpStats,
-    /// `timeout` attribute: 4.096 µs × 2^timeout, 0 = infinite.
-    pub timeout: u8,
-    pub retry_cnt: u8,
-    pub rnr_retry: u8,
-    pub max_rd_atomic: u8,
     /// SQD: finish what was started, start nothing new.
     pub draining: bool,
 }
@@ -267,7 +263,7 @@ impl Requester {
                     _ => u32::try_from(w.len).unwrap_or(u32::MAX),
                 };
                 ctx.completions.push_back(Completion {
-                    cq: ctx.send_cq,
+                    cq: ctx.init.send_cq,
                     wc: WorkCompletion {
                         wr_id: w.wr.wr_id,
                         status,
@@ -348,19 +344,33 @@ impl Requester {
         path: Option<&mut PathHeaders>,
         buf: &mut [u8],
     ) -> Result<Option<usize>, SqFatal> {
-        if path.is_none() && ctx.qp_type != QpType::Ud {
+        if path.is_none() && ctx.init.qp_type != QpType::Ud {
             return Ok(None);
         }
         if self.rnr_until.is_some_and(|t| now < t) {
             return Ok(None);
         }
         self.rnr_until = None;
-        let pmtu = u64::from(ctx.pmtu.bytes());
+        let pmtu = u64::from(ctx.attr.path_mtu.bytes());
         // The path MTU is a power of two (256-4096): a packet's index in its
         // message is a shift of its offset, not a 64-bit division.
-        let pmtu_shift = ctx.pmtu.bytes().trailing_zeros();
+        let pmtu_shift = ctx.attr.path_mtu.bytes().trailing_zeros();
         loop {
             let Some(w) = self.wqes.get(self.cur) else { return Ok(None) };
+            // A message under way (every frame but a message's first): its
+            // PSN, the window and the frame from this one look-up of the WQE.
+            if let (None, Some(first)) = (w.done, w.first_psn) {
+                let psn = match w.kind {
+                    Kind::Send | Kind::Write => first.add((self.cur_off >> pmtu_shift) as u32),
+                    Kind::Read => first.add((w.read_done >> pmtu_shift) as u32),
+                    _ => first,
+                };
+                // Flow control: stay within MAX_UNACKED_PSNS of the oldest unacked PSN.
+                if ctx.init.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
+                    return Ok(None);
+                }
+                return self.emit(now, ctx, path, buf, pmtu, psn).map(Some);
+            }
             if w.done.is_some() {
                 self.cur += 1;
                 self.cur_off = 0;
@@ -382,7 +392,7 @@ impl Requester {
                         return Ok(None);
                     }
                     // IBTA C9-?: at most max_rd_atomic outstanding READ/ATOMIC as requester.
-                    if w.is_rd_atomic() && earlier_rd_atomic >= usize::from(ctx.max_rd_atomic.max(1)) {
+                    if w.is_rd_atomic() && earlier_rd_atomic >= usize::from(ctx.attr.max_rd_atomic.max(1)) {
                         return Ok(None);
                     }
                 }
@@ -405,7 +415,7 @@ impl Requester {
                 let needed = if w.is_rd_atomic() { Access::LOCAL_WRITE } else { Access::empty() };
                 let gathered_at_once = matches!(w.kind, Kind::Send | Kind::Write) && w.len <= pmtu;
                 if let (WqePayload::Sgl(sgl), false) = (&w.wr.payload, gathered_at_once) {
-                    if ctx.memory.local_check(ctx.pd, sgl, needed).is_err() {
+                    if ctx.memory.local_check(ctx.init.pd, sgl, needed).is_err() {
                         let i = self.cur;
                         return Err(self.fatal(i, WcStatus::LocProtErr, ctx));
                     }
@@ -414,7 +424,7 @@ impl Requester {
                     let i = self.cur;
                     return Err(self.fatal(i, WcStatus::LocLenErr, ctx));
                 }
-                if ctx.qp_type == QpType::Ud && w.len > pmtu {
+                if ctx.init.qp_type == QpType::Ud && w.len > pmtu {
                     let i = self.cur;
                     return Err(self.fatal(i, WcStatus::LocLenErr, ctx));
                 }
@@ -425,30 +435,19 @@ impl Requester {
                 w.npsn = npsn;
                 self.next_psn = first.add(npsn);
                 self.cur_off = 0;
+                // Its first frame goes as every other: the loop finds it under way.
             }
-            // Flow control: stay within MAX_UNACKED_PSNS of the oldest unacked PSN.
-            let w = &self.wqes[self.cur];
-            let first = w.first_psn.expect("assigned above");
-            let psn = match w.kind {
-                Kind::Send | Kind::Write => first.add((self.cur_off >> pmtu_shift) as u32),
-                Kind::Read => first.add((w.read_done >> pmtu_shift) as u32),
-                _ => first,
-            };
-            if ctx.qp_type == QpType::Rc && psn.distance(self.una) >= MAX_UNACKED_PSNS {
-                return Ok(None);
-            }
-            return self.emit(now, ctx, path, buf, pmtu, psn).map(Some);
         }
     }
 
     fn execute_local(&mut self, i: usize, ctx: &mut RequesterCtx<'_>) -> WcStatus {
         match self.wqes[i].wr.op {
-            SendOp::LocalInv { rkey } => match ctx.memory.invalidate(ctx.pd, ctx.qpn, rkey) {
+            SendOp::LocalInv { rkey } => match ctx.memory.invalidate(ctx.init.pd, ctx.qpn, rkey) {
                 Ok(()) => WcStatus::Success,
                 Err(_) => WcStatus::LocProtErr,
             },
             SendOp::BindMw { mw_rkey, new_key, mr_lkey, addr, length, access } => {
-                match ctx.memory.bind_mw(ctx.pd, ctx.qpn, mw_rkey, new_key, mr_lkey, addr, length, access) {
+                match ctx.memory.bind_mw(ctx.init.pd, ctx.qpn, mw_rkey, new_key, mr_lkey, addr, length, access) {
                     Ok(_) => WcStatus::Success,
                     Err(_) => WcStatus::MwBindErr,
                 }
@@ -474,7 +473,7 @@ impl Requester {
         let kind = w.kind;
         // The headers are built where they are emitted from (no BTH built
         // beside them and copied in).
-        let mut t = TransportRepr::bth_only(BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.dest_qpn, psn) });
+        let mut t = TransportRepr::bth_only(BthRepr { pkey: PKEY, ..BthRepr::new(Opcode::RC_SEND_ONLY, ctx.attr.dest_qp_num, psn) });
         let bth = &mut t.bth;
         let (payload_off, payload_len, last) = match kind {
             Kind::Send | Kind::Write => {
@@ -482,7 +481,7 @@ impl Requester {
                 let n = (w.len - off.min(w.len)).min(pmtu);
                 let first = off == 0;
                 let last = off + n >= w.len;
-                bth.opcode = data_opcode(ctx.qp_type, &w.wr.op, first, last);
+                bth.opcode = data_opcode(ctx.init.qp_type, &w.wr.op, first, last);
                 bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
                 if let SendOp::Write { remote } | SendOp::WriteWithImm { remote, .. } = w.wr.op {
                     if first {
@@ -496,11 +495,11 @@ impl Requester {
                         _ => {}
                     }
                 }
-                if ctx.qp_type == QpType::Ud {
+                if ctx.init.qp_type == QpType::Ud {
                     let ud = w.wr.ud.as_ref();
                     let remote_qkey = ud.map_or(0, |u| u.remote_qkey);
                     // IBTA 10.2.5: a Q_Key with the high bit set means "use the QP's Q_Key".
-                    let qkey = if remote_qkey & 0x8000_0000 != 0 { ctx.qkey } else { remote_qkey };
+                    let qkey = if remote_qkey & 0x8000_0000 != 0 { ctx.attr.qkey } else { remote_qkey };
                     t.deth = Some(DethRepr { qkey, resv8: 0, src_qp: ctx.qpn });
                     bth.dest_qp = ud.map_or(0, |u| u.remote_qpn);
                 }
@@ -533,13 +532,13 @@ impl Requester {
         // periodically within long messages.
         self.pkts_since_ack_req += 1;
         if last || self.pkts_since_ack_req >= ACK_REQ_EVERY {
-            bth.ack_req = ctx.qp_type == QpType::Rc;
+            bth.ack_req = ctx.init.qp_type == QpType::Rc;
             self.pkts_since_ack_req = 0;
         }
 
         // UD sends carry their own path.
         let mut ud_path;
-        let path: &mut PathHeaders = if ctx.qp_type == QpType::Ud {
+        let path: &mut PathHeaders = if ctx.init.qp_type == QpType::Ud {
             let Some(ud) = w.wr.ud.as_ref() else {
                 return Err(self.fatal(i, WcStatus::LocQpOpErr, ctx));
             };
@@ -558,7 +557,7 @@ impl Requester {
         let fill = Gather {
             memory: ctx.memory,
             memo: &mut self.gather_memo,
-            pd: ctx.pd,
+            pd: ctx.init.pd,
             payload: &w.wr.payload,
             offset: payload_off,
             failed: &mut gather_failed,
@@ -581,14 +580,14 @@ impl Requester {
         if last {
             self.cur += 1;
             self.cur_off = 0;
-            if ctx.qp_type != QpType::Rc {
+            if ctx.init.qp_type != QpType::Rc {
                 // UC and UD complete on transmission (no acknowledgements).
                 self.finish(i, WcStatus::Success);
                 self.reap(ctx);
             }
         }
-        if ctx.qp_type == QpType::Rc && self.timer.is_none() {
-            if let Some(d) = local_timeout(ctx.timeout) {
+        if ctx.init.qp_type == QpType::Rc && self.timer.is_none() {
+            if let Some(d) = local_timeout(ctx.attr.timeout) {
                 self.timer = Some(now + d);
             }
         }
