@@ -225,6 +225,20 @@ impl CompletionRing {
     /// number of threads may poll at once.
     pub fn pop_with(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> usize {
         let mut head = self.head.0.load(Ordering::Relaxed);
+        // An empty ring (an application spinning on its CQ, most polls):
+        // nothing published at the head, which no other consumer moved,
+        // answered from one slot, without the ring-order iterator below.
+        // The same answer the loop gives (its first slot fails the same test).
+        if max == 0 {
+            return 0;
+        }
+        if self.slot(head).stamp.load(Ordering::Acquire) != head.wrapping_add(1) {
+            let now = self.head.0.load(Ordering::Relaxed);
+            if now == head {
+                return 0;
+            }
+            head = now;
+        }
         let n = loop {
             // Count the slots from `head` holding a published completion.
             let (mut n, mut end) = (0, head);
@@ -349,6 +363,27 @@ mod tests {
         assert_eq!(pop_all(&ring, 4), Vec::<u64>::new());
         assert_eq!(ring.push_slice(&[]), 0);
         assert_eq!(pop_all(&ring, 0), Vec::<u64>::new());
+    }
+
+    /// The empty poll's shortcut (one slot's stamp) answers as the full
+    /// loop: nothing at every index and lap of the ring, a poll of zero
+    /// takes nothing from a ring that holds some, and neither disturbs what
+    /// is pushed next (a stamp left one lap behind, the last index before
+    /// the wrap, the first after it).
+    #[test]
+    fn empty_polls_take_nothing_at_every_position() {
+        let ring = CompletionRing::new(3);
+        let mut next = 0u64;
+        for round in 0..20usize {
+            assert_eq!(pop_all(&ring, 4), Vec::<u64>::new(), "round {round}: empty");
+            let n = 1 + round % 3;
+            assert_eq!(ring.push_slice(&(next..next + n as u64).map(wc).collect::<Vec<_>>()), n);
+            assert_eq!(pop_all(&ring, 0), Vec::<u64>::new(), "round {round}: a poll of zero");
+            assert_eq!(ring.len(), n);
+            assert!(pop_all(&ring, usize::MAX).into_iter().eq(next..next + n as u64), "round {round}: all, in order");
+            next += n as u64;
+            assert_eq!(pop_all(&ring, 1), Vec::<u64>::new(), "round {round}: empty again");
+        }
     }
 
     /// A closure that unwinds mid-poll frees every slot the poll claimed:
