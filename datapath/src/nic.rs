@@ -44,7 +44,6 @@ use rocev2::hash::IntMap;
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
-use std::time::Instant as StdInstant;
 
 use crossbeam_queue::ArrayQueue;
 use rocev2::cm::{Cm, CmEvent, GSI_QPN};
@@ -209,6 +208,18 @@ impl Shard {
     }
 }
 
+/// Nanoseconds of `CLOCK_MONOTONIC` (the clock `std::time::Instant` reads
+/// on Linux): one vDSO call and a multiply-add. `Instant::elapsed` costs
+/// every poll iteration about 45 instructions more (a checked subtraction
+/// of two timespecs, then a 128-bit `Duration::as_nanos`).
+fn monotonic_nanos() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `ts` is a valid timespec for the call to write; the clock id
+    // is one Linux always has (it cannot fail, and `ts` stays zero if it did).
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    (ts.tv_sec as u64).wrapping_mul(1_000_000_000).wrapping_add(ts.tv_nsec as u64)
+}
+
 /// One urnic NIC instance.
 pub struct Nic {
     shards: Vec<Shard>,
@@ -220,7 +231,8 @@ pub struct Nic {
     /// Signalled whenever an event is queued, so a waiter can block on it
     /// (`ibv_context.async_fd`). `None` only if the kernel refused an eventfd.
     events_fd: Option<crate::queues::EventFd>,
-    epoch: StdInstant,
+    /// [`monotonic_nanos`] when the NIC was made: [`Nic::now`] counts from it.
+    epoch: u64,
     link_up: AtomicBool,
     capture: Mutex<Option<crate::capture::PcapWriter>>,
     /// Whether `capture` holds a writer: the per-frame check, so frames do
@@ -365,7 +377,7 @@ impl Nic {
             cqs: RwLock::new(IntMap::default()),
             events: ArrayQueue::new(1024),
             events_fd: crate::queues::EventFd::new().ok(),
-            epoch: StdInstant::now(),
+            epoch: monotonic_nanos(),
             link_up: AtomicBool::new(true),
             capture: Mutex::new(None),
             capturing: AtomicBool::new(false),
@@ -610,7 +622,7 @@ impl Nic {
 
     /// The engine's notion of now.
     pub fn now(&self) -> Instant {
-        Instant::from_nanos(self.epoch.elapsed().as_nanos() as u64)
+        Instant::from_nanos(monotonic_nanos().saturating_sub(self.epoch))
     }
 
     /// Run `f` with the engine owning QPN (or SRQ id) `x` locked.
