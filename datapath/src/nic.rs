@@ -1396,6 +1396,7 @@ mod tests {
         }
         nic.deliver_to(&cqs, c(6, 9), &mut tally, &mut signals);
         tally.overruns += signals.finish() as u64;
+        drop(signals);
         drop(cqs);
         let counts = || ["completions", "cq_overruns", "completions_orphaned"].map(|k| nic.stats.iter().find(|(n, _)| *n == k).unwrap().1);
         assert_eq!(counts(), [0, 0, 0], "counted once per batch, at its end");
@@ -1423,6 +1424,7 @@ mod tests {
             nic.deliver_to(&cqs, c, &mut tally, &mut signals);
         }
         assert_eq!(signals.finish(), 0);
+        drop(signals);
         drop(cqs);
         assert_eq!((tally.delivered, tally.orphaned), (10, 1));
         for (ring, id) in [(&five, 5), (&seven, 7)] {
