@@ -968,9 +968,14 @@ impl Engine {
                 };
                 if r.is_err() {
                     self.enter_error(qpn, true);
+                    self.arm(qpn);
+                    continue;
                 }
             }
-            self.arm(qpn);
+            // `arm` with the QP still in hand (no second lookup a timer).
+            if let Some(t) = next_arm(qp, self.last_now) {
+                self.queue_timer(t, qpn);
+            }
         }
     }
 }
