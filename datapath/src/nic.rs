@@ -1232,25 +1232,23 @@ impl Nic {
         // SeqCst: the order `ring_qp` relies on (its flag read, this swap,
         // the tail checks at the end).
         rings.rung.swap(false, Ordering::SeqCst);
-        // Popped while its indices say a WR is there (claimed by a post:
-        // the pop waits for it to be written): the pop of an empty
-        // `ArrayQueue` that ended each drain cost about 36 instructions and
-        // a full fence.
-        while !rings.recv.is_empty() {
-            let Some(wr) = rings.recv.pop() else { break };
-            work += 1;
-            let wr_id = wr.wr_id;
-            if let Err(e) = engine.post_recv(rings.qpn, wr) {
-                self.refuse(rings, wr_id, WcOpcode::Recv, e, true);
-            }
-        }
-        // Drains of one QP are serialised by the engine's lock: the consumer
-        // is always free here.
-        let Some(mut sends) = rings.send.consumer() else { return work };
-        // Boxes of WQEs reaped since the last drain replace the ones taken.
-        engine.recycle_send_wqes(rings.qpn, |b| sends.recycle(b));
-        // One engine lookup, timer arming and wake-up for the whole drain.
-        work += engine.post_send_batch(rings.qpn, || sends.pop(), |wr_id, opcode, e| self.refuse(rings, wr_id, opcode, e, false));
+        // Receive WRs are popped while the ring's indices show one (claimed
+        // by a post: the pop waits for it to be written): the pop of an
+        // empty `ArrayQueue` that ended each drain cost about 36
+        // instructions and a full fence. Drains of one QP are serialised by
+        // the engine's lock: the send ring's consumer is always free here;
+        // its boxes of WQEs reaped since the last drain replace the ones
+        // taken. One engine lookup, timer arming and wake-up for the whole
+        // drain.
+        let recvs = || if rings.recv.is_empty() { None } else { rings.recv.pop() };
+        let mut sends = rings.send.consumer();
+        work += engine.drain_posts(
+            rings.qpn,
+            recvs,
+            |wr_id, e| self.refuse(rings, wr_id, WcOpcode::Recv, e, true),
+            sends.as_mut(),
+            |wr_id, opcode, e| self.refuse(rings, wr_id, opcode, e, false),
+        );
         drop(sends);
         // A WR claimed before the swap above whose post read the flag still
         // set rang no doorbell (`ring_qp`); if the send ring stopped at it,
