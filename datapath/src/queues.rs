@@ -295,6 +295,7 @@ impl CqRing {
 
     /// Whether a completion was lost because the ring was full (a CQ overrun,
     /// reported as an async error as ibverbs does).
+    #[inline]
     pub fn overflowed(&self) -> bool {
         self.overflowed.load(Ordering::Acquire)
     }

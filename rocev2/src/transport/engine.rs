@@ -528,12 +528,14 @@ impl Engine {
     }
 
     /// Whether completions wait for [`Engine::poll_completion`].
+    #[inline]
     pub fn has_completions(&self) -> bool {
         !self.completions.is_empty()
     }
 
     /// Next completion, in the order they happened.
     #[must_use]
+    #[inline]
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
@@ -895,6 +897,7 @@ impl Engine {
     /// When the engine next wants `handle_timeout`. May be earlier than any
     /// real deadline (a stale entry), never later.
     #[must_use]
+    #[inline]
     pub fn next_timeout(&self) -> Option<Instant> {
         let qps = self.timers.peek().map(|Reverse((t, _))| *t);
         match (qps, self.gsi.as_ref().and_then(|g| g.cm.next_timeout())) {
