@@ -110,17 +110,12 @@ impl CompletionRing {
         &self.slots[pos & (self.one_lap - 1)]
     }
 
-    /// The slots from `pos` on with their positions, in ring order: the
-    /// slice from `pos`'s index to the end, then from the start one lap on
-    /// (no division or bounds check per step, as [`next`](Self::next) and
-    /// [`slot`](Self::slot) would have).
+    /// Up to `n` slots from `pos` on with their positions, in ring order:
+    /// from `pos`'s index to the end, then from the start one lap on (no
+    /// division per step, as [`next`](Self::next) has; one compare).
     #[inline]
-    fn from(&self, pos: usize) -> impl Iterator<Item = (usize, &Slot)> {
-        let index = pos & (self.one_lap - 1);
-        let (after, before) = (self.slots.get(index..).unwrap_or(&[]), self.slots.get(..index).unwrap_or(&[]));
-        let next_lap = (pos & !(self.one_lap - 1)).wrapping_add(self.one_lap);
-        let first = after.iter().enumerate().map(move |(i, s)| (pos.wrapping_add(i), s));
-        first.chain(before.iter().enumerate().map(move |(i, s)| (next_lap.wrapping_add(i), s)))
+    fn from(&self, pos: usize, n: usize) -> Walk<'_> {
+        Walk { slots: &self.slots, index: pos & (self.one_lap - 1), pos, one_lap: self.one_lap, left: n.min(self.slots.len()) }
     }
 
     /// Completions pushed (or being pushed) and not yet claimed by a pop.
@@ -164,7 +159,7 @@ impl CompletionRing {
         loop {
             // Count the slots from `tail` free for their positions.
             let (mut n, mut end) = (0, tail);
-            for (pos, slot) in self.from(tail).take(wcs.len()) {
+            for (pos, slot) in self.from(tail, wcs.len()) {
                 // Acquire: the consumer that freed this slot (its release
                 // store of `pos`) read the completion before; we may
                 // overwrite it once claimed.
@@ -181,7 +176,7 @@ impl CompletionRing {
                 // slots counted stay free until we publish them.
                 match self.tail.0.compare_exchange_weak(tail, end, Ordering::SeqCst, Ordering::Relaxed) {
                     Ok(_) => {
-                        for ((pos, slot), wc) in self.from(tail).zip(&wcs[..n]) {
+                        for ((pos, slot), wc) in self.from(tail, n).zip(&wcs[..n]) {
                             // SAFETY: the claim above made `pos` ours and its
                             // stamp said no consumer holds it; no one reads
                             // the slot before the release store below.
@@ -225,10 +220,24 @@ impl CompletionRing {
     /// number of threads may poll at once.
     pub fn pop_with(&self, max: usize, mut f: impl FnMut(usize, &WorkCompletion)) -> usize {
         let mut head = self.head.0.load(Ordering::Relaxed);
+        // An empty ring (an application spinning on its CQ, most polls):
+        // nothing published at the head, which no other consumer moved,
+        // answered from one slot, without the ring-order iterator below.
+        // The same answer the loop gives (its first slot fails the same test).
+        if max == 0 {
+            return 0;
+        }
+        if self.slot(head).stamp.load(Ordering::Acquire) != head.wrapping_add(1) {
+            let now = self.head.0.load(Ordering::Relaxed);
+            if now == head {
+                return 0;
+            }
+            head = now;
+        }
         let n = loop {
             // Count the slots from `head` holding a published completion.
             let (mut n, mut end) = (0, head);
-            for (pos, slot) in self.from(head).take(max) {
+            for (pos, slot) in self.from(head, max) {
                 // Acquire: pairs with the producer's release store (its write
                 // of the completion).
                 if slot.stamp.load(Ordering::Acquire) != pos.wrapping_add(1) {
@@ -260,13 +269,46 @@ impl CompletionRing {
         };
         // Free each slot as soon as its completion is copied out, before
         // handing it on; `Taking` frees the rest if `f` unwinds.
-        let mut taking = Taking { one_lap: self.one_lap, slots: self.from(head).take(n) };
+        let mut taking = Taking { one_lap: self.one_lap, slots: self.from(head, n) };
         let mut i = 0;
         while let Some(wc) = taking.take() {
             f(i, &wc);
             i += 1;
         }
         n
+    }
+}
+
+/// [`CompletionRing::from`]'s walk over the slots in ring order: `left`
+/// more from `index` (whose position is `pos`), wrapping once to index 0 of
+/// the next lap. A slot index is always below the capacity (positions wrap
+/// at it), so the slot is always there.
+struct Walk<'a> {
+    slots: &'a [Slot],
+    index: usize,
+    pos: usize,
+    one_lap: usize,
+    left: usize,
+}
+
+impl<'a> Iterator for Walk<'a> {
+    type Item = (usize, &'a Slot);
+
+    #[inline]
+    fn next(&mut self) -> Option<(usize, &'a Slot)> {
+        if self.left == 0 {
+            return None;
+        }
+        let slot = self.slots.get(self.index)?;
+        let pos = self.pos;
+        self.left -= 1;
+        self.index += 1;
+        self.pos = pos.wrapping_add(1);
+        if self.index == self.slots.len() {
+            self.index = 0;
+            self.pos = (pos & !(self.one_lap - 1)).wrapping_add(self.one_lap);
+        }
+        Some((pos, slot))
     }
 }
 
@@ -349,6 +391,27 @@ mod tests {
         assert_eq!(pop_all(&ring, 4), Vec::<u64>::new());
         assert_eq!(ring.push_slice(&[]), 0);
         assert_eq!(pop_all(&ring, 0), Vec::<u64>::new());
+    }
+
+    /// The empty poll's shortcut (one slot's stamp) answers as the full
+    /// loop: nothing at every index and lap of the ring, a poll of zero
+    /// takes nothing from a ring that holds some, and neither disturbs what
+    /// is pushed next (a stamp left one lap behind, the last index before
+    /// the wrap, the first after it).
+    #[test]
+    fn empty_polls_take_nothing_at_every_position() {
+        let ring = CompletionRing::new(3);
+        let mut next = 0u64;
+        for round in 0..20usize {
+            assert_eq!(pop_all(&ring, 4), Vec::<u64>::new(), "round {round}: empty");
+            let n = 1 + round % 3;
+            assert_eq!(ring.push_slice(&(next..next + n as u64).map(wc).collect::<Vec<_>>()), n);
+            assert_eq!(pop_all(&ring, 0), Vec::<u64>::new(), "round {round}: a poll of zero");
+            assert_eq!(ring.len(), n);
+            assert!(pop_all(&ring, usize::MAX).into_iter().eq(next..next + n as u64), "round {round}: all, in order");
+            next += n as u64;
+            assert_eq!(pop_all(&ring, 1), Vec::<u64>::new(), "round {round}: empty again");
+        }
     }
 
     /// A closure that unwinds mid-poll frees every slot the poll claimed:

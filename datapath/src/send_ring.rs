@@ -34,7 +34,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocev2::transport::retired::RetiredCount;
-use rocev2::transport::wqe::{SendWqe, SendWrRef};
+use rocev2::transport::wqe::{SendSource, SendWqe, SendWrRef};
 
 /// Keeps what producers write (the tail) and what the consumer writes (the
 /// head) on separate cache lines.
@@ -284,6 +284,18 @@ impl SendConsumer<'_> {
         slot.stamp.store(pos.wrapping_add(ring.one_lap), Ordering::Release);
         self.head = ring.next(pos);
         Some(wqe)
+    }
+}
+
+impl SendSource for SendConsumer<'_> {
+    #[inline]
+    fn recycle(&mut self, wqe: Box<SendWqe>) {
+        SendConsumer::recycle(self, wqe);
+    }
+
+    #[inline]
+    fn next_wqe(&mut self) -> Option<Box<SendWqe>> {
+        self.pop()
     }
 }
 

@@ -569,3 +569,93 @@ fn a_batch_of_posts_is_each_post_alone() {
         "{refused:?}"
     );
 }
+
+/// A send ring's consumer in a test: WQEs handed out in order, the boxes
+/// given back counted.
+struct VecSource {
+    wqes: std::collections::VecDeque<Box<rocev2::transport::wqe::SendWqe>>,
+    recycled: usize,
+}
+
+impl rocev2::transport::wqe::SendSource for VecSource {
+    fn recycle(&mut self, _wqe: Box<rocev2::transport::wqe::SendWqe>) {
+        self.recycled += 1;
+    }
+
+    fn next_wqe(&mut self) -> Option<Box<rocev2::transport::wqe::SendWqe>> {
+        self.wqes.pop_front()
+    }
+}
+
+/// A doorbell's drain with one lookup of the QP (`drain_posts`) is a
+/// `post_recv` of each receive WQE, then `recycle_send_wqes`, then
+/// `post_send_batch`: receive WQEs queued in order (one for a QP in RESET
+/// refused, as `post_recv` refuses it), a bad send WQE in the middle refused
+/// with its wr_id and opcode and the rest sent and completed in order, the
+/// boxes of the reaped WQEs handed back by the next drain, and on an unknown
+/// QP every WQE of both kinds refused.
+#[test]
+fn a_drain_is_each_post_alone() {
+    let mut p = pair(Opts::default());
+    pattern(&mut p.a, 0, 300, 5);
+    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> =
+        (10..13u64).map(|i| RecvWr { wr_id: i, sgl: vec![p.b.sge(8192 + i as usize * 100, 100)] }.into()).collect();
+    recvs.reverse();
+    let (qa, qb) = (p.a.qpn, p.b.qpn);
+    let mut refused = Vec::new();
+    let none: Option<&mut VecSource> = None;
+    let n = p.b.engine.drain_posts(qb, || recvs.pop(), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!("no sends"));
+    assert_eq!((n, refused.len()), (3, 0));
+
+    let wqes = (0..3u64)
+        .map(|i| {
+            let sgl = if i == 1 { vec![p.a.sge(0, 1); 5] } else { vec![p.a.sge(i as usize * 100, 100)] };
+            Box::new(wr(i, SendOp::Send, sgl).into())
+        })
+        .collect();
+    let mut src = VecSource { wqes, recycled: 0 };
+    let mut send_refused = Vec::new();
+    let n = p.a.engine.drain_posts(qa, || None, |_, _| unreachable!("no receives"), Some(&mut src), |wr_id, op, e| send_refused.push((wr_id, op, e)));
+    assert_eq!(n, 3);
+    assert!(matches!(send_refused[..], [(1, WcOpcode::Send, EngineError::BadWr(_))]), "{send_refused:?}");
+    p.run();
+    let c = p.a.completions();
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), [(0, WcStatus::Success), (2, WcStatus::Success)]);
+    let r = p.b.completions();
+    assert_eq!(r.iter().map(|c| (c.wr_id, c.status, c.byte_len)).collect::<Vec<_>>(), [10, 11].map(|i| (i, WcStatus::Success, 100)));
+    assert_eq!(p.b.mem()[9192..9292], p.a.mem()[..100], "SEND 0 into the first receive");
+    assert_eq!(p.b.mem()[9292..9392], p.a.mem()[200..300], "SEND 2 into the second");
+    assert_eq!(src.recycled, 0, "boxes come back at the next drain");
+    let n = p.a.engine.drain_posts(qa, || None, |_, _| unreachable!(), Some(&mut src), |_, _, _| unreachable!());
+    assert_eq!((n, src.recycled), (0, 2), "the two reaped WQEs' boxes");
+
+    // A QP in RESET refuses a receive WQE, as `post_recv` does.
+    let mut e = Engine::new(EngineConfig::default(), Arc::new(MemoryTable::new()));
+    let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: true };
+    let q = e.create_qp(&init).unwrap();
+    assert!(matches!(e.post_recv(q, RecvWr { wr_id: 30, sgl: vec![] }), Err(EngineError::WrongState(QpState::Reset))));
+    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> = vec![RecvWr { wr_id: 31, sgl: vec![] }.into()];
+    let mut refused = Vec::new();
+    let none: Option<&mut VecSource> = None;
+    assert_eq!(e.drain_posts(q, || recvs.pop(), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!()), 1);
+    assert!(matches!(refused[..], [(31, EngineError::WrongState(QpState::Reset))]), "{refused:?}");
+
+    // An unknown QP: every WQE of both kinds refused.
+    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> = vec![RecvWr { wr_id: 20, sgl: vec![] }.into()];
+    let mut refused = Vec::new();
+    let mut src = VecSource { wqes: (7..9).map(|i| Box::new(wr(i, SendOp::Send, vec![]).into())).collect(), recycled: 0 };
+    let mut send_refused = Vec::new();
+    let n = p.a.engine.drain_posts(
+        0x999,
+        || recvs.pop(),
+        |wr_id, e| refused.push((wr_id, e)),
+        Some(&mut src),
+        |wr_id, op, e| send_refused.push((wr_id, op, e)),
+    );
+    assert_eq!(n, 3);
+    assert!(matches!(refused[..], [(20, EngineError::NoSuchQp(0x999))]), "{refused:?}");
+    assert!(
+        matches!(send_refused[..], [(7, WcOpcode::Send, EngineError::NoSuchQp(0x999)), (8, WcOpcode::Send, EngineError::NoSuchQp(0x999))]),
+        "{send_refused:?}"
+    );
+}

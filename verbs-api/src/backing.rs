@@ -126,11 +126,18 @@ impl DeferredDeregs {
     }
 
     /// Retry the deregistration of every waiting region; free those that
-    /// succeed. Cheap when none waits (one atomic load).
+    /// succeed. Cheap when none waits (one atomic load, inlined into the
+    /// caller: every poll that returns completions asks).
+    #[inline]
     pub(crate) fn reclaim(&self, memory: &MemoryTable) {
-        if self.pending() == 0 {
-            return;
+        if self.pending() != 0 {
+            self.reclaim_waiting(memory);
         }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reclaim_waiting(&self, memory: &MemoryTable) {
         let released: Vec<Backing> = {
             let mut l = self.lock();
             let mut keep = Vec::with_capacity(l.len());

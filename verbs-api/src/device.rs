@@ -363,6 +363,7 @@ impl DeviceInner {
     }
 
     /// Retry deregistering regions dropped while windows were bound.
+    #[inline]
     pub(crate) fn reclaim_deferred(&self) {
         self.deferred.reclaim(&self.memory);
     }

@@ -65,7 +65,7 @@ use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
 use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
-use crate::transport::wqe::{RecvWqe, SendWqe};
+use crate::transport::wqe::{RecvWqe, SendSource, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
 use crate::wire::{parse_frame_with, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
@@ -438,37 +438,54 @@ impl Engine {
         mut next: impl FnMut() -> Option<Box<SendWqe>>,
         mut refused: impl FnMut(u64, WcOpcode, EngineError),
     ) -> usize {
-        let mut n = 0;
         let Some(qp) = self.qps.get_mut(&qpn) else {
-            while let Some(wr) = next() {
-                n += 1;
-                refused(wr.wr_id, wr.op.wc_opcode(), EngineError::NoSuchQp(qpn));
-            }
-            return n;
+            return refuse_all(qpn, next, refused);
         };
-        let mut queued = false;
-        while let Some(wr) = next() {
-            n += 1;
-            let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
-            match post_one_send(qp, wr, &mut self.completions) {
-                Ok(q) => queued |= q,
-                Err(e) => {
-                    // Posted, now refused: its slot is free before the
-                    // caller completes it with an error.
-                    qp.requester.retired().add(1);
-                    refused(wr_id, opcode, e)
-                }
-            }
-        }
-        if queued {
-            // `arm` and `wake` with the QP in hand, once for the batch.
-            let due = next_arm(qp, self.last_now);
-            mark_ready(qp, &mut self.ready);
-            if let Some(t) = due {
-                self.queue_timer(t, qpn);
-            }
+        let (n, due) = post_sends(qp, self.last_now, &mut self.completions, &mut self.ready, &mut next, &mut refused);
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
         }
         n
+    }
+
+    /// A doorbell's drain of `qpn`'s posted work with one lookup of the QP:
+    /// every receive WQE `recvs` yields, each as [`post_recv`](Self::post_recv)
+    /// takes it (one it refuses goes to `recv_refused` with its `wr_id`);
+    /// then, with `sends`, the boxes of the send WQEs reaped since the last
+    /// drain back to it (as [`recycle_send_wqes`](Self::recycle_send_wqes))
+    /// and every send WQE it yields, as
+    /// [`post_send_batch`](Self::post_send_batch) takes them. Returns how
+    /// many WQEs `recvs` and `sends` yielded.
+    pub fn drain_posts(
+        &mut self,
+        qpn: u32,
+        mut recvs: impl FnMut() -> Option<RecvWqe>,
+        mut recv_refused: impl FnMut(u64, EngineError),
+        sends: Option<&mut impl SendSource>,
+        mut send_refused: impl FnMut(u64, WcOpcode, EngineError),
+    ) -> usize {
+        let mut n = 0;
+        let Some(qp) = self.qps.get_mut(&qpn) else {
+            while let Some(wr) = recvs() {
+                n += 1;
+                recv_refused(wr.wr_id, EngineError::NoSuchQp(qpn));
+            }
+            return n + sends.map_or(0, |s| refuse_all(qpn, || s.next_wqe(), send_refused));
+        };
+        while let Some(wr) = recvs() {
+            n += 1;
+            let wr_id = wr.wr_id;
+            if let Err(e) = post_recv_to(qp, &mut self.completions, wr) {
+                recv_refused(wr_id, e);
+            }
+        }
+        let Some(sends) = sends else { return n };
+        qp.requester.take_spent().for_each(|b| sends.recycle(b));
+        let (posted, due) = post_sends(qp, self.last_now, &mut self.completions, &mut self.ready, &mut || sends.next_wqe(), &mut send_refused);
+        if let Some(t) = due {
+            self.queue_timer(t, qpn);
+        }
+        n + posted
     }
 
     /// Hand `f` the boxes of `qpn`'s send WQEs reaped since the last call
@@ -484,26 +501,7 @@ impl Engine {
     pub fn post_recv(&mut self, qpn: u32, wr: impl Into<RecvWqe>) -> Result<(), EngineError> {
         let wr = wr.into();
         let qp = self.qps.get_mut(&qpn).ok_or(EngineError::NoSuchQp(qpn))?;
-        if qp.state == QpState::Reset {
-            return Err(EngineError::WrongState(QpState::Reset));
-        }
-        let cq = qp.init.recv_cq;
-        let Some(rq) = qp.rq.as_mut() else { return Err(EngineError::BadWr("QP uses an SRQ")) };
-        // A WR not queued is retired at once (its slot free before its
-        // completion, this flush or the caller's error, exists).
-        if qp.state == QpState::Reset {
-            rq.retired().add(1);
-            return Err(EngineError::WrongState(QpState::Reset));
-        }
-        if qp.state == QpState::Err {
-            rq.retired().add(1);
-            self.completions.push_back(flush_completion(cq, qpn, wr.wr_id, WcOpcode::Recv));
-            return Ok(());
-        }
-        rq.post(wr).map_err(|_| {
-            rq.retired().add(1);
-            EngineError::QueueFull
-        })
+        post_recv_to(qp, &mut self.completions, wr)
     }
 
     /// `ibv_post_srq_recv`.
@@ -530,12 +528,14 @@ impl Engine {
     }
 
     /// Whether completions wait for [`Engine::poll_completion`].
+    #[inline]
     pub fn has_completions(&self) -> bool {
         !self.completions.is_empty()
     }
 
     /// Next completion, in the order they happened.
     #[must_use]
+    #[inline]
     pub fn poll_completion(&mut self) -> Option<Completion> {
         self.completions.pop_front()
     }
@@ -922,6 +922,7 @@ impl Engine {
     /// When the engine next wants `handle_timeout`. May be earlier than any
     /// real deadline (a stale entry), never later.
     #[must_use]
+    #[inline]
     pub fn next_timeout(&self) -> Option<Instant> {
         let qps = self.timers.peek().map(|Reverse((t, _))| *t);
         match (qps, self.gsi.as_ref().and_then(|g| g.cm.next_timeout())) {
@@ -993,9 +994,14 @@ impl Engine {
                 };
                 if r.is_err() {
                     self.enter_error(qpn, true);
+                    self.arm(qpn);
+                    continue;
                 }
             }
-            self.arm(qpn);
+            // `arm` with the QP still in hand (no second lookup a timer).
+            if let Some(t) = next_arm(qp, self.last_now) {
+                self.queue_timer(t, qpn);
+            }
         }
     }
 }
@@ -1032,6 +1038,71 @@ fn post_one_send(qp: &mut Qp, wr: Box<SendWqe>, completions: &mut VecDeque<Compl
     let sig_all = qp.init.sq_sig_all;
     qp.requester.post(wr, qp.init.qp_type, sig_all).map_err(|_| EngineError::QueueFull)?;
     Ok(true)
+}
+
+/// [`Engine::post_recv`] with the QP in hand.
+fn post_recv_to(qp: &mut Qp, completions: &mut VecDeque<Completion>, wr: RecvWqe) -> Result<(), EngineError> {
+    if qp.state == QpState::Reset {
+        return Err(EngineError::WrongState(QpState::Reset));
+    }
+    let (cq, qpn) = (qp.init.recv_cq, qp.qpn);
+    let Some(rq) = qp.rq.as_mut() else { return Err(EngineError::BadWr("QP uses an SRQ")) };
+    // A WR not queued is retired at once (its slot free before its
+    // completion, this flush or the caller's error, exists).
+    if qp.state == QpState::Err {
+        rq.retired().add(1);
+        completions.push_back(flush_completion(cq, qpn, wr.wr_id, WcOpcode::Recv));
+        return Ok(());
+    }
+    rq.post(wr).map_err(|_| {
+        rq.retired().add(1);
+        EngineError::QueueFull
+    })
+}
+
+/// Every send WQE `next` yields refused: `qpn` is unknown. How many.
+fn refuse_all(qpn: u32, mut next: impl FnMut() -> Option<Box<SendWqe>>, mut refused: impl FnMut(u64, WcOpcode, EngineError)) -> usize {
+    let mut n = 0;
+    while let Some(wr) = next() {
+        n += 1;
+        refused(wr.wr_id, wr.op.wc_opcode(), EngineError::NoSuchQp(qpn));
+    }
+    n
+}
+
+/// [`Engine::post_send_batch`] with the QP in hand: every WQE `next`
+/// yields posted (or handed to `refused`), then, if any was queued, the
+/// QP's timer armed and the QP woken, once for the batch. How many WQEs
+/// `next` yielded, and the timer to queue.
+fn post_sends(
+    qp: &mut Qp,
+    last_now: Instant,
+    completions: &mut VecDeque<Completion>,
+    ready: &mut VecDeque<u32>,
+    next: &mut impl FnMut() -> Option<Box<SendWqe>>,
+    refused: &mut impl FnMut(u64, WcOpcode, EngineError),
+) -> (usize, Option<Instant>) {
+    let (mut n, mut queued) = (0, false);
+    while let Some(wr) = next() {
+        n += 1;
+        let (wr_id, opcode) = (wr.wr_id, wr.op.wc_opcode());
+        match post_one_send(qp, wr, completions) {
+            Ok(q) => queued |= q,
+            Err(e) => {
+                // Posted, now refused: its slot is free before the
+                // caller completes it with an error.
+                qp.requester.retired().add(1);
+                refused(wr_id, opcode, e)
+            }
+        }
+    }
+    if !queued {
+        return (n, None);
+    }
+    // `arm` and `wake` with the QP in hand, once for the batch.
+    let due = next_arm(qp, last_now);
+    mark_ready(qp, ready);
+    (n, due)
 }
 
 /// A request frame of `qp`'s and what [`Engine::after_request`] does with

@@ -24,6 +24,17 @@ pub const RECV_WQE_SGES: usize = 8;
 /// too, `RXE_MAX_INLINE_DATA`), so every inline WR a device accepts fits.
 pub const WQE_INLINE_BYTES: usize = 400;
 
+/// Where a doorbell's drain takes a QP's posted send WQEs from, and what
+/// takes back the boxes of the WQEs the engine reaped since the last drain
+/// (the application-to-datapath send ring's consumer):
+/// [`Engine::drain_posts`](crate::transport::engine::Engine::drain_posts).
+pub trait SendSource {
+    /// Keep the box of a reaped WQE for a later post.
+    fn recycle(&mut self, wqe: Box<SendWqe>);
+    /// The next posted WQE, oldest first.
+    fn next_wqe(&mut self) -> Option<Box<SendWqe>>;
+}
+
 /// A list of `T` held in place up to `N` elements, on the heap beyond.
 /// Equality and hashing are those of the list (storage beyond its length,
 /// left over from an earlier list in a reused slot, does not count).
