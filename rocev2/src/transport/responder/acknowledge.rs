@@ -67,8 +67,22 @@ impl Responder {
     /// may be held, hold it until `now + hold` (a zero `hold` sends it at
     /// once). Returns the deadline, for the engine's timer queue, if a new
     /// hold began.
+    ///
+    /// Inline: every request frame asks, and most have queued no ACK that
+    /// may be held (`hold_wanted` unset); the rest is out of line.
+    #[inline(always)]
     pub(crate) fn start_hold(&mut self, now: Instant, hold: core::time::Duration) -> Option<Instant> {
-        if !std::mem::take(&mut self.hold_wanted) || hold.is_zero() || self.pending.len() != 1 {
+        if !self.hold_wanted {
+            return None;
+        }
+        self.start_wanted_hold(now, hold)
+    }
+
+    /// [`start_hold`](Self::start_hold) once an ACK that may be held was queued.
+    #[inline(never)]
+    fn start_wanted_hold(&mut self, now: Instant, hold: core::time::Duration) -> Option<Instant> {
+        self.hold_wanted = false;
+        if hold.is_zero() || self.pending.len() != 1 {
             return None;
         }
         let until = now + hold;
