@@ -278,7 +278,14 @@ impl Responder {
             ctx.stats.resp_bytes_placed += len;
         }
         if matches!(seg, Segment::First | Segment::Middle) {
-            self.msg = MsgState::Write { rkey, va: va.wrapping_add(len), remaining: remaining - len, dma_len };
+            let (va, remaining) = (va.wrapping_add(len), remaining - len);
+            match &mut self.msg {
+                // A MIDDLE moves the message on in place (rebuilt, the
+                // state's tag was tested for a WQE to drop and all of it
+                // stored again, every packet).
+                MsgState::Write { va: at, remaining: left, .. } => (*at, *left) = (va, remaining),
+                msg => *msg = MsgState::Write { rkey, va, remaining, dma_len },
+            }
             return Ok(());
         }
         self.msg = MsgState::Idle;
