@@ -9,6 +9,7 @@ use super::ext::{
     AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr, IethPacket, ImmDtPacket,
     RethPacket, RethRepr,
 };
+use super::opcode::Opcode;
 
 /// All transport headers of one packet: the BTH and its extension headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -73,15 +74,21 @@ impl TransportRepr {
     /// ([`parse_ext`](Self::parse_ext)).
     #[inline(always)]
     pub(crate) fn parse_into_inline(&mut self, b: &[u8]) -> Result<usize, WireError> {
-        let bth = BthRepr::parse(b)?;
+        // The checks of `BthRepr::parse` and then of the opcode and TVer on
+        // the bytes, so that the BTH is built once, in place (parsed into a
+        // local first, it was stored in pieces and read back in wider
+        // loads across them: a store-forwarding stall per frame).
+        let Some(bth) = b.first_chunk::<BTH_LEN>() else { return Err(WireError::Truncated(Header::Bth)) };
         // let-else: see `HeaderTemplate::emit_with_crc` (no `Result` through the stack).
-        let Some(shape) = bth.opcode.shape() else { return Err(WireError::UnknownOpcode(bth.opcode.0)) };
-        if bth.tver != 0 {
-            return Err(WireError::BadTver(bth.tver));
+        let Some(shape) = Opcode(bth[0]).shape() else { return Err(WireError::UnknownOpcode(bth[0])) };
+        // IBTA 9.2: TVer (the low nibble of byte 1) is 0.
+        let tver = bth[1] & 0x0f;
+        if tver != 0 {
+            return Err(WireError::BadTver(tver));
         }
         let len = BTH_LEN + shape.ext_len();
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        self.bth = bth;
+        self.bth = BthRepr::from_bytes(bth);
         self.deth = None;
         self.reth = None;
         self.atomic_eth = None;
