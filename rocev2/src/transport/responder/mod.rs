@@ -104,7 +104,12 @@ pub(crate) enum ResponderOutcome {
 }
 
 /// The message in progress (multi-packet SEND or RDMA WRITE).
+///
+/// With a tag of its own (`repr(u8)`): kept in a niche of the SEND's WQE,
+/// every test of the state (`sequence_ok`, `exec_write`, the drop of the
+/// state a packet replaces) decoded the niche first.
 #[derive(Debug)]
+#[repr(u8)]
 enum MsgState {
     Idle,
     /// A SEND: its receive WQE (taken at FIRST) and the bytes placed so far.
