@@ -236,7 +236,9 @@ fn parse_ip<'a>(
     let icrc_at = total - ICRC_LEN;
     let ib = ip_packet.get(ib_start..icrc_at).unwrap_or(&[]);
     *udp_out = udp;
-    let hdr_len = transport.parse_into_inline(ib)?;
+    // `transport` is the caller's placeholder for this frame (`parse_frame_with`,
+    // `parse_l3`): no extension header in it yet.
+    let hdr_len = transport.parse_into_inline::<true>(ib)?;
     let Some(shape) = transport.bth.opcode.shape() else { return Err(WireError::UnknownOpcode(transport.bth.opcode.0)) };
     let body = ib.get(hdr_len..).unwrap_or(&[]);
     let pad = usize::from(transport.bth.pad_count);

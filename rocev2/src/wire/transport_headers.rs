@@ -62,7 +62,7 @@ impl TransportRepr {
     /// with `None`); after an error `self` holds whatever was parsed
     /// before it. Returns the number of bytes the headers took.
     pub fn parse_into(&mut self, b: &[u8]) -> Result<usize, WireError> {
-        self.parse_into_inline(b)
+        self.parse_into_inline::<false>(b)
     }
 
     /// [`parse_into`](Self::parse_into), inlined into the frame parse: a
@@ -72,8 +72,12 @@ impl TransportRepr {
     /// `Result` through memory and the call's saved registers were about 40
     /// instructions a frame); the extension headers are parsed out of line
     /// ([`parse_ext`](Self::parse_ext)).
+    ///
+    /// `FRESH`: `self`'s extension headers are all `None` already (the frame
+    /// parse's placeholder, made for this frame), so they are not written
+    /// again (seven stores a frame).
     #[inline(always)]
-    pub(crate) fn parse_into_inline(&mut self, b: &[u8]) -> Result<usize, WireError> {
+    pub(crate) fn parse_into_inline<const FRESH: bool>(&mut self, b: &[u8]) -> Result<usize, WireError> {
         // The checks of `BthRepr::parse` and then of the opcode and TVer on
         // the bytes, so that the BTH is built once, in place (parsed into a
         // local first, it was stored in pieces and read back in wider
@@ -89,13 +93,17 @@ impl TransportRepr {
         let len = BTH_LEN + shape.ext_len();
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
         self.bth = BthRepr::from_bytes(bth);
-        self.deth = None;
-        self.reth = None;
-        self.atomic_eth = None;
-        self.aeth = None;
-        self.atomic_ack = None;
-        self.immediate = None;
-        self.invalidate_rkey = None;
+        if FRESH {
+            debug_assert_eq!(*self, TransportRepr::bth_only(self.bth), "a fresh repr has no extension header");
+        } else {
+            self.deth = None;
+            self.reth = None;
+            self.atomic_eth = None;
+            self.aeth = None;
+            self.atomic_ack = None;
+            self.immediate = None;
+            self.invalidate_rkey = None;
+        }
         if len == BTH_LEN {
             // No extension header: none of the eight tests of `parse_ext`.
             return Ok(len);
