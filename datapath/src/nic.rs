@@ -961,32 +961,20 @@ impl Nic {
         // poller preempted between the drain and the receive would leave
         // a UC/UD message without its WR (dropped) or an RC one with an
         // RNR NAK.
-        let n = self.shards.len();
+        let one_shard = self.shards.len() == 1;
         let mut rung_late = 0;
         let rx = {
             let engine = &mut *engine;
             port.receive(RX_BUDGET, &mut |frame| {
-                self.capture(frame);
-                let dest = if n == 1 { None } else { rocev2::wire::peek_dest_qpn(frame) };
-                let owner = match dest {
-                    Some(MULTICAST_QPN) => {
-                        if !self.route_mcast(i, frame) {
-                            return;
-                        }
-                        i
-                    }
-                    Some(q) => q as usize % n,
-                    None => i,
-                };
-                if owner == i {
-                    if shard.rung() {
-                        rung_late += self.ring_doorbells(shard, engine);
-                    }
+                // The usual case, one shard with no capture and no doorbell
+                // rung, straight into the engine: what `receive_frame` does
+                // then. The closure then jumps into `handle_frame` without
+                // a frame of its own (the whole path inline saved six
+                // registers per frame: about 13 instructions).
+                if one_shard && !self.capturing.load(Ordering::Relaxed) && !shard.rung() {
                     engine.handle_frame(now, frame);
-                } else if self.shards[owner].inbox.push(frame.to_vec()).is_ok() {
-                    self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
                 } else {
-                    self.stats.rx_handoff_drops.fetch_add(1, Ordering::Relaxed);
+                    rung_late += self.receive_frame(i, shard, engine, now, frame);
                 }
             })
         };
@@ -1152,6 +1140,39 @@ impl Nic {
             }
         }
         shards.contains(&i)
+    }
+
+    /// A frame shard `i`'s port received: captured, then into shard `i`'s
+    /// engine (doorbells rung since the poll's drain taken first), or
+    /// handed to the shard that owns its DestQP, or a multicast group's
+    /// shards. Returns the work of the doorbells it rang.
+    #[inline(never)]
+    fn receive_frame(&self, i: usize, shard: &Shard, engine: &mut Engine, now: Instant, frame: &[u8]) -> usize {
+        self.capture(frame);
+        let n = self.shards.len();
+        let dest = if n == 1 { None } else { rocev2::wire::peek_dest_qpn(frame) };
+        let owner = match dest {
+            Some(MULTICAST_QPN) => {
+                if !self.route_mcast(i, frame) {
+                    return 0;
+                }
+                i
+            }
+            Some(q) => q as usize % n,
+            None => i,
+        };
+        let mut rung = 0;
+        if owner == i {
+            if shard.rung() {
+                rung = self.ring_doorbells(shard, engine);
+            }
+            engine.handle_frame(now, frame);
+        } else if self.shards[owner].inbox.push(frame.to_vec()).is_ok() {
+            self.stats.rx_handoffs.fetch_add(1, Ordering::Relaxed);
+        } else {
+            self.stats.rx_handoff_drops.fetch_add(1, Ordering::Relaxed);
+        }
+        rung
     }
 
     /// Write `frame` to the capture file, if capturing. Called for every
@@ -1523,6 +1544,57 @@ mod tests {
         assert!(rings.rung.load(Ordering::SeqCst));
         nic.poll();
         assert_eq!((refused(), rings.send.is_empty()), (2, true));
+    }
+
+    /// A received frame goes into the engine the same way whether the
+    /// receive takes its short path (one shard, not capturing, no doorbell
+    /// rung) or `receive_frame` (capturing; a doorbell rung during the
+    /// poll): counted once by the NIC and once by the engine, with the same
+    /// verdict, and written to the capture only while capturing.
+    #[test]
+    fn both_receive_paths_hand_a_frame_to_the_engine_once() {
+        use rocev2::transport::wqe::{PayloadRef, SendWrRef};
+        use rocev2::transport::wr::{SendFlags, SendOp};
+        let (_hub, nic, mut peer) = nic_and_peer();
+        let counts = || {
+            let nic_rx = nic.stats.rx_frames.load(Ordering::Relaxed);
+            nic.with_engine_of(0, |e| (nic_rx, e.stats().rx_frames, e.stats().rx_bad_frame.values().sum::<u64>()))
+        };
+        let pcap = std::env::temp_dir().join(format!("urnic-nic-receive-paths-{}.pcap", std::process::id()));
+        let captured = || std::fs::metadata(&pcap).map(|m| m.len()).unwrap_or(0);
+
+        // The short path.
+        send_v4_frame(&mut peer);
+        nic.poll();
+        assert_eq!(counts(), (1, 1, 1));
+
+        // Capturing: the general path, the frame in the file.
+        nic.set_capture(Some(&pcap)).unwrap();
+        send_v4_frame(&mut peer);
+        nic.poll();
+        assert_eq!(counts(), (2, 2, 2));
+        nic.set_capture(None).unwrap();
+        // The pcap file header (24 bytes), one record header (16) and the frame.
+        let one = captured();
+        assert_eq!(one, 24 + 16 + frame(MAC, false, &V4).len() as u64, "captured");
+
+        // A doorbell rung while the frame is received: a drain that stops
+        // at a claimed, unpublished WR rings again, so the receive finds it
+        // rung (the general path) and drains again before the frame.
+        let rings = Arc::new(QpRings::new(0x20, CqId(1), CqId(1), crate::queues::WqBound::unshared(4), crate::queues::WqBound::unshared(4)));
+        nic.attach_qp(rings.clone());
+        let pos = rings.send.claim().unwrap();
+        nic.ring_qp(&rings);
+        send_v4_frame(&mut peer);
+        nic.poll();
+        assert!(rings.rung.load(Ordering::SeqCst), "still rung after the poll");
+        assert_eq!(counts(), (3, 3, 3));
+        assert_eq!(captured(), one, "nothing captured once capture is off");
+        let wr = SendWrRef { wr_id: 7, op: SendOp::Send, payload: PayloadRef::Inline(&[]), flags: SendFlags::SIGNALED, ud: None };
+        // SAFETY: `pos` was claimed above and not published.
+        unsafe { rings.send.publish(pos, &wr) };
+        nic.poll();
+        let _ = std::fs::remove_file(&pcap);
     }
 
     #[test]

@@ -359,22 +359,7 @@ pub(crate) fn resp_parts<'a>(
     };
     Some((
         &mut qp.responder,
-        ResponderCtx {
-            memory,
-            pd: qp.init.pd,
-            qpn: qp.qpn,
-            qp_type: qp.init.qp_type,
-            access: qp.attr.qp_access_flags,
-            pmtu: qp.attr.path_mtu,
-            qkey: qp.attr.qkey,
-            recv_queue,
-            recv_cq: qp.init.recv_cq,
-            completions,
-            events,
-            min_rnr_timer: qp.attr.min_rnr_timer,
-            max_dest_rd_atomic: qp.attr.max_dest_rd_atomic,
-            stats: &mut qp.stats,
-        },
+        ResponderCtx { memory, qpn: qp.qpn, init: &qp.init, attr: &qp.attr, recv_queue, completions, events, stats: &mut qp.stats },
         qp.path.as_ref(),
     ))
 }

@@ -146,8 +146,10 @@ pub fn parse_frame_with<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>)
         icrc: 0,
     };
     let r = &mut p.repr;
-    r.eth.dst = e.dst_addr();
-    r.eth.src = e.src_addr();
+    // Copied as slices (a 4- and a 2-byte move each): a 6-byte array value
+    // is assembled from a 2- and a 4-byte load with shifts (7 instructions).
+    r.eth.dst.copy_from_slice(&e.bytes[..6]);
+    r.eth.src.copy_from_slice(&e.bytes[6..12]);
     let (payload, icrc) = parse_ip(rest, Some(version), &mut r.ip, &mut r.udp, &mut r.transport)?;
     p.payload = payload;
     p.icrc = icrc;
@@ -234,7 +236,9 @@ fn parse_ip<'a>(
     let icrc_at = total - ICRC_LEN;
     let ib = ip_packet.get(ib_start..icrc_at).unwrap_or(&[]);
     *udp_out = udp;
-    let hdr_len = transport.parse_into(ib)?;
+    // `transport` is the caller's placeholder for this frame (`parse_frame_with`,
+    // `parse_l3`): no extension header in it yet.
+    let hdr_len = transport.parse_into_inline::<true>(ib)?;
     let Some(shape) = transport.bth.opcode.shape() else { return Err(WireError::UnknownOpcode(transport.bth.opcode.0)) };
     let body = ib.get(hdr_len..).unwrap_or(&[]);
     let pad = usize::from(transport.bth.pad_count);

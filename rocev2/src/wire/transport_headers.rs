@@ -9,6 +9,7 @@ use super::ext::{
     AckSyndrome, AethPacket, AethRepr, AtomicAckEthPacket, AtomicEthPacket, AtomicEthRepr, CnpPacket, DethPacket, DethRepr, IethPacket, ImmDtPacket,
     RethPacket, RethRepr,
 };
+use super::opcode::Opcode;
 
 /// All transport headers of one packet: the BTH and its extension headers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -61,30 +62,64 @@ impl TransportRepr {
     /// with `None`); after an error `self` holds whatever was parsed
     /// before it. Returns the number of bytes the headers took.
     pub fn parse_into(&mut self, b: &[u8]) -> Result<usize, WireError> {
-        let bth = BthRepr::parse(b)?;
+        self.parse_into_inline::<false>(b)
+    }
+
+    /// [`parse_into`](Self::parse_into), inlined into the frame parse: a
+    /// frame without extension headers (a SEND or WRITE middle, most of a
+    /// long message's frames) is parsed without a call, its headers written
+    /// once where the frame's placeholder is (the placeholder's stores, the
+    /// `Result` through memory and the call's saved registers were about 40
+    /// instructions a frame); the extension headers are parsed out of line
+    /// ([`parse_ext`](Self::parse_ext)).
+    ///
+    /// `FRESH`: `self`'s extension headers are all `None` already (the frame
+    /// parse's placeholder, made for this frame), so they are not written
+    /// again (seven stores a frame).
+    #[inline(always)]
+    pub(crate) fn parse_into_inline<const FRESH: bool>(&mut self, b: &[u8]) -> Result<usize, WireError> {
+        // The checks of `BthRepr::parse` and then of the opcode and TVer on
+        // the bytes, so that the BTH is built once, in place (parsed into a
+        // local first, it was stored in pieces and read back in wider
+        // loads across them: a store-forwarding stall per frame).
+        let Some(bth) = b.first_chunk::<BTH_LEN>() else { return Err(WireError::Truncated(Header::Bth)) };
         // let-else: see `HeaderTemplate::emit_with_crc` (no `Result` through the stack).
-        let Some(shape) = bth.opcode.shape() else { return Err(WireError::UnknownOpcode(bth.opcode.0)) };
-        if bth.tver != 0 {
-            return Err(WireError::BadTver(bth.tver));
+        let Some(shape) = Opcode(bth[0]).shape() else { return Err(WireError::UnknownOpcode(bth[0])) };
+        // IBTA 9.2: TVer (the low nibble of byte 1) is 0.
+        let tver = bth[1] & 0x0f;
+        if tver != 0 {
+            return Err(WireError::BadTver(tver));
         }
         let len = BTH_LEN + shape.ext_len();
         let h = b.get(..len).ok_or(WireError::Truncated(Header::ExtHeaders))?;
-        self.bth = bth;
-        self.deth = None;
-        self.reth = None;
-        self.atomic_eth = None;
-        self.aeth = None;
-        self.atomic_ack = None;
-        self.immediate = None;
-        self.invalidate_rkey = None;
+        self.bth = BthRepr::from_bytes(bth);
+        if FRESH {
+            debug_assert_eq!(*self, TransportRepr::bth_only(self.bth), "a fresh repr has no extension header");
+        } else {
+            self.deth = None;
+            self.reth = None;
+            self.atomic_eth = None;
+            self.aeth = None;
+            self.atomic_ack = None;
+            self.immediate = None;
+            self.invalidate_rkey = None;
+        }
         if len == BTH_LEN {
-            // No extension header (a SEND or WRITE middle, most of a long
-            // message's frames): none of the eight tests below.
+            // No extension header: none of the eight tests of `parse_ext`.
             return Ok(len);
         }
+        self.parse_ext(h)?;
+        Ok(len)
+    }
+
+    /// The extension headers of `self.bth`'s opcode (known, with extension
+    /// headers), from `h`: the BTH and all of them (`parse_into` checked
+    /// the length). Every one the opcode does not carry is already `None`.
+    #[inline(never)]
+    fn parse_ext(&mut self, h: &[u8]) -> Result<(), WireError> {
         // Known (its shape is), so it has a layout.
-        let layout = bth.opcode.layout().unwrap_or_default();
-        // `h` holds all `len` bytes, so every header below is complete.
+        let layout = self.bth.opcode.layout().unwrap_or_default();
+        // `h` holds all the headers, so every header below is complete.
         let at = |off: usize| h.get(off..).unwrap_or(&[]);
         let mut off = BTH_LEN;
         // IBTA 9.3: header order BTH, [RDETH], [DETH], [RETH | AtomicETH],
@@ -121,8 +156,8 @@ impl TransportRepr {
             // A17.9.3: reserved, ignored on receipt.
             off += CnpPacket::<&[u8]>::LEN;
         }
-        debug_assert_eq!(off, len);
-        Ok(len)
+        debug_assert_eq!(off, h.len());
+        Ok(())
     }
 
     /// Emit the BTH and the extension headers the opcode calls for. A header

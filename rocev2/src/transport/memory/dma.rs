@@ -57,8 +57,10 @@ impl MemoryTable {
     /// range still holds for this part of it (an address space is linear:
     /// the host address of `va` is the range's plus `va - memo.va`), so the
     /// bytes go there; anything else goes through the checker as
-    /// `remote_write` does, with its errors.
-    #[inline]
+    /// `remote_write` does, with its errors. Always inlined: the responder's
+    /// `exec_write`, its one caller, is inlined into `handle_request`, whose
+    /// size would otherwise leave this out of line again.
+    #[inline(always)]
     pub fn remote_write_memo(&self, memo: &WriteMemo, pd: PdId, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
         let t = self.read();
         let generation = self.generation.load(Ordering::Acquire);

@@ -67,8 +67,22 @@ impl Responder {
     /// may be held, hold it until `now + hold` (a zero `hold` sends it at
     /// once). Returns the deadline, for the engine's timer queue, if a new
     /// hold began.
+    ///
+    /// Inline: every request frame asks, and most have queued no ACK that
+    /// may be held (`hold_wanted` unset); the rest is out of line.
+    #[inline(always)]
     pub(crate) fn start_hold(&mut self, now: Instant, hold: core::time::Duration) -> Option<Instant> {
-        if !std::mem::take(&mut self.hold_wanted) || hold.is_zero() || self.pending.len() != 1 {
+        if !self.hold_wanted {
+            return None;
+        }
+        self.start_wanted_hold(now, hold)
+    }
+
+    /// [`start_hold`](Self::start_hold) once an ACK that may be held was queued.
+    #[inline(never)]
+    fn start_wanted_hold(&mut self, now: Instant, hold: core::time::Duration) -> Option<Instant> {
+        self.hold_wanted = false;
+        if hold.is_zero() || self.pending.len() != 1 {
             return None;
         }
         let until = now + hold;
@@ -179,7 +193,7 @@ impl Responder {
         buf: &mut [u8],
         (rkey, va, remaining, psn, first, msn): (u32, u64, u32, Psn, bool, u32),
     ) -> Option<usize> {
-        let mtu = ctx.pmtu.bytes();
+        let mtu = ctx.pmtu().bytes();
         let n = remaining.min(mtu);
         let opcode = match (first, remaining <= mtu) {
             (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
@@ -191,7 +205,7 @@ impl Responder {
         let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE).then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
         let tr = response(opcode, dest_qpn, psn, aeth, None);
         let mut failed = false;
-        let source = ReadSource { memory: ctx.memory, pd: ctx.pd, qpn: ctx.qpn, rkey, va, failed: &mut failed };
+        let source = ReadSource { memory: ctx.memory, pd: ctx.pd(), qpn: ctx.qpn, rkey, va, failed: &mut failed };
         let emitted = path.emit_with_crc(tr, n as usize, buf, source);
         let len = match emitted {
             Ok(len) => len,

@@ -23,7 +23,7 @@ use std::collections::VecDeque;
 
 use crate::psn::Psn;
 use crate::time::Instant;
-use crate::transport::attr::{Mtu, QpType};
+use crate::transport::attr::{Mtu, QpAttr, QpInitAttr, QpType};
 use crate::transport::events::AsyncEvent;
 use crate::transport::ids::{Access, CqId, PdId};
 use crate::transport::memory::{MemoryTable, WriteMemo};
@@ -60,36 +60,78 @@ const PENDING_CAP: usize = 128;
 /// P_Key of every response (rxe `IB_DEFAULT_PKEY_FULL`).
 const DEFAULT_PKEY: u16 = 0xffff;
 
-/// What the responder needs from its QP for one call. Built by the QP/engine.
+/// What the responder needs from its QP for one call. Built by the QP/engine
+/// for every request frame: the QP's attributes by reference, not copied
+/// field by field (fifteen fields loaded and stored per frame were about
+/// 30 instructions); read through the accessors below.
 pub(crate) struct ResponderCtx<'a> {
     /// The device's registered memory.
     pub memory: &'a MemoryTable,
-    /// The QP's protection domain.
-    pub pd: PdId,
     /// This QP's number.
     pub qpn: u32,
-    /// Service type.
-    pub qp_type: QpType,
-    /// `qp_access_flags`: which remote operations the QP accepts.
-    pub access: Access,
-    /// Path MTU.
-    pub pmtu: Mtu,
-    /// Q_Key (UD).
-    pub qkey: u32,
+    /// The QP's creation attributes (service type, PD, receive CQ).
+    pub init: &'a QpInitAttr,
+    /// The QP's attributes (access flags, path MTU, Q_Key, RNR timer,
+    /// responder resources).
+    pub attr: &'a QpAttr,
     /// The QP's receive queue, or its SRQ.
     pub recv_queue: &'a mut RecvQueue,
-    /// CQ for receive completions.
-    pub recv_cq: CqId,
     /// Where completions go.
     pub completions: &'a mut VecDeque<Completion>,
     /// Where async events go (SRQ limit reached).
     pub events: &'a mut VecDeque<AsyncEvent>,
-    /// RNR NAK timer code this responder advertises.
-    pub min_rnr_timer: u8,
-    /// Saved READ/atomic responder resources (`max_dest_rd_atomic`).
-    pub max_dest_rd_atomic: u8,
     /// Per-QP counters.
     pub stats: &'a mut QpStats,
+}
+
+impl ResponderCtx<'_> {
+    /// The QP's protection domain.
+    #[inline(always)]
+    pub fn pd(&self) -> PdId {
+        self.init.pd
+    }
+
+    /// Service type.
+    #[inline(always)]
+    pub fn qp_type(&self) -> QpType {
+        self.init.qp_type
+    }
+
+    /// CQ for receive completions.
+    #[inline(always)]
+    pub fn recv_cq(&self) -> CqId {
+        self.init.recv_cq
+    }
+
+    /// `qp_access_flags`: which remote operations the QP accepts.
+    #[inline(always)]
+    pub fn access(&self) -> Access {
+        self.attr.qp_access_flags
+    }
+
+    /// Path MTU.
+    #[inline(always)]
+    pub fn pmtu(&self) -> Mtu {
+        self.attr.path_mtu
+    }
+
+    /// Q_Key (UD).
+    #[inline(always)]
+    pub fn qkey(&self) -> u32 {
+        self.attr.qkey
+    }
+
+    /// RNR NAK timer code this responder advertises.
+    #[inline(always)]
+    pub fn min_rnr_timer(&self) -> u8 {
+        self.attr.min_rnr_timer
+    }
+
+    /// Saved READ/atomic responder resources (`max_dest_rd_atomic`).
+    #[inline(always)]
+    pub fn max_dest_rd_atomic(&self) -> u8 {
+        self.attr.max_dest_rd_atomic
+    }
 }
 
 /// Result of [`Responder::handle_request`].
@@ -104,7 +146,12 @@ pub(crate) enum ResponderOutcome {
 }
 
 /// The message in progress (multi-packet SEND or RDMA WRITE).
+///
+/// With a tag of its own (`repr(u8)`): kept in a niche of the SEND's WQE,
+/// every test of the state (`sequence_ok`, `exec_write`, the drop of the
+/// state a packet replaces) decoded the niche first.
 #[derive(Debug)]
+#[repr(u8)]
 enum MsgState {
     Idle,
     /// A SEND: its receive WQE (taken at FIRST) and the bytes placed so far.
@@ -259,7 +306,7 @@ impl Responder {
             push_recv_error(ctx, wr.wr_id, WcStatus::WrFlushErr);
         }
         if !ctx.recv_queue.is_srq() {
-            let (qpn, cq) = (ctx.qpn, ctx.recv_cq);
+            let (qpn, cq) = (ctx.qpn, ctx.recv_cq());
             for wr in ctx.recv_queue.flush() {
                 ctx.completions.push_back(error_completion(cq, qpn, wr.wr_id, WcStatus::WrFlushErr));
             }
@@ -275,7 +322,7 @@ impl Responder {
             ctx.stats.resp_dropped_in_error += 1;
             return ResponderOutcome::Ok;
         }
-        match ctx.qp_type {
+        match ctx.qp_type() {
             QpType::Rc => self.rc(ctx, frame),
             QpType::Uc => self.uc(ctx, frame),
             QpType::Ud => self.ud(ctx, frame),
@@ -318,17 +365,17 @@ impl Responder {
         }
         // The QP must accept the operation (rxe check_op_valid →
         // ERR_UNSUPPORTED_OPCODE → invalid request NAK; hfi1/qib `goto nack_inv`).
-        if !ctx.access.contains(needed_qp_access(op)) {
+        if !ctx.access().contains(needed_qp_access(op)) {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
         // READ/atomic need responder resources (rxe check_resource:
         // max_dest_rd_atomic == 0 → ERR_TOO_MANY_RDMA_ATM_REQ, class C).
-        if (op == Opcode::RC_READ_REQUEST || op.is_atomic()) && ctx.max_dest_rd_atomic == 0 {
+        if (op == Opcode::RC_READ_REQUEST || op.is_atomic()) && ctx.max_dest_rd_atomic() == 0 {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
         // Packet length (rxe check_length; IBTA C9-?: FIRST/MIDDLE carry
         // exactly the path MTU with pad 0, LAST 1..=MTU, ONLY 0..=MTU).
-        if !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu) {
+        if !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu()) {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
 
@@ -367,7 +414,7 @@ impl Responder {
                 // RNR timer expires.
                 ctx.stats.resp_rnr_naks_sent += 1;
                 tracing::debug!(qpn = ctx.qpn, psn = psn.value(), "sending RNR NAK: no receive posted");
-                let syndrome = AckSyndrome::RnrNak { timer: ctx.min_rnr_timer & 0x1f };
+                let syndrome = AckSyndrome::RnrNak { timer: ctx.min_rnr_timer() & 0x1f };
                 self.push(ctx, Pending::Ack { psn, syndrome, msn: self.msn });
                 self.nak_outstanding = true;
                 ResponderOutcome::Ok
@@ -448,7 +495,7 @@ fn error_completion(cq: CqId, qpn: u32, wr_id: u64, status: WcStatus) -> Complet
 }
 
 fn push_recv_error(ctx: &mut ResponderCtx<'_>, wr_id: u64, status: WcStatus) {
-    ctx.completions.push_back(error_completion(ctx.recv_cq, ctx.qpn, wr_id, status));
+    ctx.completions.push_back(error_completion(ctx.recv_cq(), ctx.qpn, wr_id, status));
 }
 
 /// Raise `IBV_EVENT_SRQ_LIMIT_REACHED` if taking a WQE crossed an armed SRQ limit.

@@ -146,20 +146,16 @@ fn replay(name: &str, pmtu: Mtu) -> usize {
                     mem.remote_write(PD, server_qpn, a.rkey, a.va, &v.to_ne_bytes()).unwrap();
                 }
             }
+            let init = super::tests::qp_init(QpType::Rc, PD, CqId(0));
+            let attr = super::tests::qp_attr(Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC, pmtu, 0, 12, 16);
             let mut ctx = ResponderCtx {
                 memory: &mem,
-                pd: PD,
                 qpn: server_qpn,
-                qp_type: QpType::Rc,
-                access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-                pmtu,
-                qkey: 0,
+                init: &init,
+                attr: &attr,
                 recv_queue: &mut rq,
-                recv_cq: CqId(0),
                 completions: &mut completions,
                 events: &mut events,
-                min_rnr_timer: 12,
-                max_dest_rd_atomic: 16,
                 stats: &mut stats,
             };
             assert_eq!(resp.handle_request(Instant::ZERO, &mut ctx, &f), ResponderOutcome::Ok, "{name}");

@@ -14,6 +14,17 @@ use crate::wire::{AethRepr, BthRepr, TransportRepr};
 use crate::wire::{AtomicEthRepr, DethRepr, RethRepr};
 
 const PD: PdId = PdId(3);
+
+/// The creation attributes a responder test's QP has (service type, PD,
+/// receive CQ).
+pub(super) fn qp_init(qp_type: QpType, pd: PdId, recv_cq: CqId) -> QpInitAttr {
+    QpInitAttr { qp_type, pd, send_cq: recv_cq, recv_cq, srq: None, cap: Default::default(), sq_sig_all: false }
+}
+
+/// The attributes a responder test's QP has.
+pub(super) fn qp_attr(access: Access, pmtu: Mtu, qkey: u32, min_rnr_timer: u8, max_dest_rd_atomic: u8) -> QpAttr {
+    QpAttr { qp_access_flags: access, path_mtu: pmtu, qkey, min_rnr_timer, max_dest_rd_atomic, ..QpAttr::default() }
+}
 const QPN: u32 = 0x11;
 const PEER_QPN: u32 = 0x22;
 const IOVA: u64 = 0x10_000;
@@ -120,20 +131,16 @@ impl Harness {
     }
 
     fn with<R>(&mut self, f: impl FnOnce(&mut Responder, &mut ResponderCtx<'_>, &PathHeaders) -> R) -> R {
+        let init = qp_init(self.qp_type, PD, CqId(9));
+        let attr = qp_attr(self.access, self.pmtu, QKEY, self.min_rnr_timer, self.max_dest_rd_atomic);
         let mut ctx = ResponderCtx {
             memory: &self.mem,
-            pd: PD,
             qpn: QPN,
-            qp_type: self.qp_type,
-            access: self.access,
-            pmtu: self.pmtu,
-            qkey: QKEY,
+            init: &init,
+            attr: &attr,
             recv_queue: &mut self.rq,
-            recv_cq: CqId(9),
             completions: &mut self.completions,
             events: &mut self.events,
-            min_rnr_timer: self.min_rnr_timer,
-            max_dest_rd_atomic: self.max_dest_rd_atomic,
             stats: &mut self.stats,
         };
         f(&mut self.resp, &mut ctx, &self.to_peer)
