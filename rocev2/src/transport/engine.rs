@@ -692,9 +692,17 @@ impl Engine {
             };
             if let Err(SqFatal(_)) = r {
                 self.enter_error(qpn, true);
+                self.arm(qpn);
+                self.note_drained(qpn);
+                return;
             }
-            self.arm(qpn);
-            self.note_drained(qpn);
+            // `arm` and `note_drained` with the QP still in hand (no second
+            // and third lookup per response).
+            let t = next_arm(qp, self.last_now);
+            check_drained(qp, &mut self.events);
+            if let Some(t) = t {
+                self.queue_timer(t, qpn);
+            }
         } else {
             let out = {
                 let Some((responder, mut ctx, _)) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) else {
@@ -708,7 +716,10 @@ impl Engine {
                 // A held ACK (responder, "held ACKs") gets its deadline in
                 // the timer queue: it leaves alone then at the latest.
                 qp.stats.resp_acks_held += 1;
-                self.arm(qpn);
+                // `arm` with the QP in hand (no second lookup).
+                if let Some(t) = next_arm(qp, self.last_now) {
+                    self.queue_timer(t, qpn);
+                }
             }
         }
     }
