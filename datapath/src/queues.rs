@@ -11,6 +11,7 @@
 //! engine counts what it retires ([`RetiredCount`]); the rings compare.
 
 use std::io;
+use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -399,8 +400,11 @@ const RUN: usize = 16;
 /// one comes.
 pub struct CqSignals<'a> {
     pending: [Option<(&'a CqRing, Wake)>; SIGNAL_SLOTS],
-    /// The completions not yet pushed, the first `len` of them, all to `to`.
-    run: [WorkCompletion; RUN],
+    /// The completions not yet pushed, the first `len` of them (written),
+    /// all to `to`. Uninitialised beyond `len`: a batch is made every poll
+    /// iteration, and zero-filling the run (about 900 bytes) cost about 74
+    /// instructions a batch.
+    run: [MaybeUninit<WorkCompletion>; RUN],
     len: usize,
     to: Option<&'a CqRing>,
     /// Completions lost to full rings so far.
@@ -409,7 +413,7 @@ pub struct CqSignals<'a> {
 
 impl Default for CqSignals<'_> {
     fn default() -> Self {
-        CqSignals { pending: [None; SIGNAL_SLOTS], run: [WorkCompletion::default(); RUN], len: 0, to: None, lost: 0 }
+        CqSignals { pending: [None; SIGNAL_SLOTS], run: [const { MaybeUninit::uninit() }; RUN], len: 0, to: None, lost: 0 }
     }
 }
 
@@ -441,7 +445,7 @@ impl<'a> CqSignals<'a> {
         }
         // `len < RUN` here: a full run was pushed just above.
         if let Some(w) = self.run.get_mut(self.len) {
-            *w = wc;
+            w.write(wc);
             self.len += 1;
             self.to = Some(ring);
         }
@@ -458,7 +462,12 @@ impl<'a> CqSignals<'a> {
     /// Push the run held so far into its ring.
     fn push_run(&mut self) {
         if let Some(to) = self.to.take() {
-            self.lost += to.push_run(&self.run[..self.len]);
+            let len = self.len.min(RUN);
+            // SAFETY: `push` wrote the first `len` slots (it raises `len`
+            // only after writing its slot, and never past `RUN`), and
+            // `MaybeUninit<T>` has `T`'s layout.
+            let run = unsafe { std::slice::from_raw_parts(self.run.as_ptr().cast::<WorkCompletion>(), len) };
+            self.lost += to.push_run(run);
             self.len = 0;
         }
     }
@@ -629,6 +638,33 @@ mod tests {
         let mut out = [wc(0, WcStatus::Success); 4 * RUN];
         assert_eq!(cq.poll(&mut out), 3 * RUN);
         assert!(out[..3 * RUN].iter().map(|w| w.wr_id).eq(0..3 * RUN as u64), "in order, the first ones kept");
+    }
+
+    /// The run buffer is not initialised beyond what was pushed: runs of
+    /// every length, alternating between two CQs (each switch pushes the
+    /// run gathered so far), reach their rings whole and in order.
+    #[test]
+    fn alternating_runs_reach_each_ring_whole() {
+        let (a, b) = (CqRing::new(CqId(1), 4 * RUN, None), CqRing::new(CqId(2), 4 * RUN, None));
+        let mut batch = CqSignals::new();
+        let (mut next, mut want_a, mut want_b) = (0u64, Vec::new(), Vec::new());
+        for (i, n) in [1, RUN, 2, RUN + 3, 1, 5].into_iter().enumerate() {
+            let (ring, want) = if i % 2 == 0 { (&a, &mut want_a) } else { (&b, &mut want_b) };
+            for _ in 0..n {
+                let status = if next % 3 == 0 { WcStatus::WrFlushErr } else { WcStatus::Success };
+                batch.push(ring, WorkCompletion { byte_len: next as u32 * 7, ..wc(next, status) }, false);
+                want.push((next, status));
+                next += 1;
+            }
+        }
+        assert_eq!(batch.finish(), 0);
+        for (ring, want) in [(&a, want_a), (&b, want_b)] {
+            let mut out = [wc(u64::MAX, WcStatus::Success); 4 * RUN];
+            let n = ring.poll(&mut out);
+            let got: Vec<(u64, WcStatus)> = out[..n].iter().map(|w| (w.wr_id, w.status)).collect();
+            assert_eq!(got, want, "CQ {:?}", ring.id);
+            assert!(out[..n].iter().all(|w| w.byte_len == w.wr_id as u32 * 7 && w.qp_num == 1));
+        }
     }
 
     /// Armed for solicited completions: a batch fires it when any of its
