@@ -836,10 +836,20 @@ impl Engine {
         // after every other frame of this `poll_transmit` round (`late_acks`),
         // so that it never precedes a reply in the same kick.
         if qp.responder.has_held_ack() {
-            if let Some(len) = self.transmit_request(now, qpn, buf) {
-                return Some(len);
-            }
-            let qp = self.qps.get_mut(&qpn)?;
+            // `transmit_request` with the QP in hand. Its usual outcome
+            // here (a SEND has just arrived and the reply is not posted
+            // yet): no frame, no timer, no error, and the QP still in hand
+            // for the late-ACK check (no second lookup).
+            let out =
+                request_frame(qp, now, self.last_now, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, &mut self.ready, buf);
+            let qp = if matches!(out, RequestOut { frame: Ok(None), due: None }) {
+                qp
+            } else {
+                if let Some(len) = self.after_request(qpn, out) {
+                    return Some(len);
+                }
+                self.qps.get_mut(&qpn)?
+            };
             if !qp.responder.holding(now) && !self.late_acks.contains(&qpn) {
                 self.late_acks.push(qpn);
             }
