@@ -856,9 +856,18 @@ impl Engine {
             return None;
         }
         if qp.responder.has_pending() {
-            if let Some(len) = self.transmit_response(qpn, buf) {
-                self.wake(qpn);
-                return Some(len);
+            // `transmit_response` and `wake` with the QP in hand; a fatal
+            // responder error goes the general way, the QP out of hand.
+            let (out, fatal) = response_frame(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, buf);
+            if fatal {
+                self.enter_error(qpn, true);
+                if out.is_some() {
+                    self.wake(qpn);
+                    return out;
+                }
+            } else if out.is_some() {
+                mark_ready(qp, &mut self.ready);
+                return out;
             }
             return self.transmit_request(now, qpn, buf);
         }
@@ -869,18 +878,8 @@ impl Engine {
     /// The next response of `qpn`'s responder, if any.
     fn transmit_response(&mut self, qpn: u32, buf: &mut [u8]) -> Option<usize> {
         let qp = self.qps.get_mut(&qpn)?;
-        let dest = qp.attr.dest_qp_num;
-        let (out, fatal) = {
-            // The path is used in place.
-            let (responder, mut ctx, path) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events)?;
-            let out = responder.poll_transmit(&mut ctx, path?, dest, buf);
-            (out, responder.take_fatal())
-        };
-        if let Some(len) = out {
-            qp.stats.tx_packets += 1;
-            qp.stats.tx_bytes += len as u64;
-        }
-        if fatal.is_some() {
+        let (out, fatal) = response_frame(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, buf);
+        if fatal {
             self.enter_error(qpn, true);
         }
         out
@@ -1132,6 +1131,35 @@ struct RequestOut {
     frame: Result<Option<usize>, SqFatal>,
     /// The QP's timer to queue.
     due: Option<Instant>,
+}
+
+/// The next response frame of `qp`'s responder into `buf` (counted in the
+/// QP's statistics), with the QP in hand, and whether the responder took a
+/// fatal error (the caller moves the QP to ERR). `(None, false)` if the
+/// responder has no context (no receive queue) or the QP no path.
+fn response_frame(
+    qp: &mut Qp,
+    memory: &MemoryTable,
+    srqs: &mut IntMap<SrqId, RecvQueue>,
+    completions: &mut VecDeque<Completion>,
+    events: &mut VecDeque<AsyncEvent>,
+    buf: &mut [u8],
+) -> (Option<usize>, bool) {
+    let dest = qp.attr.dest_qp_num;
+    let (out, fatal) = {
+        // The path is used in place.
+        let Some((responder, mut ctx, path)) = resp_parts(qp, memory, srqs, completions, events) else {
+            return (None, false);
+        };
+        let Some(path) = path else { return (None, false) };
+        let out = responder.poll_transmit(&mut ctx, path, dest, buf);
+        (out, responder.take_fatal().is_some())
+    };
+    if let Some(len) = out {
+        qp.stats.tx_packets += 1;
+        qp.stats.tx_bytes += len as u64;
+    }
+    (out, fatal)
 }
 
 /// The next request frame of `qp` (in RTS or SQD, as DCQCN pacing allows)
