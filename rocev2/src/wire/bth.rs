@@ -276,9 +276,18 @@ impl BthRepr {
     /// three big-endian words and stored at once (every data frame emits one;
     /// the setters' read-modify-write of each byte cost about 40 instructions).
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_with_pad(out, self.pad_count)
+    }
+
+    /// [`emit`](Self::emit) with `pad_count` in place of the repr's (its
+    /// low two bits, as [`BthPacket::set_pad_count`] masks it): the frame
+    /// builder's pad, which the payload's length decides (IBTA 9.2), written
+    /// with the rest of byte 1 rather than over it afterwards.
+    #[inline]
+    pub(crate) fn emit_with_pad(&self, out: &mut [u8], pad_count: u8) -> Result<usize, WireError> {
         let h = out.get_mut(..BTH_LEN).ok_or(WireError::BufferTooSmall)?;
         // IBTA 9.2, figure 124: OpCode | SE M PadCnt TVer | P_Key.
-        let flags1 = (u8::from(self.solicited) << 7) | (u8::from(self.mig_req) << 6) | ((self.pad_count << 4) & 0x30) | (self.tver & 0x0f);
+        let flags1 = (u8::from(self.solicited) << 7) | (u8::from(self.mig_req) << 6) | ((pad_count << 4) & 0x30) | (self.tver & 0x0f);
         let w0 = (u32::from(self.opcode.0) << 24) | (u32::from(flags1) << 16) | u32::from(self.pkey);
         // F B Resv6 | DestQP (24 bits).
         let flags4 = (u8::from(self.fecn) << 7) | (u8::from(self.becn) << 6) | (self.resv6 & 0x3f);
@@ -348,6 +357,13 @@ mod tests {
             assert_eq!(bth.emit(&mut emitted), Ok(BTH_LEN));
             assert_eq!(emitted[..BTH_LEN], by_setters[..BTH_LEN], "{bth:?}");
             assert_eq!(emitted[BTH_LEN], former ^ 0x5a, "nothing written past the BTH");
+            // The frame builder's form: the pad given (any byte, as the
+            // setter masks it) equals the BTH emitted, then its pad set.
+            let pad = (q >> 24) as u8;
+            let mut padded = [former ^ 0x5a; 13];
+            assert_eq!(bth.emit_with_pad(&mut padded, pad), Ok(BTH_LEN));
+            BthPacket::new_unchecked(&mut emitted[..]).set_pad_count(pad);
+            assert_eq!(padded, emitted, "{bth:?} pad {pad}");
         }
         assert_eq!(BthRepr::new(Opcode::RC_ACK, 1, Psn::new(2)).emit(&mut [0u8; 11]), Err(WireError::BufferTooSmall));
     }

@@ -171,10 +171,17 @@ impl TransportRepr {
     /// about 20 instructions); the extension headers are out of line.
     #[inline]
     pub fn emit(&self, out: &mut [u8]) -> Result<usize, WireError> {
+        self.emit_with_pad(out, self.bth.pad_count)
+    }
+
+    /// [`emit`](Self::emit) with the BTH's pad count `pad_count` in place of
+    /// the repr's: a frame's builder knows its pad from the payload's length.
+    #[inline]
+    pub(crate) fn emit_with_pad(&self, out: &mut [u8], pad_count: u8) -> Result<usize, WireError> {
         let Some(shape) = self.bth.opcode.shape() else { return Err(WireError::UnknownOpcode(self.bth.opcode.0)) };
         let len = BTH_LEN + shape.ext_len();
         let h = out.get_mut(..len).ok_or(WireError::BufferTooSmall)?;
-        let off = self.bth.emit(h)?;
+        let off = self.bth.emit_with_pad(h, pad_count)?;
         if len == BTH_LEN {
             // No extension header: none of the eight tests of `emit_ext`.
             return Ok(len);
