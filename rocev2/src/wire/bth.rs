@@ -306,19 +306,15 @@ impl BthRepr {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::test_noise::XorShift;
 
     /// `BthRepr::emit` writes what the setters, field by field, write into
     /// a buffer of any former content, for field values in and out of
     /// their ranges (the setters mask them).
     #[test]
     fn emit_equals_the_setters() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
+        let mut next = || rng.next_u64();
         for i in 0..2000 {
             let r = next();
             let q = next();
@@ -373,13 +369,8 @@ mod tests {
     /// is refused as the view refuses it.
     #[test]
     fn parse_equals_the_accessors() {
-        let mut x = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x
-        };
+        let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d);
+        let mut next = || rng.next_u64();
         for i in 0..4000 {
             let mut b = [0u8; 16];
             for c in b.chunks_mut(8) {
@@ -461,15 +452,10 @@ mod tests {
 
     #[test]
     fn any_header_parses_and_reemits_bit_for_bit() {
-        let mut x = 0x2545_f491_u32;
+        let mut rng = XorShift::new(0x2545_f491);
         for _ in 0..2000 {
             let mut b = [0u8; BTH_LEN];
-            for byte in &mut b {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                *byte = x as u8;
-            }
+            rng.fill(&mut b);
             let r = BthRepr::parse(&b).unwrap();
             let mut out = [0u8; BTH_LEN];
             assert_eq!(r.emit(&mut out), Ok(BTH_LEN));

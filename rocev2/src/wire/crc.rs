@@ -778,15 +778,7 @@ mod tests {
     }
 
     fn noise(n: usize) -> Vec<u8> {
-        let mut x = 0x1234_5678_u32;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect()
+        crate::wire::test_noise::XorShift::new(0x1234_5678).bytes(n)
     }
 
     #[test]

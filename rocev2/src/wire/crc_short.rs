@@ -340,15 +340,7 @@ mod tests {
             eprintln!("this CPU has no PCLMULQDQ/SSSE3/SSE4.1: the short kernel is not used here");
             return;
         }
-        let mut x = 0x9e37_79b9_u32;
-        let buf: Vec<u8> = (0..400)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                x as u8
-            })
-            .collect();
+        let buf = crate::wire::test_noise::XorShift::new(0x9e37_79b9).bytes(400);
         for len in 0..=SHORT_MAX + 40 {
             for off in [0, 1, 7, 15, 16, 33] {
                 for init in [0, !0, 0xdead_beef, 0x2144_df1c /* the ICRC's start, icrc::LRH_CRC */, 0x0000_00ff, 0xff00_0000] {

@@ -267,15 +267,9 @@ mod tests {
             c.update(&h);
             c.finalize()
         }
-        let mut x = 0x1357_9bdf_u32;
+        let mut rng = crate::wire::test_noise::XorShift::new(0x1357_9bdf);
         for round in 0..300 {
-            let mut p = vec![0u8; if round < 30 { 4200 } else { 200 }];
-            for b in &mut p {
-                x ^= x << 13;
-                x ^= x >> 17;
-                x ^= x << 5;
-                *b = x as u8;
-            }
+            let mut p = rng.bytes(if round < 30 { 4200 } else { 200 });
             let (ip_len, first) = match round % 3 {
                 0 => (20, 0x45),
                 1 => (IPV6_LEN, 0x60 | (p[0] & 0x0f)),

@@ -28,6 +28,8 @@ mod ipv6;
 pub mod opcode;
 pub mod sport;
 mod template;
+#[cfg(test)]
+mod test_noise;
 mod transport_headers;
 mod udp;
 pub mod view;
