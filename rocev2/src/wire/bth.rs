@@ -370,12 +370,9 @@ mod tests {
     #[test]
     fn parse_equals_the_accessors() {
         let mut rng = XorShift::new(0x2545_f491_4f6c_dd1d);
-        let mut next = || rng.next_u64();
         for i in 0..4000 {
             let mut b = [0u8; 16];
-            for c in b.chunks_mut(8) {
-                c.copy_from_slice(&next().to_le_bytes());
-            }
+            rng.fill(&mut b);
             if i < 24 {
                 // every bit of the flag bytes alone
                 b = [0; 16];

@@ -358,11 +358,9 @@ mod tests {
             x[bit / 8] ^= 1 << (bit % 8);
             assert!(!agree(&x), "bit {bit}");
         }
-        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rng = crate::wire::test_noise::XorShift::new(0x9e37_79b9_7f4a_7c15);
         for _ in 0..20_000 {
-            seed ^= seed << 13;
-            seed ^= seed >> 7;
-            seed ^= seed << 17;
+            let seed = rng.next_u64();
             let mut x = h;
             x[(seed % 20) as usize] = (seed >> 8) as u8;
             x[((seed >> 16) % 20) as usize] = (seed >> 24) as u8;
