@@ -193,7 +193,7 @@ impl Responder {
         buf: &mut [u8],
         (rkey, va, remaining, psn, first, msn): (u32, u64, u32, Psn, bool, u32),
     ) -> Option<usize> {
-        let mtu = ctx.pmtu().bytes();
+        let mtu = ctx.attr.path_mtu.bytes();
         let n = remaining.min(mtu);
         let opcode = match (first, remaining <= mtu) {
             (true, true) => Opcode::RC_READ_RESPONSE_ONLY,
@@ -205,7 +205,7 @@ impl Responder {
         let aeth = (opcode != Opcode::RC_READ_RESPONSE_MIDDLE).then_some(AethRepr { syndrome: AckSyndrome::Ack { credits: CREDITS_INVALID }, msn });
         let tr = response(opcode, dest_qpn, psn, aeth, None);
         let mut failed = false;
-        let source = ReadSource { memory: ctx.memory, pd: ctx.pd(), qpn: ctx.qpn, rkey, va, failed: &mut failed };
+        let source = ReadSource { memory: ctx.memory, pd: ctx.init.pd, qpn: ctx.qpn, rkey, va, failed: &mut failed };
         let emitted = path.emit_with_crc(tr, n as usize, buf, source);
         let len = match emitted {
             Ok(len) => len,

@@ -21,10 +21,12 @@ impl Responder {
         // R_Key, PD, REMOTE_READ and bounds for the whole length, before any
         // response (rxe check_rkey). A zero-length READ needs no valid key
         // (rxe: "A zero-byte op is not required to set an addr or rkey").
-        if reth.dma_len > 0 && ctx.memory.remote_check(ctx.pd(), ctx.qpn, reth.rkey, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ).is_err() {
+        if reth.dma_len > 0
+            && ctx.memory.remote_check(ctx.init.pd, ctx.qpn, reth.rkey, reth.va, u64::from(reth.dma_len), Access::REMOTE_READ).is_err()
+        {
             return self.rc_fault(ctx, psn, Fault::RemoteAccess);
         }
-        let npkts = packets_for(reth.dma_len, ctx.pmtu());
+        let npkts = packets_for(reth.dma_len, ctx.attr.path_mtu);
         let last = psn.add(npkts - 1);
         // IBTA C9-148: the MSN of an RDMA READ advances when it is accepted.
         self.msn = (self.msn + 1) & MSN_MASK;
@@ -50,7 +52,7 @@ impl Responder {
         };
         // Checks (key, PD, REMOTE_ATOMIC, bounds, then alignment) precede the
         // operation; executed exactly once, the result saved for replays.
-        let orig = match ctx.memory.remote_atomic(ctx.pd(), ctx.qpn, a.rkey, a.va, op) {
+        let orig = match ctx.memory.remote_atomic(ctx.init.pd, ctx.qpn, a.rkey, a.va, op) {
             Ok(v) => v,
             // rxe atomic_reply: RESPST_ERR_MISALIGNED_ATOMIC is class C
             // AETH_NAK_INVALID_REQ (not a remote access error).
@@ -80,7 +82,7 @@ impl Responder {
             self.queue_ack(ctx, ack);
             return ResponderOutcome::Ok;
         }
-        let mtu = ctx.pmtu();
+        let mtu = ctx.attr.path_mtu;
         let found = self.resources.iter().flatten().copied().find(|r| {
             !psn.is_before(r.first)
                 && !psn.is_after(r.last)
@@ -147,7 +149,7 @@ impl Responder {
     pub(super) fn save_resource(&mut self, ctx: &mut ResponderCtx<'_>, r: Resource) {
         // rxe: `max_dest_rd_atomic` resources, the oldest is reused
         // ("it is the requester's job to not send too many").
-        let n = usize::from(ctx.max_dest_rd_atomic().max(1));
+        let n = usize::from(ctx.attr.max_dest_rd_atomic.max(1));
         if self.resources.len() != n {
             // Only when max_dest_rd_atomic changed (modify_qp), not per packet.
             self.resources.resize(n, None);
@@ -194,7 +196,7 @@ impl Responder {
             // only a memory window may be invalidated remotely; an MR key or
             // any other failure is an invalid request (rxe
             // RESPST_ERR_INVALIDATE_RKEY: REM_INV_REQ_ERR, class J).
-            if ctx.memory.invalidate_remote(ctx.pd(), ctx.qpn, rkey).is_err() {
+            if ctx.memory.invalidate_remote(ctx.init.pd, ctx.qpn, rkey).is_err() {
                 self.msg = MsgState::Send { wr, offset: end };
                 return Err(Fault::Invalidate);
             }
@@ -213,7 +215,7 @@ impl Responder {
             src_qp: 0,
             grh: false,
         };
-        ctx.completions.push_back(Completion { cq: ctx.recv_cq(), wc, solicited: t.bth.solicited });
+        ctx.completions.push_back(Completion { cq: ctx.init.recv_cq, wc, solicited: t.bth.solicited });
         Ok(())
     }
 
@@ -228,7 +230,7 @@ impl Responder {
         let op = t.bth.opcode;
         let seg = op.segment();
         let len = f.payload.len() as u64;
-        let mtu = u64::from(ctx.pmtu().bytes());
+        let mtu = u64::from(ctx.attr.path_mtu.bytes());
         let (rkey, va, remaining, dma_len) = match self.msg {
             MsgState::Write { rkey, va, remaining, dma_len } => (rkey, va, remaining, dma_len),
             _ => {
@@ -254,7 +256,8 @@ impl Responder {
                 // since, and through the checker (with the same refusals as
                 // before) once it has.
                 if dma > 0 && seg != Segment::Only {
-                    self.write_memo = ctx.memory.remote_check_write(ctx.pd(), ctx.qpn, reth.rkey, reth.va, dma).map_err(|_| Fault::RemoteAccess)?;
+                    self.write_memo =
+                        ctx.memory.remote_check_write(ctx.init.pd, ctx.qpn, reth.rkey, reth.va, dma).map_err(|_| Fault::RemoteAccess)?;
                 }
                 (reth.rkey, reth.va, dma, reth.dma_len)
             }
@@ -274,7 +277,7 @@ impl Responder {
             return Err(Fault::Rnr);
         }
         if len > 0 {
-            ctx.memory.remote_write_memo(&self.write_memo, ctx.pd(), ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
+            ctx.memory.remote_write_memo(&self.write_memo, ctx.init.pd, ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
             ctx.stats.resp_bytes_placed += len;
         }
         if matches!(seg, Segment::First | Segment::Middle) {
@@ -306,7 +309,7 @@ impl Responder {
                     src_qp: 0,
                     grh: false,
                 };
-                ctx.completions.push_back(Completion { cq: ctx.recv_cq(), wc, solicited: t.bth.solicited });
+                ctx.completions.push_back(Completion { cq: ctx.init.recv_cq, wc, solicited: t.bth.solicited });
             }
         }
         Ok(())

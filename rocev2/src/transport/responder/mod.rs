@@ -63,7 +63,7 @@ const DEFAULT_PKEY: u16 = 0xffff;
 /// What the responder needs from its QP for one call. Built by the QP/engine
 /// for every request frame: the QP's attributes by reference, not copied
 /// field by field (fifteen fields loaded and stored per frame were about
-/// 30 instructions); read through the accessors below.
+/// 30 instructions), as [`RequesterCtx`](crate::transport::requester::RequesterCtx) does.
 pub(crate) struct ResponderCtx<'a> {
     /// The device's registered memory.
     pub memory: &'a MemoryTable,
@@ -82,56 +82,6 @@ pub(crate) struct ResponderCtx<'a> {
     pub events: &'a mut VecDeque<AsyncEvent>,
     /// Per-QP counters.
     pub stats: &'a mut QpStats,
-}
-
-impl ResponderCtx<'_> {
-    /// The QP's protection domain.
-    #[inline(always)]
-    pub fn pd(&self) -> PdId {
-        self.init.pd
-    }
-
-    /// Service type.
-    #[inline(always)]
-    pub fn qp_type(&self) -> QpType {
-        self.init.qp_type
-    }
-
-    /// CQ for receive completions.
-    #[inline(always)]
-    pub fn recv_cq(&self) -> CqId {
-        self.init.recv_cq
-    }
-
-    /// `qp_access_flags`: which remote operations the QP accepts.
-    #[inline(always)]
-    pub fn access(&self) -> Access {
-        self.attr.qp_access_flags
-    }
-
-    /// Path MTU.
-    #[inline(always)]
-    pub fn pmtu(&self) -> Mtu {
-        self.attr.path_mtu
-    }
-
-    /// Q_Key (UD).
-    #[inline(always)]
-    pub fn qkey(&self) -> u32 {
-        self.attr.qkey
-    }
-
-    /// RNR NAK timer code this responder advertises.
-    #[inline(always)]
-    pub fn min_rnr_timer(&self) -> u8 {
-        self.attr.min_rnr_timer
-    }
-
-    /// Saved READ/atomic responder resources (`max_dest_rd_atomic`).
-    #[inline(always)]
-    pub fn max_dest_rd_atomic(&self) -> u8 {
-        self.attr.max_dest_rd_atomic
-    }
 }
 
 /// Result of [`Responder::handle_request`].
@@ -306,7 +256,7 @@ impl Responder {
             push_recv_error(ctx, wr.wr_id, WcStatus::WrFlushErr);
         }
         if !ctx.recv_queue.is_srq() {
-            let (qpn, cq) = (ctx.qpn, ctx.recv_cq());
+            let (qpn, cq) = (ctx.qpn, ctx.init.recv_cq);
             for wr in ctx.recv_queue.flush() {
                 ctx.completions.push_back(error_completion(cq, qpn, wr.wr_id, WcStatus::WrFlushErr));
             }
@@ -322,7 +272,7 @@ impl Responder {
             ctx.stats.resp_dropped_in_error += 1;
             return ResponderOutcome::Ok;
         }
-        match ctx.qp_type() {
+        match ctx.init.qp_type {
             QpType::Rc => self.rc(ctx, frame),
             QpType::Uc => self.uc(ctx, frame),
             QpType::Ud => self.ud(ctx, frame),
@@ -365,17 +315,17 @@ impl Responder {
         }
         // The QP must accept the operation (rxe check_op_valid →
         // ERR_UNSUPPORTED_OPCODE → invalid request NAK; hfi1/qib `goto nack_inv`).
-        if !ctx.access().contains(needed_qp_access(op)) {
+        if !ctx.attr.qp_access_flags.contains(needed_qp_access(op)) {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
         // READ/atomic need responder resources (rxe check_resource:
         // max_dest_rd_atomic == 0 → ERR_TOO_MANY_RDMA_ATM_REQ, class C).
-        if (op == Opcode::RC_READ_REQUEST || op.is_atomic()) && ctx.max_dest_rd_atomic() == 0 {
+        if (op == Opcode::RC_READ_REQUEST || op.is_atomic()) && ctx.attr.max_dest_rd_atomic == 0 {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
         // Packet length (rxe check_length; IBTA C9-?: FIRST/MIDDLE carry
         // exactly the path MTU with pad 0, LAST 1..=MTU, ONLY 0..=MTU).
-        if !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu()) {
+        if !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.attr.path_mtu) {
             return self.rc_fault(ctx, psn, Fault::InvalidRequest);
         }
 
@@ -414,7 +364,7 @@ impl Responder {
                 // RNR timer expires.
                 ctx.stats.resp_rnr_naks_sent += 1;
                 tracing::debug!(qpn = ctx.qpn, psn = psn.value(), "sending RNR NAK: no receive posted");
-                let syndrome = AckSyndrome::RnrNak { timer: ctx.min_rnr_timer() & 0x1f };
+                let syndrome = AckSyndrome::RnrNak { timer: ctx.attr.min_rnr_timer & 0x1f };
                 self.push(ctx, Pending::Ack { psn, syndrome, msn: self.msn });
                 self.nak_outstanding = true;
                 ResponderOutcome::Ok
@@ -495,7 +445,7 @@ fn error_completion(cq: CqId, qpn: u32, wr_id: u64, status: WcStatus) -> Complet
 }
 
 fn push_recv_error(ctx: &mut ResponderCtx<'_>, wr_id: u64, status: WcStatus) {
-    ctx.completions.push_back(error_completion(ctx.recv_cq(), ctx.qpn, wr_id, status));
+    ctx.completions.push_back(error_completion(ctx.init.recv_cq, ctx.qpn, wr_id, status));
 }
 
 /// Raise `IBV_EVENT_SRQ_LIMIT_REACHED` if taking a WQE crossed an armed SRQ limit.

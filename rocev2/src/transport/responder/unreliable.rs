@@ -37,7 +37,7 @@ impl Responder {
             return self.uc_drop_msg(ctx);
         }
         // rxe check_op_valid UC: WRITE to a QP without REMOTE_WRITE drops the message.
-        if !ctx.access().contains(needed_qp_access(op)) || !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.pmtu()) {
+        if !ctx.attr.qp_access_flags.contains(needed_qp_access(op)) || !length_ok(op.segment(), f.payload.len(), bth.pad_count, ctx.attr.path_mtu) {
             self.abandon(ctx);
             return self.uc_drop_msg(ctx);
         }
@@ -84,12 +84,12 @@ impl Responder {
             }
         };
         // IBTA C10-15 / 10.2.5: a datagram whose Q_Key differs from the QP's is dropped.
-        if deth.qkey != ctx.qkey() {
+        if deth.qkey != ctx.attr.qkey {
             ctx.stats.resp_ud_qkey_dropped += 1;
             return ResponderOutcome::Ok;
         }
         let len = f.payload.len();
-        if len > ctx.pmtu().bytes() as usize {
+        if len > ctx.attr.path_mtu.bytes() as usize {
             ctx.stats.resp_ud_len_dropped += 1;
             return ResponderOutcome::Ok;
         }
@@ -129,7 +129,7 @@ impl Responder {
             src_qp: deth.src_qp,
             grh: true,
         };
-        ctx.completions.push_back(Completion { cq: ctx.recv_cq(), wc, solicited: t.bth.solicited });
+        ctx.completions.push_back(Completion { cq: ctx.init.recv_cq, wc, solicited: t.bth.solicited });
         ResponderOutcome::Ok
     }
 
