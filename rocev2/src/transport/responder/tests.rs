@@ -391,21 +391,24 @@ fn write_first_middle_last_places_at_running_va() {
 /// over other memory lands in that memory, never in the old.
 #[test]
 fn write_target_changed_mid_message_is_resolved_again() {
-    let mut h = Harness::new(QpType::Rc, 0);
     let data = pattern(768, 5);
-    let rkey = h.mr.rkey;
-    h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA + 0x2000, rkey, 768), &data[..256]);
-    h.mem.deregister(h.mr.lkey).unwrap();
+    // A 768-byte WRITE's FIRST placed, then its target deregistered.
+    let first_then_deregistered = || {
+        let mut h = Harness::new(QpType::Rc, 0);
+        let rkey = h.mr.rkey;
+        h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA + 0x2000, rkey, 768), &data[..256]);
+        h.mem.deregister(h.mr.lkey).unwrap();
+        (h, rkey)
+    };
+
+    let (mut h, _) = first_then_deregistered();
     let out = h.req(tr(Opcode::RC_WRITE_MIDDLE, 1, false), &data[256..512]);
     assert_eq!(out, ResponderOutcome::QpError(WcStatus::RemAccessErr));
     let r = h.responses();
     assert_eq!((r.len(), r[0].psn(), r[0].syndrome()), (1, 1, Some(NAK_ACC)));
     assert_eq!(h.bytes(IOVA + 0x2000 + 256, 256), vec![0; 256], "the MIDDLE was placed");
 
-    let mut h = Harness::new(QpType::Rc, 0);
-    let rkey = h.mr.rkey;
-    h.req(with_reth(tr(Opcode::RC_WRITE_FIRST, 0, false), IOVA + 0x2000, rkey, 768), &data[..256]);
-    h.mem.deregister(h.mr.lkey).unwrap();
+    let (mut h, rkey) = first_then_deregistered();
     let mut other = vec![0u64; REGION / 8].into_boxed_slice();
     // SAFETY: `other` stays alive until after its deregistration below.
     let k = unsafe { h.mem.register_with_key(PD, other.as_mut_ptr().cast(), REGION, IOVA, ALL, h.mr.lkey) }.unwrap();
