@@ -427,7 +427,8 @@ impl Engine {
     }
 
     /// [`post_send_boxed`](Self::post_send_boxed) of every WQE `next` yields,
-    /// in order (a doorbell's drain of a send ring): the QP is looked up, and
+    /// in order (a doorbell's drain takes its send WQEs the same way, in
+    /// [`drain_posts`](Self::drain_posts)): the QP is looked up, and
     /// its timer armed and the QP woken, once for the batch instead of once a
     /// WR. Each WQE gets exactly what `post_send_boxed` would give it; one the
     /// engine refuses goes to `refused` (its `wr_id`, completion opcode and
