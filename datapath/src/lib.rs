@@ -15,6 +15,7 @@ pub mod port;
 pub mod queues;
 pub mod raw;
 pub mod reassembly;
+pub mod recv_ring;
 pub mod runner;
 pub mod send_ring;
 pub mod xsk;
