@@ -18,6 +18,7 @@ pub mod reassembly;
 pub mod recv_ring;
 pub mod runner;
 pub mod send_ring;
+mod wq_ring;
 pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};

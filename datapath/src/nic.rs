@@ -1603,6 +1603,40 @@ mod tests {
         assert_eq!((refused(), rings.send.is_empty()), (2, true));
     }
 
+    /// The same protocol for the receive rings, a QP's own and an SRQ's: a
+    /// drain that stops at a receive WR claimed and not yet published rings
+    /// again, and the next poll takes the WR, once. (No engine QP or SRQ
+    /// behind the rings: the engine refuses each WR, counted.)
+    #[test]
+    fn a_drain_that_stops_at_a_claimed_receive_wr_rings_again() {
+        use rocev2::transport::wqe::RecvWrRef;
+        let nic = nic();
+        let rings = Arc::new(QpRings::new(0x21, CqId(1), CqId(1), crate::queues::WqBound::unshared(4), crate::queues::WqBound::unshared(4)));
+        nic.attach_qp(rings.clone());
+        let srq = Arc::new(SrqRing::new(SrqId(0x22), crate::queues::WqBound::unshared(4)));
+        nic.attach_srq(srq.clone());
+        let refused = || nic.stats.posts_refused.load(Ordering::Relaxed);
+        let wr = RecvWrRef { wr_id: 7, sgl: &[] };
+        let (pos, srq_pos) = (rings.recv.claim().unwrap(), srq.recv.claim().unwrap());
+        nic.ring_qp(&rings);
+        nic.ring_srq(&srq);
+        nic.poll();
+        assert!(!rings.recv.is_empty() && !srq.recv.is_empty(), "the drains stopped at the claimed slots");
+        assert!(rings.rung.load(Ordering::SeqCst) && srq.rung.load(Ordering::SeqCst), "and rang again");
+        assert_eq!(refused(), 0);
+        // SAFETY: `pos` and `srq_pos` were claimed above and not published.
+        unsafe {
+            rings.recv.publish(pos, &wr);
+            srq.recv.publish(srq_pos, &wr);
+        }
+        nic.poll();
+        assert!(rings.recv.is_empty() && srq.recv.is_empty(), "taken at the next poll");
+        assert_eq!(refused(), 2, "each WR once");
+        assert!(!rings.rung.load(Ordering::SeqCst) && !srq.rung.load(Ordering::SeqCst), "nothing left: not rung again");
+        nic.poll();
+        assert_eq!(refused(), 2);
+    }
+
     /// A received frame goes into the engine the same way whether the
     /// receive takes its short path (one shard, not capturing, no doorbell
     /// rung) or `receive_frame` (capturing; a doorbell rung during the

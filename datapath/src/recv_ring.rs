@@ -6,102 +6,44 @@
 //! ring's tail (one compare-and-swap, the only read-modify-write of a post),
 //! writes the WR's `wr_id` and only the SGEs it has into that slot
 //! ([`RecvWqe::fill_from`]) and publishes it with a plain store of its stamp.
-//! The datapath, the one consumer at a time, hands the published WQE by
-//! reference to the engine (which copies it once, into its receive queue),
-//! then frees the slot with a plain store. Before, a post built a new WQE
-//! (its eight SGEs zero-filled, then copied), counted itself with one
-//! compare-and-swap, moved the WQE into a `crossbeam` `ArrayQueue` (a second
-//! compare-and-swap and a copy of the whole WQE), and the drain moved it out
-//! again (a third, and two more copies) before the engine's copy.
+//! The datapath, the one consumer at a time, lends the published WQE to the
+//! engine (which copies it once, into its receive queue), then frees the
+//! slot with a plain store. Before, a post built a new WQE (its eight SGEs
+//! zero-filled, then copied), counted itself with one compare-and-swap,
+//! moved the WQE into a `crossbeam` `ArrayQueue` (a second compare-and-swap
+//! and a copy of the whole WQE), and the drain moved it out again (a third,
+//! and two more copies) before the engine's copy.
 //!
-//! The stamps and the bound are [`crate::send_ring`]'s: a position is a lap
-//! number plus an index, a slot's stamp is `pos` when it is free for a post at
-//! `pos` and `pos + 1` when it holds the WR posted at `pos`; a post is refused
-//! while `depth` WRs the ring accepted are not retired by the engine (taken
-//! out and still in the engine's receive queue count too: `ibv_post_recv`
-//! returns ENOMEM at once, [`RetiredCount`]), the count of WRs accepted being
-//! what the claimed position encodes.
+//! The slots, their stamps and the queue's bound (a post is refused while
+//! `depth` WRs accepted are not retired by the engine, those taken out and
+//! still in its receive queue included: `ibv_post_recv` returns ENOMEM at
+//! once) are the work-queue ring's ([`crate::wq_ring`]), shared with the
+//! send ring.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocev2::transport::retired::RetiredCount;
 use rocev2::transport::wqe::{RecvSource, RecvWqe, RecvWrRef};
 
-use crate::send_ring::{next_position, Padded};
-
-struct Slot {
-    /// The position this slot is ready for (see the module docs).
-    stamp: AtomicUsize,
-    /// Written by the one post that claimed the slot, between its claim and
-    /// its publishing store; read by the consumer after it saw the slot
-    /// published, before it frees it.
-    wqe: UnsafeCell<RecvWqe>,
-}
+use crate::wq_ring::{WqConsumer, WqRing};
 
 /// A bounded multi-producer, single-consumer ring of receive WQEs written in
 /// place (see the module docs).
 pub struct RecvRing {
-    slots: Box<[Slot]>,
-    /// The lap step: the smallest power of two above the capacity.
-    one_lap: usize,
-    /// `one_lap`'s exponent.
-    lap_shift: u32,
-    /// WRs the engine has retired (see the module docs).
-    retired: Arc<RetiredCount>,
-    /// The next position a post claims.
-    tail: Padded<AtomicUsize>,
-    /// What the consumer writes, on a line of its own.
-    consumer: Padded<ConsumerSide>,
+    ring: WqRing<RecvWqe, ()>,
 }
-
-struct ConsumerSide {
-    /// The next position the consumer takes (stored when a drain ends).
-    head: AtomicUsize,
-    /// Set while a [`RecvConsumer`] exists: at most one at a time.
-    consuming: AtomicBool,
-}
-
-// SAFETY: a slot's WQE is written by the one post that claimed the slot (a
-// successful compare-and-swap of `tail` from that position: unique) and read
-// by the one consumer (the `consuming` flag) after the stamp's release store
-// published it and before the consumer's release store frees it; every other
-// field is atomic. `RecvWqe` is `Send`.
-unsafe impl Sync for RecvRing {}
 
 impl RecvRing {
     /// A ring of `depth` WQEs (at least 1). A post is refused while `depth`
     /// WRs accepted are not yet counted in `retired` (the engine's count for
     /// this receive queue or SRQ).
     pub fn new(depth: usize, retired: Arc<RetiredCount>) -> RecvRing {
-        let depth = depth.max(1);
-        let one_lap = (depth + 1).next_power_of_two();
-        let slots = (0..depth).map(|i| Slot { stamp: AtomicUsize::new(i), wqe: UnsafeCell::new(RecvWqe::default()) }).collect();
-        RecvRing {
-            slots,
-            one_lap,
-            lap_shift: one_lap.trailing_zeros(),
-            retired,
-            tail: Padded(AtomicUsize::new(0)),
-            consumer: Padded(ConsumerSide { head: AtomicUsize::new(0), consuming: AtomicBool::new(false) }),
-        }
+        RecvRing { ring: WqRing::new(depth, retired, RecvWqe::default, ()) }
     }
 
     /// How many WRs the ring holds.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    #[inline]
-    fn slot(&self, pos: usize) -> &Slot {
-        &self.slots[pos & (self.one_lap - 1)]
-    }
-
-    /// How many posts came before the one at `pos` (see [`crate::send_ring`]).
-    #[inline]
-    fn accepted_before(&self, pos: usize) -> usize {
-        (pos >> self.lap_shift).wrapping_mul(self.slots.len()).wrapping_add(pos & (self.one_lap - 1))
+        self.ring.capacity()
     }
 
     /// Post `wr`, written in place into the slot at the tail (its `wr_id`
@@ -110,66 +52,46 @@ impl RecvRing {
     /// may post at once.
     #[inline]
     pub fn push(&self, wr: &RecvWrRef<'_>) -> bool {
-        let mut pos = self.tail.0.load(Ordering::Relaxed);
-        loop {
-            let slot = self.slot(pos);
-            // Acquire: the consumer's read of this slot's WQE happened before
-            // its store of the stamp that frees the slot for `pos`.
-            let ahead = slot.stamp.load(Ordering::Acquire).wrapping_sub(pos) as isize;
-            if ahead == 0 {
-                // Free, but the queue is full while `depth` WRs accepted are
-                // not retired; a count read late only refuses.
-                if self.accepted_before(pos).wrapping_sub(self.retired.get()) >= self.slots.len() {
-                    return false;
-                }
-                // SeqCst: the doorbell's protocol orders this claim before
-                // the poster's read of the doorbell flag (`Nic::ring_qp`).
-                match self.tail.0.compare_exchange_weak(pos, next_position(pos, self.one_lap, self.slots.len()), Ordering::SeqCst, Ordering::Relaxed)
-                {
-                    Ok(_) => break,
-                    Err(now) => pos = now,
-                }
-            } else if ahead < 0 {
-                // The WR posted one lap earlier is not taken yet: full.
-                return false;
-            } else {
-                // Another post claimed `pos` first.
-                std::hint::spin_loop();
-                pos = self.tail.0.load(Ordering::Relaxed);
-            }
-        }
-        let slot = self.slot(pos);
-        // SAFETY: this post alone claimed `pos` (the CAS above) and the stamp
-        // said the consumer was done with the slot: nobody else touches the
-        // WQE until the release store below publishes it.
-        unsafe { (*slot.wqe.get()).fill_from(wr) };
-        slot.stamp.store(pos.wrapping_add(1), Ordering::Release);
-        true
+        self.ring.push(|wqe| wqe.fill_from(wr))
+    }
+
+    /// Claim the slot at the tail for one post: its position, or `None` if
+    /// the queue is full. [`RecvRing::publish`] must follow.
+    /// (Tests: a post held up between its claim and its publishing.)
+    #[cfg(test)]
+    pub(crate) fn claim(&self) -> Option<usize> {
+        self.ring.claim()
+    }
+
+    /// Write `wr` into the slot claimed at `pos` and publish it.
+    ///
+    /// # Safety
+    /// `pos` came from [`RecvRing::claim`] on this ring and was not
+    /// published yet.
+    #[cfg(test)]
+    pub(crate) unsafe fn publish(&self, pos: usize, wr: &RecvWrRef<'_>) {
+        // SAFETY: the caller's contract is the ring's.
+        unsafe { self.ring.publish(pos, |wqe| wqe.fill_from(wr)) };
     }
 
     /// Whether no WR waits: a WR claimed and not yet published counts as
-    /// waiting. SeqCst: the doorbell's check after a drain (`Nic::drain_qp`)
-    /// must see every claim made before its swap.
+    /// waiting.
     pub fn is_empty(&self) -> bool {
-        self.consumer.0.head.load(Ordering::SeqCst) == self.tail.0.load(Ordering::SeqCst)
+        self.ring.is_empty()
     }
 
     /// The ring's consumer, or `None` while another one exists (the
     /// datapath drains a ring under its shard's engine lock, so this does not
     /// happen; the check keeps the ring sound regardless).
     pub fn consumer(&self) -> Option<RecvConsumer<'_>> {
-        if self.consumer.0.consuming.swap(true, Ordering::Acquire) {
-            return None;
-        }
-        Some(RecvConsumer { ring: self, head: self.consumer.0.head.load(Ordering::Relaxed) })
+        self.ring.consumer().map(|c| RecvConsumer { c })
     }
 }
 
-/// The one consumer of a [`RecvRing`] at a time: hands posted WQEs out in
-/// order, by reference. Stores how far it went when dropped.
+/// The one consumer of a [`RecvRing`] at a time: lends posted WQEs in order.
+/// Stores how far it went when dropped.
 pub struct RecvConsumer<'a> {
-    ring: &'a RecvRing,
-    head: usize,
+    c: WqConsumer<'a, RecvWqe, ()>,
 }
 
 impl RecvConsumer<'_> {
@@ -177,21 +99,7 @@ impl RecvConsumer<'_> {
     /// its slot; `None` (and `f` not called) if there is none.
     #[inline]
     pub fn take<R>(&mut self, f: impl FnOnce(&RecvWqe) -> R) -> Option<R> {
-        let ring = self.ring;
-        let pos = self.head;
-        let slot = ring.slot(pos);
-        // Acquire: pairs with the post's publishing store (its writes to the WQE).
-        if slot.stamp.load(Ordering::Acquire) != pos.wrapping_add(1) {
-            return None;
-        }
-        // SAFETY: the stamp says the slot holds a published WR and no post
-        // may touch it until the store below frees it; `consuming` makes this
-        // the only consumer.
-        let r = f(unsafe { &*slot.wqe.get() });
-        // Free the slot for the same index one lap on.
-        slot.stamp.store(pos.wrapping_add(ring.one_lap), Ordering::Release);
-        self.head = next_position(pos, ring.one_lap, ring.slots.len());
-        Some(r)
+        self.c.take(|wqe, ()| f(wqe))
     }
 }
 
@@ -199,13 +107,6 @@ impl RecvSource for RecvConsumer<'_> {
     #[inline]
     fn next_recv<R>(&mut self, f: impl FnOnce(&RecvWqe) -> R) -> Option<R> {
         self.take(f)
-    }
-}
-
-impl Drop for RecvConsumer<'_> {
-    fn drop(&mut self) {
-        self.ring.consumer.0.head.store(self.head, Ordering::Release);
-        self.ring.consumer.0.consuming.store(false, Ordering::Release);
     }
 }
 
