@@ -102,12 +102,18 @@ impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
 
     /// Make the list a copy of `s`, writing only `s`'s elements when it
     /// fits in place (the rest of the storage keeps its old contents, which
-    /// nothing reads); else one heap allocation, as [`from_slice`](Self::from_slice).
+    /// nothing reads); else on the heap, in the `Vec` already there if any
+    /// (a slot reused by long lists allocates once), as
+    /// [`from_slice`](Self::from_slice) otherwise.
     pub fn set_from_slice(&mut self, s: &[T]) {
         match self {
             InlineVec::Inline { len, buf } if s.len() <= N => {
                 buf[..s.len()].copy_from_slice(s);
                 *len = s.len() as u16;
+            }
+            InlineVec::Heap(v) if s.len() > N => {
+                v.clear();
+                v.extend_from_slice(s);
             }
             _ => *self = Self::from_slice(s),
         }
@@ -436,8 +442,9 @@ mod tests {
     #[test]
     fn a_receive_slot_filled_in_place_equals_a_new_wqe() {
         let many: Vec<Sge> = (0..RECV_WQE_SGES as u64 + 3).map(sge).collect();
-        // Every change of length: in place, on the heap, back in place, empty.
-        let lens = [3, 1, RECV_WQE_SGES, RECV_WQE_SGES + 3, 2, RECV_WQE_SGES + 1, 0, 4];
+        // Every change of length: in place, on the heap (shorter and longer
+        // there), back in place, empty.
+        let lens = [3, 1, RECV_WQE_SGES, RECV_WQE_SGES + 3, RECV_WQE_SGES + 1, RECV_WQE_SGES + 2, 2, RECV_WQE_SGES + 1, 0, 4];
         let mut slot = RecvWqe::default();
         for (id, n) in lens.into_iter().enumerate() {
             let w = RecvWrRef { wr_id: id as u64, sgl: &many[..n] };
