@@ -15,8 +15,10 @@ pub mod port;
 pub mod queues;
 pub mod raw;
 pub mod reassembly;
+pub mod recv_ring;
 pub mod runner;
 pub mod send_ring;
+mod wq_ring;
 pub mod xsk;
 
 pub use memport::{Impairments, MemHub, MemPort};

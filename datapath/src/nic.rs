@@ -1274,16 +1274,13 @@ impl Nic {
         // SeqCst: the order `ring_qp` relies on (its flag read, this swap,
         // the tail checks at the end).
         rings.rung.swap(false, Ordering::SeqCst);
-        // Receive WRs are popped while the ring's indices show one (claimed
-        // by a post: the pop waits for it to be written): the pop of an
-        // empty `ArrayQueue` that ended each drain cost about 36
-        // instructions and a full fence. Drains of one QP are serialised by
-        // the engine's lock: the send ring's consumer is always free here;
-        // its boxes of WQEs reaped since the last drain replace the ones
-        // taken. One engine lookup, timer arming and wake-up for the whole
-        // drain.
-        let recvs = || if rings.recv.is_empty() { None } else { rings.recv.pop() };
-        let mut sends = rings.send.consumer();
+        // Drains of one QP are serialised by the engine's lock: the rings'
+        // consumers are always free here. Each receive WQE is lent from its
+        // ring slot and copied once, into the engine's receive queue; the
+        // send ring's boxes of WQEs reaped since the last drain replace the
+        // ones taken. One engine lookup, timer arming and wake-up for the
+        // whole drain.
+        let (recvs, mut sends) = (rings.recv.consumer(), rings.send.consumer());
         work += engine.drain_posts(
             rings.qpn,
             recvs,
@@ -1293,9 +1290,8 @@ impl Nic {
         );
         drop(sends);
         // A WR claimed before the swap above whose post read the flag still
-        // set rang no doorbell (`ring_qp`); if the send ring stopped at it,
-        // not yet published, or WRs came in since, ring again: the next poll
-        // drains it. (The receive ring's pop waits for a claimed WR itself.)
+        // set rang no doorbell (`ring_qp`); if a ring stopped at it, not yet
+        // published, or WRs came in since, ring again: the next poll drains it.
         if !rings.send.is_empty() || !rings.recv.is_empty() {
             self.ring_qp(rings);
         }
@@ -1303,18 +1299,18 @@ impl Nic {
     }
 
     fn drain_srq(&self, engine: &mut Engine, ring: &SrqRing) -> usize {
-        let mut work = 0;
         ring.rung.swap(false, Ordering::AcqRel); // a swap: see drain_qp
-        while !ring.recv.is_empty() {
-            let Some(wr) = ring.recv.pop() else { break };
-            work += 1;
-            // The post path bounds the SRQ by its depth (WRs the engine holds
-            // included) and checks SGE counts, so the engine refuses a WR only
-            // if the SRQ went away meanwhile; it has no QP to complete on:
-            // count it.
-            if engine.post_srq_recv(ring.id, wr).is_err() {
-                self.stats.posts_refused.fetch_add(1, Ordering::Relaxed);
-            }
+                                                 // The post path bounds the SRQ by its depth (WRs the engine holds
+                                                 // included) and checks SGE counts, so the engine refuses a WR only
+                                                 // if the SRQ went away meanwhile; it has no QP to complete on:
+                                                 // count it.
+        let work = engine.drain_srq_posts(ring.id, ring.recv.consumer(), |_, _| {
+            self.stats.posts_refused.fetch_add(1, Ordering::Relaxed);
+        });
+        // As in `drain_qp`: a post that claimed a slot before the swap and
+        // read the flag still set rang no doorbell.
+        if !ring.recv.is_empty() {
+            self.ring_srq(ring);
         }
         work
     }
@@ -1605,6 +1601,40 @@ mod tests {
         assert!(rings.rung.load(Ordering::SeqCst));
         nic.poll();
         assert_eq!((refused(), rings.send.is_empty()), (2, true));
+    }
+
+    /// The same protocol for the receive rings, a QP's own and an SRQ's: a
+    /// drain that stops at a receive WR claimed and not yet published rings
+    /// again, and the next poll takes the WR, once. (No engine QP or SRQ
+    /// behind the rings: the engine refuses each WR, counted.)
+    #[test]
+    fn a_drain_that_stops_at_a_claimed_receive_wr_rings_again() {
+        use rocev2::transport::wqe::RecvWrRef;
+        let nic = nic();
+        let rings = Arc::new(QpRings::new(0x21, CqId(1), CqId(1), crate::queues::WqBound::unshared(4), crate::queues::WqBound::unshared(4)));
+        nic.attach_qp(rings.clone());
+        let srq = Arc::new(SrqRing::new(SrqId(0x22), crate::queues::WqBound::unshared(4)));
+        nic.attach_srq(srq.clone());
+        let refused = || nic.stats.posts_refused.load(Ordering::Relaxed);
+        let wr = RecvWrRef { wr_id: 7, sgl: &[] };
+        let (pos, srq_pos) = (rings.recv.claim().unwrap(), srq.recv.claim().unwrap());
+        nic.ring_qp(&rings);
+        nic.ring_srq(&srq);
+        nic.poll();
+        assert!(!rings.recv.is_empty() && !srq.recv.is_empty(), "the drains stopped at the claimed slots");
+        assert!(rings.rung.load(Ordering::SeqCst) && srq.rung.load(Ordering::SeqCst), "and rang again");
+        assert_eq!(refused(), 0);
+        // SAFETY: `pos` and `srq_pos` were claimed above and not published.
+        unsafe {
+            rings.recv.publish(pos, &wr);
+            srq.recv.publish(srq_pos, &wr);
+        }
+        nic.poll();
+        assert!(rings.recv.is_empty() && srq.recv.is_empty(), "taken at the next poll");
+        assert_eq!(refused(), 2, "each WR once");
+        assert!(!rings.rung.load(Ordering::SeqCst) && !srq.rung.load(Ordering::SeqCst), "nothing left: not rung again");
+        nic.poll();
+        assert_eq!(refused(), 2);
     }
 
     /// A received frame goes into the engine the same way whether the

@@ -1,9 +1,9 @@
 //! Queues shared between application threads and the datapath: the urnic
 //! equivalent of the rings a hardware NIC shares with its driver.
 //!
-//! Posting and polling are lock-free (crossbeam `ArrayQueue`; a QP's send
-//! ring is [`SendRing`], a CQ's [`CompletionRing`]) and touch only the queue
-//! of the QP or CQ concerned.
+//! Posting and polling are lock-free (a QP's send ring is [`SendRing`], a
+//! receive queue's or an SRQ's [`RecvRing`], a CQ's [`CompletionRing`]) and
+//! touch only the queue of the QP or CQ concerned.
 //!
 //! A work queue's depth bounds the WRs posted and not yet retired, those the
 //! datapath took and the engine still holds included, as on an HCA: a post
@@ -13,15 +13,16 @@
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::Arc;
 
 use crossbeam_queue::ArrayQueue;
 use rocev2::transport::attr::SrqId;
 use rocev2::transport::retired::RetiredCount;
-use rocev2::transport::wqe::{RecvWqe, SendWrRef};
+use rocev2::transport::wqe::SendWrRef;
 
 pub use crate::completion_ring::CompletionRing;
+pub use crate::recv_ring::{RecvConsumer, RecvRing};
 pub use crate::send_ring::{SendConsumer, SendRing};
 use rocev2::transport::wr::{CqId, WcStatus, WorkCompletion};
 
@@ -38,7 +39,8 @@ pub struct QpRings {
     /// on to the engine's send queue and comes back as a spare once the WQE
     /// is reaped ([`SendRing`]).
     pub send: SendRing,
-    /// Receive WRs posted by the application (QPs without an SRQ).
+    /// Receive WRs posted by the application (QPs without an SRQ), each
+    /// written once, in place, into its ring slot ([`RecvRing`]).
     pub recv: RecvRing,
     /// Set while the QP's QPN sits in the device doorbell queue.
     pub(crate) rung: AtomicBool,
@@ -66,7 +68,14 @@ impl WqBound {
 impl QpRings {
     /// Rings for `qpn`, bounded by its send and receive queues.
     pub fn new(qpn: u32, send_cq: CqId, recv_cq: CqId, send: WqBound, recv: WqBound) -> QpRings {
-        QpRings { qpn, send_cq, recv_cq, send: SendRing::new(send.depth, send.retired), recv: RecvRing::new(recv), rung: AtomicBool::new(false) }
+        QpRings {
+            qpn,
+            send_cq,
+            recv_cq,
+            send: SendRing::new(send.depth, send.retired),
+            recv: RecvRing::new(recv.depth, recv.retired),
+            rung: AtomicBool::new(false),
+        }
     }
 
     /// Queue a send WR for the datapath, written in place into its ring slot
@@ -90,59 +99,7 @@ pub struct SrqRing {
 impl SrqRing {
     /// The ring of an SRQ bounded by `bound`.
     pub fn new(id: SrqId, bound: WqBound) -> SrqRing {
-        SrqRing { id, recv: RecvRing::new(bound), rung: AtomicBool::new(false) }
-    }
-}
-
-/// Receive WRs posted to a QP's receive queue or an SRQ, not yet taken by
-/// the datapath; a post is refused while the queue's depth of WRs posted is
-/// not retired (see the module docs).
-pub struct RecvRing {
-    wrs: ArrayQueue<RecvWqe>,
-    /// WRs accepted since the ring was made (wrapping).
-    accepted: AtomicUsize,
-    retired: Arc<RetiredCount>,
-}
-
-impl RecvRing {
-    /// A ring bounded by `bound`.
-    pub fn new(bound: WqBound) -> RecvRing {
-        RecvRing { wrs: ArrayQueue::new(bound.depth.max(1)), accepted: AtomicUsize::new(0), retired: bound.retired }
-    }
-
-    /// Post `wr`; `false`, nothing queued, if the queue holds its depth of
-    /// WRs posted and not yet retired. Any number of threads may post.
-    pub fn push(&self, wr: RecvWqe) -> bool {
-        let depth = self.wrs.capacity();
-        let mut n = self.accepted.load(Ordering::Relaxed);
-        loop {
-            // A count read late only refuses, never over-admits.
-            if n.wrapping_sub(self.retired.get()) >= depth {
-                return false;
-            }
-            match self.accepted.compare_exchange_weak(n, n.wrapping_add(1), Ordering::Relaxed, Ordering::Relaxed) {
-                Ok(_) => break,
-                Err(now) => n = now,
-            }
-        }
-        // The ring holds only WRs accepted and not yet taken, and the engine
-        // retires only WRs it took: fewer than `depth` besides this one. Were
-        // it ever refused, it counts as retired, keeping the bound exact.
-        if self.wrs.push(wr).is_err() {
-            self.retired.add(1);
-            return false;
-        }
-        true
-    }
-
-    /// The oldest WR not yet taken (the datapath's).
-    pub fn pop(&self) -> Option<RecvWqe> {
-        self.wrs.pop()
-    }
-
-    /// Whether no WR waits to be taken.
-    pub fn is_empty(&self) -> bool {
-        self.wrs.is_empty()
+        SrqRing { id, recv: RecvRing::new(bound.depth, bound.retired), rung: AtomicBool::new(false) }
     }
 }
 

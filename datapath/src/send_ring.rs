@@ -12,29 +12,17 @@
 //! Only pointers travel between the threads (a WQE is several hundred bytes:
 //! SGEs and inline data live in it), and the WQE is written once.
 //!
-//! The stamps follow D. Vyukov's bounded queue (as `crossbeam`'s `ArrayQueue`
-//! does): a position is a lap number and an index (`lap + index`, the lap a
-//! multiple of a power of two above the capacity, so no division), and a slot's
-//! stamp says which position it is ready for: `pos` free for a post at `pos`,
-//! `pos + 1` holding the WR posted at `pos`. A full ring refuses a post without
-//! touching any slot; a post claimed but not yet published holds the consumer
-//! back (the ring stays in order), never a later post's slot.
-//!
-//! The ring is also the send queue's bound: a post is refused while `depth`
-//! WRs it accepted are not yet retired by the engine — taken out but still in
-//! flight count too, as on an HCA, whose send queue slot stays busy until the
-//! WQE completes ([`RetiredCount`]). The claim reads that count once (a
-//! load, no read-modify-write) and compares it with the number of WRs
-//! accepted, which the claimed position itself encodes (`lap` times the depth
-//! plus `index`: exact while positions do not wrap, after 2^64 / `one_lap`
-//! laps).
+//! The slots, their stamps and the send queue's bound (a post is refused
+//! while `depth` WRs accepted are not retired by the engine, those taken out
+//! and still in flight included) are the work-queue ring's
+//! ([`crate::wq_ring`]), shared with the receive ring.
 
-use std::cell::UnsafeCell;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocev2::transport::retired::RetiredCount;
 use rocev2::transport::wqe::{SendSource, SendWqe, SendWrRef};
+
+use crate::wq_ring::{WqConsumer, WqRing};
 
 /// Keeps what producers write (the tail) and what the consumer writes (the
 /// head) on separate cache lines.
@@ -54,49 +42,15 @@ pub(crate) fn next_position(pos: usize, one_lap: usize, capacity: usize) -> usiz
     }
 }
 
-struct Slot {
-    /// The position this slot is ready for (see the module docs).
-    stamp: AtomicUsize,
-    /// Written by the one post that claimed the slot, between its claim and
-    /// its publishing store; read and exchanged by the consumer after it saw
-    /// the slot published, before it frees it.
-    wqe: UnsafeCell<Box<SendWqe>>,
-}
+/// Boxes waiting to replace the ones taken out (the consumer's only).
+#[allow(clippy::vec_box)] // the boxes, not the WQEs, are what moves
+type Spares = Vec<Box<SendWqe>>;
 
 /// A bounded multi-producer, single-consumer ring of send WQEs, the boxes kept
 /// in its slots (see the module docs).
 pub struct SendRing {
-    slots: Box<[Slot]>,
-    /// The lap step: the smallest power of two above the capacity.
-    one_lap: usize,
-    /// `one_lap`'s exponent.
-    lap_shift: u32,
-    /// WRs the engine has retired (see the module docs).
-    retired: Arc<RetiredCount>,
-    /// The next position a post claims.
-    tail: Padded<AtomicUsize>,
-    /// What the consumer writes, on a line of its own (posts read only the
-    /// slots, `one_lap` and `tail`).
-    consumer: Padded<ConsumerSide>,
+    ring: WqRing<Box<SendWqe>, Spares>,
 }
-
-struct ConsumerSide {
-    /// The next position the consumer takes (stored when a drain ends; read
-    /// by [`SendRing::len`] and [`SendRing::is_empty`]).
-    head: AtomicUsize,
-    /// Set while a [`SendConsumer`] exists: at most one at a time.
-    consuming: AtomicBool,
-    /// Boxes waiting to replace the ones taken out (the consumer's only).
-    #[allow(clippy::vec_box)] // the boxes, not the WQEs, are what moves
-    spares: UnsafeCell<Vec<Box<SendWqe>>>,
-}
-
-// SAFETY: the slots' boxes are written by the one post that claimed the slot
-// (a successful compare-and-swap of `tail` from that position: unique) and
-// handed between threads by the stamps' release stores and acquire loads; the
-// spares are touched only by the one `SendConsumer` (the `consuming` flag).
-// Every other field is atomic. `Box<SendWqe>` is `Send`.
-unsafe impl Sync for SendRing {}
 
 impl SendRing {
     /// A ring of `depth` WQEs (at least 1), with as many spare boxes: posting
@@ -105,43 +59,17 @@ impl SendRing {
     /// `retired` (the engine's count for this send queue).
     pub fn new(depth: usize, retired: Arc<RetiredCount>) -> SendRing {
         let depth = depth.max(1);
-        let one_lap = (depth + 1).next_power_of_two();
-        let slots = (0..depth).map(|i| Slot { stamp: AtomicUsize::new(i), wqe: UnsafeCell::new(Box::new(SendWqe::empty())) }).collect();
         // The engine holds at most `depth` WQEs taken from here (its send
         // queue's depth); each one took a spare. Room for twice as many, so
         // boxes handed back late never make the vector grow.
         let mut spares = Vec::with_capacity(2 * depth);
         spares.extend((0..depth).map(|_| Box::new(SendWqe::empty())));
-        SendRing {
-            slots,
-            one_lap,
-            lap_shift: one_lap.trailing_zeros(),
-            retired,
-            tail: Padded(AtomicUsize::new(0)),
-            consumer: Padded(ConsumerSide { head: AtomicUsize::new(0), consuming: AtomicBool::new(false), spares: UnsafeCell::new(spares) }),
-        }
+        SendRing { ring: WqRing::new(depth, retired, || Box::new(SendWqe::empty()), spares) }
     }
 
     /// How many WRs the ring holds.
     pub fn capacity(&self) -> usize {
-        self.slots.len()
-    }
-
-    /// The position after `pos`.
-    #[inline]
-    fn next(&self, pos: usize) -> usize {
-        next_position(pos, self.one_lap, self.slots.len())
-    }
-
-    /// How many posts came before the one at `pos` (see the module docs).
-    #[inline]
-    fn accepted_before(&self, pos: usize) -> usize {
-        (pos >> self.lap_shift).wrapping_mul(self.slots.len()).wrapping_add(pos & (self.one_lap - 1))
-    }
-
-    #[inline]
-    fn slot(&self, pos: usize) -> &Slot {
-        &self.slots[pos & (self.one_lap - 1)]
+        self.ring.capacity()
     }
 
     /// Post `wr`: written in place into the box of the slot at the tail (only
@@ -150,48 +78,15 @@ impl SendRing {
     /// retired. Any number of threads may post at once.
     #[inline]
     pub fn push(&self, wr: &SendWrRef<'_>) -> bool {
-        let Some(pos) = self.claim() else { return false };
-        // SAFETY: `pos` was just claimed by this post and is not published.
-        unsafe { self.publish(pos, wr) };
-        true
+        self.ring.push(|wqe| wqe.fill_from(wr))
     }
 
     /// Claim the slot at the tail for one post: its position, or `None` if
     /// the send queue is full. [`SendRing::publish`] must follow.
-    #[inline]
+    /// (Tests: a post held up between its claim and its publishing.)
+    #[cfg(test)]
     pub(crate) fn claim(&self) -> Option<usize> {
-        let mut pos = self.tail.0.load(Ordering::Relaxed);
-        loop {
-            let slot = self.slot(pos);
-            // Acquire: the consumer's exchange of this slot's box happened
-            // before its store of the stamp that frees the slot for `pos`.
-            let stamp = slot.stamp.load(Ordering::Acquire);
-            let ahead = stamp.wrapping_sub(pos) as isize;
-            if ahead == 0 {
-                // The slot is free, but the queue is full while `depth` WRs
-                // accepted are not retired (taken out, still in flight). The
-                // CAS below fixes `pos`, hence the count compared here; a
-                // count read late only refuses, never over-admits.
-                if self.accepted_before(pos).wrapping_sub(self.retired.get()) >= self.slots.len() {
-                    return None;
-                }
-                // Free for `pos`: claim it. The CAS succeeds for one post only.
-                // SeqCst: the doorbell's protocol orders this claim before
-                // the poster's read of the QP's doorbell flag (`Nic::ring_qp`).
-                match self.tail.0.compare_exchange_weak(pos, self.next(pos), Ordering::SeqCst, Ordering::Relaxed) {
-                    Ok(_) => return Some(pos),
-                    Err(now) => pos = now,
-                }
-            } else if ahead < 0 {
-                // The slot still holds (or is about to hold) the WR posted one
-                // lap earlier, not yet taken: the ring is full.
-                return None;
-            } else {
-                // Another post claimed `pos` first: try the tail it left.
-                std::hint::spin_loop();
-                pos = self.tail.0.load(Ordering::Relaxed);
-            }
-        }
+        self.ring.claim()
     }
 
     /// Write `wr` into the box of the slot claimed at `pos` and publish it.
@@ -199,65 +94,43 @@ impl SendRing {
     /// # Safety
     /// `pos` came from [`SendRing::claim`] on this ring and was not
     /// published yet.
-    #[inline]
+    #[cfg(test)]
     pub(crate) unsafe fn publish(&self, pos: usize, wr: &SendWrRef<'_>) {
-        let slot = self.slot(pos);
-        // SAFETY: the caller's post alone claimed `pos` (the CAS in `claim`),
-        // and the slot's stamp said the consumer was done with it: nobody
-        // else reads or writes the box until the release store below
-        // publishes it.
-        unsafe { (*slot.wqe.get()).fill_from(wr) };
-        slot.stamp.store(pos.wrapping_add(1), Ordering::Release);
+        // SAFETY: the caller's contract is the ring's.
+        unsafe { self.ring.publish(pos, |wqe| wqe.fill_from(wr)) };
     }
 
     /// WRs posted (or being posted) and not yet taken by a finished drain.
     pub fn len(&self) -> usize {
-        let head = self.consumer.0.head.load(Ordering::Acquire);
-        let tail = self.tail.0.load(Ordering::Acquire);
-        let lap = |p: usize| p & !(self.one_lap - 1);
-        let index = |p: usize| p & (self.one_lap - 1);
-        let laps = lap(tail).wrapping_sub(lap(head)) / self.one_lap;
-        (laps * self.slots.len() + index(tail)).wrapping_sub(index(head))
+        self.ring.len()
     }
 
     /// Whether no WR waits (see [`len`](Self::len)): a WR claimed and not
-    /// yet published counts as waiting. SeqCst: the doorbell's check after a
-    /// drain (`Nic::drain_qp`) must see every claim made before its swap.
+    /// yet published counts as waiting.
     pub fn is_empty(&self) -> bool {
-        self.consumer.0.head.load(Ordering::SeqCst) == self.tail.0.load(Ordering::SeqCst)
+        self.ring.is_empty()
     }
 
     /// The ring's consumer, or `None` while another one exists (the
     /// datapath drains a QP's ring under its shard's engine lock, so this
     /// does not happen; the check keeps the ring sound regardless).
     pub fn consumer(&self) -> Option<SendConsumer<'_>> {
-        if self.consumer.0.consuming.swap(true, Ordering::Acquire) {
-            return None;
-        }
-        Some(SendConsumer { ring: self, head: self.consumer.0.head.load(Ordering::Relaxed) })
+        self.ring.consumer().map(|c| SendConsumer { c })
     }
 }
 
 /// The one consumer of a [`SendRing`] at a time: takes posted WQEs in order
 /// and takes back reaped boxes as spares. Frees its claim when dropped.
 pub struct SendConsumer<'a> {
-    ring: &'a SendRing,
-    head: usize,
+    c: WqConsumer<'a, Box<SendWqe>, Spares>,
 }
 
 impl SendConsumer<'_> {
-    #[allow(clippy::vec_box)] // as `ConsumerSide::spares`
-    fn spares(&mut self) -> &mut Vec<Box<SendWqe>> {
-        // SAFETY: only a `SendConsumer` touches the spares, and `consuming`
-        // admits one at a time; `&mut self` keeps this borrow unique.
-        unsafe { &mut *self.ring.consumer.0.spares.get() }
-    }
-
     /// Keep the box of a reaped WQE for the next slot taken out (dropped if
     /// the ring holds enough already).
     #[inline]
     pub fn recycle(&mut self, wqe: Box<SendWqe>) {
-        let spares = self.spares();
+        let spares = self.c.own();
         if spares.len() < spares.capacity() {
             spares.push(wqe);
         }
@@ -268,22 +141,10 @@ impl SendConsumer<'_> {
     /// dropped more boxes than it was given, as when it refuses a WR).
     #[inline]
     pub fn pop(&mut self) -> Option<Box<SendWqe>> {
-        let ring = self.ring;
-        let slot = ring.slot(self.head);
-        // Acquire: pairs with the post's publishing store (its writes to the box).
-        if slot.stamp.load(Ordering::Acquire) != self.head.wrapping_add(1) {
-            return None;
-        }
-        let spare = self.spares().pop().unwrap_or_else(|| Box::new(SendWqe::empty()));
-        // SAFETY: the stamp says the slot holds a published WR and no post may
-        // touch it until the store below frees it; `consuming` makes this the
-        // only consumer.
-        let wqe = unsafe { std::mem::replace(&mut *slot.wqe.get(), spare) };
-        // Free the slot for the same index one lap on.
-        let pos = self.head;
-        slot.stamp.store(pos.wrapping_add(ring.one_lap), Ordering::Release);
-        self.head = ring.next(pos);
-        Some(wqe)
+        self.c.take(|slot, spares| {
+            let spare = spares.pop().unwrap_or_else(|| Box::new(SendWqe::empty()));
+            std::mem::replace(slot, spare)
+        })
     }
 }
 
@@ -299,18 +160,12 @@ impl SendSource for SendConsumer<'_> {
     }
 }
 
-impl Drop for SendConsumer<'_> {
-    fn drop(&mut self) {
-        self.ring.consumer.0.head.store(self.head, Ordering::Release);
-        self.ring.consumer.0.consuming.store(false, Ordering::Release);
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use rocev2::transport::wqe::{PayloadRef, WqePayload};
     use rocev2::transport::wr::{SendFlags, SendOp, Sge};
+    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::Arc;
 
     fn wr(id: u64, sge: &[Sge]) -> SendWrRef<'_> {

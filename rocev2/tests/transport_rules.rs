@@ -12,6 +12,7 @@ use rocev2::time::Instant;
 use rocev2::transport::attr::*;
 use rocev2::transport::engine::{Engine, EngineConfig, EngineError};
 use rocev2::transport::memory::{Access, MemoryTable, PdId};
+use rocev2::transport::wqe::{OwnedRecvs, RecvWqe};
 use rocev2::transport::wr::*;
 use rocev2::wire::Opcode;
 
@@ -587,6 +588,11 @@ impl rocev2::transport::wqe::SendSource for VecSource {
     }
 }
 
+/// A drain's receive source with nothing to lend.
+fn no_recvs() -> OwnedRecvs<std::iter::Empty<RecvWqe>> {
+    OwnedRecvs(std::iter::empty())
+}
+
 /// A doorbell's drain with one lookup of the QP (`drain_posts`) is a
 /// `post_recv` of each receive WQE, then `recycle_send_wqes`, then
 /// `post_send_batch`: receive WQEs queued in order (one for a QP in RESET
@@ -598,13 +604,11 @@ impl rocev2::transport::wqe::SendSource for VecSource {
 fn a_drain_is_each_post_alone() {
     let mut p = pair(Opts::default());
     pattern(&mut p.a, 0, 300, 5);
-    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> =
-        (10..13u64).map(|i| RecvWr { wr_id: i, sgl: vec![p.b.sge(8192 + i as usize * 100, 100)] }.into()).collect();
-    recvs.reverse();
+    let recvs: Vec<RecvWqe> = (10..13u64).map(|i| RecvWr { wr_id: i, sgl: vec![p.b.sge(8192 + i as usize * 100, 100)] }.into()).collect();
     let (qa, qb) = (p.a.qpn, p.b.qpn);
     let mut refused = Vec::new();
     let none: Option<&mut VecSource> = None;
-    let n = p.b.engine.drain_posts(qb, || recvs.pop(), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!("no sends"));
+    let n = p.b.engine.drain_posts(qb, OwnedRecvs(recvs.into_iter()), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!("no sends"));
     assert_eq!((n, refused.len()), (3, 0));
 
     let wqes = (0..3u64)
@@ -615,7 +619,8 @@ fn a_drain_is_each_post_alone() {
         .collect();
     let mut src = VecSource { wqes, recycled: 0 };
     let mut send_refused = Vec::new();
-    let n = p.a.engine.drain_posts(qa, || None, |_, _| unreachable!("no receives"), Some(&mut src), |wr_id, op, e| send_refused.push((wr_id, op, e)));
+    let n =
+        p.a.engine.drain_posts(qa, no_recvs(), |_, _| unreachable!("no receives"), Some(&mut src), |wr_id, op, e| send_refused.push((wr_id, op, e)));
     assert_eq!(n, 3);
     assert!(matches!(send_refused[..], [(1, WcOpcode::Send, EngineError::BadWr(_))]), "{send_refused:?}");
     p.run();
@@ -626,7 +631,7 @@ fn a_drain_is_each_post_alone() {
     assert_eq!(p.b.mem()[9192..9292], p.a.mem()[..100], "SEND 0 into the first receive");
     assert_eq!(p.b.mem()[9292..9392], p.a.mem()[200..300], "SEND 2 into the second");
     assert_eq!(src.recycled, 0, "boxes come back at the next drain");
-    let n = p.a.engine.drain_posts(qa, || None, |_, _| unreachable!(), Some(&mut src), |_, _, _| unreachable!());
+    let n = p.a.engine.drain_posts(qa, no_recvs(), |_, _| unreachable!(), Some(&mut src), |_, _, _| unreachable!());
     assert_eq!((n, src.recycled), (0, 2), "the two reaped WQEs' boxes");
 
     // A QP in RESET refuses a receive WQE, as `post_recv` does.
@@ -634,20 +639,20 @@ fn a_drain_is_each_post_alone() {
     let init = QpInitAttr { qp_type: QpType::Rc, pd: PD, send_cq: CqId(1), recv_cq: CqId(1), srq: None, cap: QpCaps::default(), sq_sig_all: true };
     let q = e.create_qp(&init).unwrap();
     assert!(matches!(e.post_recv(q, RecvWr { wr_id: 30, sgl: vec![] }), Err(EngineError::WrongState(QpState::Reset))));
-    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> = vec![RecvWr { wr_id: 31, sgl: vec![] }.into()];
+    let recvs: Vec<RecvWqe> = vec![RecvWr { wr_id: 31, sgl: vec![] }.into()];
     let mut refused = Vec::new();
     let none: Option<&mut VecSource> = None;
-    assert_eq!(e.drain_posts(q, || recvs.pop(), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!()), 1);
+    assert_eq!(e.drain_posts(q, OwnedRecvs(recvs.into_iter()), |wr_id, e| refused.push((wr_id, e)), none, |_, _, _| unreachable!()), 1);
     assert!(matches!(refused[..], [(31, EngineError::WrongState(QpState::Reset))]), "{refused:?}");
 
     // An unknown QP: every WQE of both kinds refused.
-    let mut recvs: Vec<rocev2::transport::wqe::RecvWqe> = vec![RecvWr { wr_id: 20, sgl: vec![] }.into()];
+    let recvs: Vec<RecvWqe> = vec![RecvWr { wr_id: 20, sgl: vec![] }.into()];
     let mut refused = Vec::new();
     let mut src = VecSource { wqes: (7..9).map(|i| Box::new(wr(i, SendOp::Send, vec![]).into())).collect(), recycled: 0 };
     let mut send_refused = Vec::new();
     let n = p.a.engine.drain_posts(
         0x999,
-        || recvs.pop(),
+        OwnedRecvs(recvs.into_iter()),
         |wr_id, e| refused.push((wr_id, e)),
         Some(&mut src),
         |wr_id, op, e| send_refused.push((wr_id, op, e)),

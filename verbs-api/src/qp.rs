@@ -8,7 +8,7 @@ use std::sync::Arc;
 use rocev2::transport::attr::{AddressVector, Mtu, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType, SrqId};
 use rocev2::transport::engine::EngineError;
 use rocev2::transport::memory::{Access, LkeyCache};
-use rocev2::transport::wqe::{PayloadRef, RecvWqe, RecvWrRef, SendWrRef};
+use rocev2::transport::wqe::{PayloadRef, RecvWrRef, SendWrRef};
 use rocev2::transport::wr::{RecvWr, SendOp, SendWr};
 use urnic_datapath::queues::{QpRings, SrqRing, WqBound};
 
@@ -491,7 +491,7 @@ impl Qp {
             return Err(Error::invalid(format!("{} SGEs > max_recv_sge {}", wr.sgl.len(), self.caps.max_recv_sge)));
         }
         crate::mr::check_sgl_cached(&self.ctx().inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
-        if !self.rings.recv.push(RecvWqe::from(wr)) {
+        if !self.rings.recv.push(wr) {
             return Err(Error::new(ErrorKind::NoResources, format!("receive queue of QP {:#x} is full", self.qpn)));
         }
         self.ctx().inner.nic.ring_qp(&self.rings);
@@ -552,7 +552,7 @@ impl Srq {
             return Err(Error::invalid(format!("{} SGEs > SRQ max_sge {}", wr.sgl.len(), self.max_sge)));
         }
         crate::mr::check_sgl_cached(&self.pd.ctx.inner.memory, &self.lkeys, self.pd.id, wr.sgl, true)?;
-        if !self.ring.recv.push(RecvWqe::from(wr)) {
+        if !self.ring.recv.push(wr) {
             return Err(Error::new(ErrorKind::NoResources, format!("SRQ {} is full", self.id.0)));
         }
         self.pd.ctx.inner.nic.ring_srq(&self.ring);

@@ -275,3 +275,105 @@ fn concurrent_posts_all_leave_and_complete() {
 fn a_full_queue_refuses_posts_at_once() {
     cases::a_full_queue_refuses_posts_at_once();
 }
+
+/// That `ids` (completions' `wr_id`s, thread `t` posting `t * per ..
+/// (t + 1) * per`) hold each WR once, each thread's in the order it posted.
+fn per_thread_in_order(ids: &[u64], threads: u64, per: u64) {
+    let mut next: Vec<u64> = (0..threads).map(|t| t * per).collect();
+    for &id in ids {
+        let t = (id / per) as usize;
+        assert_eq!(id, next[t], "thread {t}'s WRs once each, in order");
+        next[t] += 1;
+    }
+    assert!(next.iter().enumerate().all(|(t, &n)| n == (t as u64 + 1) * per), "all arrived: {next:?}");
+}
+
+/// Receive posts from several threads racing the QP's move to ERR: those
+/// drained before it are flushed by the move, those after it complete at
+/// once with a flush error; a post refused while the queue holds its depth
+/// (ENOMEM) is retried. Every WR posted completes once, in each thread's order.
+#[test]
+fn receive_posts_racing_the_move_to_err_complete_once() {
+    const THREADS: u64 = 4;
+    const PER: u64 = 300;
+    let (_a, _qa, b, qb) = rc_pair(Impairments::default(), 65536);
+    let posted = std::sync::atomic::AtomicU64::new(0);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (qb, b, posted) = (&qb, &b, &posted);
+            s.spawn(move || {
+                for i in 0..PER {
+                    let sgl: Vec<Sge> = (0..=i % 4).map(|k| b.mr.sge(k as usize * 64, 64)).collect();
+                    let wr = RecvWr { wr_id: t * PER + i, sgl };
+                    loop {
+                        match qb.post_recv(&wr) {
+                            Ok(()) => break,
+                            Err(e) if e.kind() == ErrorKind::NoResources => std::thread::yield_now(),
+                            Err(e) => panic!("post_recv: {e}"),
+                        }
+                    }
+                    posted.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                }
+            });
+        }
+        while posted.load(std::sync::atomic::Ordering::Relaxed) < 200 {
+            std::thread::yield_now();
+        }
+        qb.modify(&QpAttr { qp_state: QpState::Err, ..QpAttr::default() }, QpAttrMask::STATE).unwrap();
+    });
+    let r = wait(&b.cq, (THREADS * PER) as usize);
+    assert!(r.iter().all(|c| c.status == WcStatus::WrFlushErr && c.opcode == WcOpcode::Recv), "flushed");
+    per_thread_in_order(&r.iter().map(|c| c.wr_id).collect::<Vec<_>>(), THREADS, PER);
+    assert_quiet(&b.cq);
+}
+
+/// Several threads post into an SRQ while the datapath drains it, a round
+/// at a time, then SENDs on two QPs consume the round: every WR once, the
+/// SGEs each WR posted being where its message lands.
+#[test]
+fn srq_posts_from_many_threads_are_consumed_once() {
+    const THREADS: u64 = 3;
+    const PER: u64 = 20;
+    let (ca, cb) = devices(Impairments::default());
+    let mut a = side(&ca, 65536);
+    let b = side(&cb, 65536);
+    let srq = b.pd.create_srq(64, 2).unwrap();
+    let (qa1, qa2, qb1, qb2) = (rc_qp(&a, None), rc_qp(&a, None), rc_qp(&b, Some(&srq)), rc_qp(&b, Some(&srq)));
+    bring_up(&qa1, &ca, qb1.qp_num(), &cb, 1, 2);
+    bring_up(&qb1, &cb, qa1.qp_num(), &ca, 2, 1);
+    bring_up(&qa2, &ca, qb2.qp_num(), &cb, 3, 4);
+    bring_up(&qb2, &cb, qa2.qp_num(), &ca, 4, 3);
+    fill(&mut a.mr, 0, 64, 9);
+    for round in 0..10u64 {
+        std::thread::scope(|s| {
+            for t in 0..THREADS {
+                let (srq, b) = (&srq, &b);
+                s.spawn(move || {
+                    for i in 0..PER {
+                        let slot = (t * PER + i) as usize;
+                        // A one-byte SGE first (a WR of two SGEs), so a slot
+                        // left with another WR's SGEs would place elsewhere.
+                        let sgl = vec![b.mr.sge(slot * 512, 1), b.mr.sge(slot * 512 + 256, 63)];
+                        srq.post_recv(&RecvWr { wr_id: t * PER + i, sgl }).unwrap();
+                    }
+                });
+            }
+        });
+        for k in 0..THREADS * PER {
+            let qa = if k % 2 == 0 { &qa1 } else { &qa2 };
+            qa.post_send(&send_wr(round * 1000 + k, SendOp::Send, vec![a.mr.sge(0, 64)])).unwrap();
+        }
+        let r = wait(&b.cq, (THREADS * PER) as usize);
+        assert!(r.iter().all(|c| c.status == WcStatus::Success && c.byte_len == 64), "round {round}");
+        let mut ids: Vec<u64> = r.iter().map(|c| c.wr_id).collect();
+        ids.sort_unstable();
+        assert_eq!(ids, (0..THREADS * PER).collect::<Vec<_>>(), "round {round}: each WR once");
+        for id in ids {
+            let at = id as usize * 512;
+            assert_eq!(bytes(&b.mr, at..at + 1), &expected(64, 9)[..1], "WR {id}'s first SGE");
+            assert_eq!(bytes(&b.mr, at + 256..at + 319), &expected(64, 9)[1..], "WR {id}'s second SGE");
+        }
+        wait(&a.cq, (THREADS * PER) as usize);
+    }
+    assert_quiet(&b.cq);
+}

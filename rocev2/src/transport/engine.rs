@@ -44,6 +44,7 @@
 //! them (ICRC and headers in `wire`, then service, state, peer address and
 //! P_Key here): a connected QP hears only its peer.
 
+use std::borrow::Borrow;
 use std::cmp::Reverse;
 
 use crate::hash::IntMap;
@@ -65,7 +66,7 @@ use crate::transport::requester::SqFatal;
 use crate::transport::responder::ResponderOutcome;
 use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
-use crate::transport::wqe::{RecvWqe, SendSource, SendWqe};
+use crate::transport::wqe::{RecvSource, RecvWqe, SendSource, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
 use crate::wire::{parse_frame_with, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
@@ -450,33 +451,33 @@ impl Engine {
     }
 
     /// A doorbell's drain of `qpn`'s posted work with one lookup of the QP:
-    /// every receive WQE `recvs` yields, each as [`post_recv`](Self::post_recv)
-    /// takes it (one it refuses goes to `recv_refused` with its `wr_id`);
-    /// then, with `sends`, the boxes of the send WQEs reaped since the last
-    /// drain back to it (as [`recycle_send_wqes`](Self::recycle_send_wqes))
-    /// and every send WQE it yields, as
-    /// [`post_send_batch`](Self::post_send_batch) takes them. Returns how
-    /// many WQEs `recvs` and `sends` yielded.
+    /// every receive WQE `recvs` lends, each as [`post_recv`](Self::post_recv)
+    /// takes it (copied once, into the receive queue; one it refuses goes to
+    /// `recv_refused` with its `wr_id`); then, with `sends`, the boxes of the
+    /// send WQEs reaped since the last drain back to it (as
+    /// [`recycle_send_wqes`](Self::recycle_send_wqes)) and every send WQE it
+    /// yields, as [`post_send_batch`](Self::post_send_batch) takes them.
+    /// Returns how many WQEs `recvs` and `sends` yielded.
     pub fn drain_posts(
         &mut self,
         qpn: u32,
-        mut recvs: impl FnMut() -> Option<RecvWqe>,
+        mut recvs: impl RecvSource,
         mut recv_refused: impl FnMut(u64, EngineError),
         sends: Option<&mut impl SendSource>,
         mut send_refused: impl FnMut(u64, WcOpcode, EngineError),
     ) -> usize {
         let mut n = 0;
         let Some(qp) = self.qps.get_mut(&qpn) else {
-            while let Some(wr) = recvs() {
+            while let Some(wr_id) = recvs.next_recv(|wr| wr.wr_id) {
                 n += 1;
-                recv_refused(wr.wr_id, EngineError::NoSuchQp(qpn));
+                recv_refused(wr_id, EngineError::NoSuchQp(qpn));
             }
             return n + sends.map_or(0, |s| refuse_all(qpn, || s.next_wqe(), send_refused));
         };
-        while let Some(wr) = recvs() {
+        let completions = &mut self.completions;
+        while let Some(posted) = recvs.next_recv(|wr| post_recv_to(qp, completions, wr).map_err(|e| (wr.wr_id, e))) {
             n += 1;
-            let wr_id = wr.wr_id;
-            if let Err(e) = post_recv_to(qp, &mut self.completions, wr) {
+            if let Err((wr_id, e)) = posted {
                 recv_refused(wr_id, e);
             }
         }
@@ -508,10 +509,27 @@ impl Engine {
     /// `ibv_post_srq_recv`.
     pub fn post_srq_recv(&mut self, srq: SrqId, wr: impl Into<RecvWqe>) -> Result<(), EngineError> {
         let q = self.srqs.get_mut(&srq).ok_or(EngineError::NoSuchSrq(srq))?;
-        q.post(wr).map_err(|_| {
-            q.retired().add(1);
-            EngineError::QueueFull
-        })
+        post_srq_to(q, wr.into())
+    }
+
+    /// A doorbell's drain of an SRQ's posted receive WQEs with one lookup of
+    /// the SRQ: each WQE `recvs` lends as
+    /// [`post_srq_recv`](Self::post_srq_recv) takes it (copied once, into the
+    /// SRQ); one it refuses goes to `refused` with its `wr_id`. How many
+    /// WQEs `recvs` lent.
+    pub fn drain_srq_posts(&mut self, srq: SrqId, mut recvs: impl RecvSource, mut refused: impl FnMut(u64, EngineError)) -> usize {
+        let mut q = self.srqs.get_mut(&srq);
+        let mut n = 0;
+        while let Some(posted) = recvs.next_recv(|wr| match q.as_deref_mut() {
+            Some(q) => post_srq_to(q, wr).map_err(|e| (wr.wr_id, e)),
+            None => Err((wr.wr_id, EngineError::NoSuchSrq(srq))),
+        }) {
+            n += 1;
+            if let Err((wr_id, e)) = posted {
+                refused(wr_id, e);
+            }
+        }
+        n
     }
 
     /// The counts of WQEs `qpn`'s send queue and its own receive queue
@@ -1061,8 +1079,18 @@ fn post_one_send(qp: &mut Qp, wr: Box<SendWqe>, completions: &mut VecDeque<Compl
     Ok(true)
 }
 
-/// [`Engine::post_recv`] with the QP in hand.
-fn post_recv_to(qp: &mut Qp, completions: &mut VecDeque<Completion>, wr: RecvWqe) -> Result<(), EngineError> {
+/// [`Engine::post_srq_recv`] with the SRQ in hand: a WQE lent (a drain's)
+/// is copied into the queue, an owned one moved.
+fn post_srq_to<W: Borrow<RecvWqe> + Into<RecvWqe>>(q: &mut RecvQueue, wr: W) -> Result<(), EngineError> {
+    q.post_wqe(wr).map_err(|_| {
+        q.retired().add(1);
+        EngineError::QueueFull
+    })
+}
+
+/// [`Engine::post_recv`] with the QP in hand: a WQE lent (a drain's) is
+/// copied into the receive queue, an owned one moved.
+fn post_recv_to<W: Borrow<RecvWqe> + Into<RecvWqe>>(qp: &mut Qp, completions: &mut VecDeque<Completion>, wr: W) -> Result<(), EngineError> {
     if qp.state == QpState::Reset {
         return Err(EngineError::WrongState(QpState::Reset));
     }
@@ -1072,10 +1100,10 @@ fn post_recv_to(qp: &mut Qp, completions: &mut VecDeque<Completion>, wr: RecvWqe
     // completion, this flush or the caller's error, exists).
     if qp.state == QpState::Err {
         rq.retired().add(1);
-        completions.push_back(flush_completion(cq, qpn, wr.wr_id, WcOpcode::Recv));
+        completions.push_back(flush_completion(cq, qpn, wr.borrow().wr_id, WcOpcode::Recv));
         return Ok(());
     }
-    rq.post(wr).map_err(|_| {
+    rq.post_wqe(wr).map_err(|_| {
         rq.retired().add(1);
         EngineError::QueueFull
     })

@@ -18,6 +18,7 @@
 //! which refuses a post into a full queue itself: a WQE is retired when a
 //! message takes it, when it is flushed or dropped by a reset.
 
+use std::borrow::Borrow;
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -123,14 +124,19 @@ impl RecvQueue {
     /// Post a WR at the tail. On error nothing is queued.
     /// Takes a [`RecvWr`](crate::transport::wr::RecvWr) or a ready [`RecvWqe`].
     pub fn post(&mut self, wr: impl Into<RecvWqe>) -> Result<(), RecvQueueError> {
-        let wr = wr.into();
-        if wr.sgl.len() > self.max_sge as usize {
+        self.post_wqe(wr.into())
+    }
+
+    /// [`RecvQueue::post`] of a WQE lent (`&RecvWqe`: copied in once, a
+    /// doorbell's drain from the post ring) or owned (moved in).
+    pub fn post_wqe<W: Borrow<RecvWqe> + Into<RecvWqe>>(&mut self, wr: W) -> Result<(), RecvQueueError> {
+        if wr.borrow().sgl.len() > self.max_sge as usize {
             return Err(RecvQueueError::TooManySge);
         }
         if self.wrs.len() >= self.max_wr as usize + self.requeued {
             return Err(RecvQueueError::Full);
         }
-        self.wrs.push_back(wr);
+        self.wrs.push_back(wr.into());
         Ok(())
     }
 

@@ -35,6 +35,33 @@ pub trait SendSource {
     fn next_wqe(&mut self) -> Option<Box<SendWqe>>;
 }
 
+/// Where a doorbell's drain takes a QP's (or an SRQ's) posted receive WQEs
+/// from (the application-to-datapath receive ring's consumer): each is lent
+/// by reference, oldest first, and copied once, into the engine's receive
+/// queue ([`Engine::drain_posts`](crate::transport::engine::Engine::drain_posts)).
+pub trait RecvSource {
+    /// Hand the next posted WQE to `f`: what `f` returned, or `None` (and
+    /// `f` not called) when there is none.
+    fn next_recv<R>(&mut self, f: impl FnOnce(&RecvWqe) -> R) -> Option<R>;
+}
+
+/// No source (`None`: nothing to lend), or `S`.
+impl<S: RecvSource> RecvSource for Option<S> {
+    #[inline]
+    fn next_recv<R>(&mut self, f: impl FnOnce(&RecvWqe) -> R) -> Option<R> {
+        self.as_mut()?.next_recv(f)
+    }
+}
+
+/// Owned receive WQEs as a [`RecvSource`] (tests, callers without a ring).
+pub struct OwnedRecvs<I>(pub I);
+
+impl<I: Iterator<Item = RecvWqe>> RecvSource for OwnedRecvs<I> {
+    fn next_recv<R>(&mut self, f: impl FnOnce(&RecvWqe) -> R) -> Option<R> {
+        self.0.next().map(|w| f(&w))
+    }
+}
+
 /// A list of `T` held in place up to `N` elements, on the heap beyond.
 /// Equality and hashing are those of the list (storage beyond its length,
 /// left over from an earlier list in a reused slot, does not count).
@@ -75,12 +102,18 @@ impl<T: Copy + Default, const N: usize> InlineVec<T, N> {
 
     /// Make the list a copy of `s`, writing only `s`'s elements when it
     /// fits in place (the rest of the storage keeps its old contents, which
-    /// nothing reads); else one heap allocation, as [`from_slice`](Self::from_slice).
+    /// nothing reads); else on the heap, in the `Vec` already there if any
+    /// (a slot reused by long lists allocates once), as
+    /// [`from_slice`](Self::from_slice) otherwise.
     pub fn set_from_slice(&mut self, s: &[T]) {
         match self {
             InlineVec::Inline { len, buf } if s.len() <= N => {
                 buf[..s.len()].copy_from_slice(s);
                 *len = s.len() as u16;
+            }
+            InlineVec::Heap(v) if s.len() > N => {
+                v.clear();
+                v.extend_from_slice(s);
             }
             _ => *self = Self::from_slice(s),
         }
@@ -301,9 +334,28 @@ pub struct RecvWqe {
     pub sgl: RecvSgl,
 }
 
+impl RecvWqe {
+    /// Overwrite this WQE with `w` in place: the `wr_id` and only the SGEs
+    /// `w` has (a ring slot reused for the next post, not a new WQE whose
+    /// eight SGEs are zero-filled first). Equal to `RecvWqe::from(w)`.
+    #[inline]
+    pub fn fill_from(&mut self, w: &RecvWrRef<'_>) {
+        self.wr_id = w.wr_id;
+        self.sgl.set_from_slice(w.sgl);
+    }
+}
+
 impl From<&RecvWrRef<'_>> for RecvWqe {
     fn from(w: &RecvWrRef<'_>) -> RecvWqe {
         RecvWqe { wr_id: w.wr_id, sgl: InlineVec::from_slice(w.sgl) }
+    }
+}
+
+/// A copy of a WQE lent (a receive queue's copy of a ring slot).
+impl From<&RecvWqe> for RecvWqe {
+    #[inline]
+    fn from(w: &RecvWqe) -> RecvWqe {
+        w.clone()
     }
 }
 
@@ -385,5 +437,20 @@ mod tests {
         let rwr = RecvWr { wr_id: 9, sgl: vec![sge(1), sge(2)] };
         assert_eq!(RecvWqe::from(&rwr), RecvWqe::from(rwr.clone()));
         assert_eq!(&*RecvWqe::from(rwr).sgl, &[sge(1), sge(2)]);
+    }
+
+    #[test]
+    fn a_receive_slot_filled_in_place_equals_a_new_wqe() {
+        let many: Vec<Sge> = (0..RECV_WQE_SGES as u64 + 3).map(sge).collect();
+        // Every change of length: in place, on the heap (shorter and longer
+        // there), back in place, empty.
+        let lens = [3, 1, RECV_WQE_SGES, RECV_WQE_SGES + 3, RECV_WQE_SGES + 1, RECV_WQE_SGES + 2, 2, RECV_WQE_SGES + 1, 0, 4];
+        let mut slot = RecvWqe::default();
+        for (id, n) in lens.into_iter().enumerate() {
+            let w = RecvWrRef { wr_id: id as u64, sgl: &many[..n] };
+            slot.fill_from(&w);
+            assert_eq!(slot, RecvWqe::from(&w), "{n} SGEs");
+            assert_eq!(slot.sgl.is_inline(), n <= RECV_WQE_SGES);
+        }
     }
 }
