@@ -265,6 +265,10 @@ pub struct Nic {
     in_drive: AtomicBool,
     /// The datapath threads, woken when the application stops driving.
     runners: Mutex<Vec<std::thread::Thread>>,
+    /// Whether `runners` has any: without a datapath thread nobody stands
+    /// back or takes over, and [`Nic::drive`] skips its end-of-iteration
+    /// stamp (a clock read no reader needs).
+    has_runners: AtomicBool,
     /// Counters.
     pub stats: NicStats,
 }
@@ -392,6 +396,7 @@ impl Nic {
             driven_at: AtomicU64::new(0),
             in_drive: AtomicBool::new(false),
             runners: Mutex::new(Vec::new()),
+            has_runners: AtomicBool::new(false),
             stats: NicStats::default(),
         }
     }
@@ -849,7 +854,9 @@ impl Nic {
         // that stopped, and poll beside it (ib_write_bw -s 65536: a million
         // takeover polls in 10,000 WRITEs). So it is stamped again at its
         // end, for the price of a clock read per iteration that did work.
-        if !stamped || work > 0 {
+        // Without a datapath thread (`DatapathMode::Manual`) nobody stands
+        // back or takes over: the start's stamp serves `since_driven`.
+        if !stamped || (work > 0 && self.has_runners.load(Ordering::Relaxed)) {
             self.driven_at.store(self.now().as_nanos().max(1), Ordering::Relaxed);
         }
         work
@@ -900,6 +907,14 @@ impl Nic {
     /// ([`Nic::drive`]): zero while one is in a drive; `None` if it never
     /// did or handed the work back ([`Nic::stop_driving`]).
     pub fn since_driven(&self) -> Option<std::time::Duration> {
+        self.since_driven_with(&mut || self.now())
+    }
+
+    /// [`Nic::since_driven`] with the clock read `now` gives, called only
+    /// when the answer needs it (not while the application never drove or
+    /// is in a drive): a datapath thread standing back reads the clock once
+    /// per look for this, its watch and [`Nic::work_pending_with`] (`runner`).
+    pub(crate) fn since_driven_with(&self, now: &mut dyn FnMut() -> Instant) -> Option<std::time::Duration> {
         let at = self.driven_at.load(Ordering::Relaxed);
         if at == 0 {
             return None;
@@ -907,7 +922,7 @@ impl Nic {
         if self.in_drive.load(Ordering::Relaxed) {
             return Some(std::time::Duration::ZERO);
         }
-        Some(std::time::Duration::from_nanos(self.now().as_nanos().saturating_sub(at)))
+        Some(std::time::Duration::from_nanos(now().as_nanos().saturating_sub(at)))
     }
 
     /// Whether shard `i` has work waiting for a poll, seen without a syscall
@@ -917,11 +932,18 @@ impl Nic {
     /// yet kicked (a deferred ACK batch), a due timer (a held ACK's bound, a
     /// retransmission).
     pub fn work_pending(&self, i: usize) -> bool {
+        self.work_pending_with(i, &mut || self.now())
+    }
+
+    /// [`Nic::work_pending`] with the clock read `now` gives, called only
+    /// when the answer needs it (no other work waits, a timer is armed).
+    pub(crate) fn work_pending_with(&self, i: usize, now: &mut dyn FnMut() -> Instant) -> bool {
         let Some(shard) = self.shards.get(i) else { return false };
         if shard.rung() || !shard.inbox.is_empty() || !shard.loopback.is_empty() {
             return true;
         }
-        if shard.next_timer.load(Ordering::Relaxed) <= self.now().as_nanos() {
+        let timer = shard.next_timer.load(Ordering::Relaxed);
+        if timer != u64::MAX && timer <= now().as_nanos() {
             return true;
         }
         match shard.port.try_lock() {
@@ -936,7 +958,13 @@ impl Nic {
     /// right now (never waits for one). Unlike [`Nic::drive`] it leaves the
     /// application's drive time alone. Returns the work done.
     pub fn serve(&self, shards: std::ops::Range<usize>) -> usize {
-        let work = shards.filter(|&i| self.work_pending(i)).filter_map(|i| self.try_poll(i, false)).sum();
+        self.serve_with(shards, &mut || self.now())
+    }
+
+    /// [`Nic::serve`] with the clock read `now` gives (for
+    /// [`Nic::work_pending_with`]).
+    pub(crate) fn serve_with(&self, shards: std::ops::Range<usize>, now: &mut dyn FnMut() -> Instant) -> usize {
+        let work = shards.filter(|&i| self.work_pending_with(i, now)).filter_map(|i| self.try_poll(i, false)).sum();
         if work > 0 {
             self.stats.served_polls.fetch_add(1, Ordering::Relaxed);
         }
@@ -946,6 +974,7 @@ impl Nic {
     /// Register a datapath thread (woken by [`Nic::stop_driving`]).
     pub(crate) fn add_runner(&self, t: std::thread::Thread) {
         lock(&self.runners).push(t);
+        self.has_runners.store(true, Ordering::Relaxed);
     }
 
     /// One poll iteration of shard `i` with its engine locked; `driver`:
@@ -1566,6 +1595,43 @@ mod tests {
         assert!(nic.since_driven().is_some_and(|d| d < DRIVE_WINDOW) && nic.app_driving());
         nic.stop_driving();
         assert_eq!(nic.since_driven(), None);
+    }
+
+    /// The standing-back thread's looks read the clock only when their
+    /// answer needs it, and then give what the clock-reading forms give.
+    #[test]
+    fn looks_read_the_clock_only_when_the_answer_needs_it() {
+        let (_hub, nic, mut peer) = nic_and_peer();
+        let no_read = &mut || -> Instant { panic!("the clock was read") };
+        nic.poll();
+        assert_eq!(shard_timer(&nic), u64::MAX, "no timer armed");
+        assert!(!nic.work_pending_with(0, no_read), "nothing waits, no timer to compare");
+        assert_eq!(nic.serve_with(0..1, no_read), 0);
+        assert_eq!(nic.since_driven_with(no_read), None, "never driven");
+        send_v4_frame(&mut peer);
+        assert!(nic.work_pending_with(0, no_read), "a received frame waits");
+
+        // Without a datapath thread the drive keeps its start's stamp.
+        let before = nic.now().as_nanos();
+        nic.drive();
+        let at = nic.driven_at.load(Ordering::Relaxed);
+        assert!(at >= before.max(1));
+        let later = &mut || Instant::from_nanos(at + 5_000);
+        assert_eq!(nic.since_driven_with(later), Some(std::time::Duration::from_micros(5)));
+        let earlier = &mut || Instant::from_nanos(at - 1);
+        assert_eq!(nic.since_driven_with(earlier), Some(std::time::Duration::ZERO), "saturates");
+        {
+            let _in = InDrive::enter(&nic.in_drive);
+            assert_eq!(nic.since_driven_with(no_read), Some(std::time::Duration::ZERO), "in a drive");
+        }
+        // A due timer is seen with the clock read given.
+        nic.shards[0].next_timer.store(1_000, Ordering::Relaxed);
+        assert!(!nic.work_pending_with(0, &mut || Instant::from_nanos(999)));
+        assert!(nic.work_pending_with(0, &mut || Instant::from_nanos(1_000)));
+    }
+
+    fn shard_timer(nic: &Nic) -> u64 {
+        nic.shards[0].next_timer.load(Ordering::Relaxed)
     }
 
     /// The doorbell's protocol (`Nic::ring_qp`): a post that reads the

@@ -4,7 +4,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::nic::{Nic, DRIVE_QUIET, DRIVE_WINDOW};
 
@@ -119,8 +119,8 @@ impl Runner {
                 Some(i) => i..i + 1,
                 None => 0..nic.shard_count(),
             };
-            // Until when it watches closely (a `WATCH_SPELL`).
-            let mut watch_until: Option<Instant> = None;
+            // Until when (`Nic::now`) it watches closely (a `WATCH_SPELL`).
+            let mut watch_until: Option<rocev2::Instant> = None;
             // The next sleep while the application drives busily.
             let mut driven_park = DRIVEN_PARK;
             while !flag.load(Ordering::Relaxed) {
@@ -132,12 +132,18 @@ impl Runner {
                 // memory between its CQ polls), serve what waits, as an
                 // HCA would; having found such work, watch closely for a
                 // spell. Looking costs no syscall (`Nic::work_pending`).
-                let driven = nic.since_driven();
+                // One clock read per look, and only if the look needs it:
+                // how long ago it drove, the watch and the timers share it.
+                let mut read = None;
+                let mut now = || *read.get_or_insert_with(|| nic.now());
+                let driven = nic.since_driven_with(&mut now);
                 if let Some(since) = driven.filter(|d| *d < DRIVE_WINDOW) {
-                    let watching = watch_until.is_some_and(|t| t > Instant::now());
+                    // An ended spell is forgotten: no read to look at it again.
+                    watch_until = watch_until.filter(|&t| t > now());
+                    let watching = watch_until.is_some();
                     let quiet = if watching { WATCH_QUIET } else { DRIVE_QUIET };
-                    if since >= quiet && nic.serve(shards.clone()) > 0 {
-                        watch_until = Some(Instant::now() + WATCH_SPELL);
+                    if since >= quiet && nic.serve_with(shards.clone(), &mut now) > 0 {
+                        watch_until = Some(nic.now() + WATCH_SPELL);
                         driven_park = DRIVEN_PARK;
                         continue;
                     }
