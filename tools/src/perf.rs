@@ -88,8 +88,9 @@ impl Endpoint {
 /// [`SpinDeadline::EVERY`] spins rather than on each: a ping-pong's waits
 /// spin between its frames, and a clock read per spin was five of the
 /// eleven clock reads of an 8-byte round trip, on the path being timed
-/// (perftest's loops read no clock while they wait).
-struct SpinDeadline {
+/// (perftest's loops read no clock while they wait). The raw AF_XDP
+/// ping-pong waits the same way.
+pub(crate) struct SpinDeadline {
     at: Instant,
     spins: u32,
 }
@@ -99,13 +100,13 @@ impl SpinDeadline {
     /// microseconds, so a deadline of seconds is seen within milliseconds).
     const EVERY: u32 = 1024;
 
-    fn new(at: Instant) -> SpinDeadline {
+    pub(crate) fn new(at: Instant) -> SpinDeadline {
         SpinDeadline { at, spins: 0 }
     }
 
     /// Count a spin; whether the deadline has passed (looked at on every
     /// [`SpinDeadline::EVERY`]th spin).
-    fn passed(&mut self) -> bool {
+    pub(crate) fn passed(&mut self) -> bool {
         self.spins += 1;
         if self.spins < Self::EVERY {
             return false;

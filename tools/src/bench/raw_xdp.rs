@@ -16,6 +16,7 @@ use urnic_datapath::{Port, XskPort};
 
 use super::metrics::{cpu_self, UserClock};
 use super::Cores;
+use crate::perf::SpinDeadline;
 
 /// A RoCE frame of `frame_len` bytes (a WRITE MIDDLE to a QPN nobody has,
 /// valid ICRC) from end 0 to end 1 of `pair`.
@@ -326,12 +327,12 @@ impl RawPingPong {
         if !sent {
             bail!("raw AF_XDP ping-pong: no transmit buffer");
         }
-        let (len, deadline) = (self.ping.len(), Instant::now() + Duration::from_secs(2));
+        let (len, mut deadline) = (self.ping.len(), SpinDeadline::new(Instant::now() + Duration::from_secs(2)));
         while received_of_lens(&mut self.a, 64, [len, 0])[0] == 0 {
             if let Some(echo) = &mut self.echo {
                 echo.poll();
             }
-            if Instant::now() > deadline {
+            if deadline.passed() {
                 bail!("raw AF_XDP ping-pong: no answer in 2 s");
             }
         }
