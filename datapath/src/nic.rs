@@ -1095,8 +1095,12 @@ impl Nic {
                 }
                 // Multicast: to the wire, and to this device's members.
                 self.loop_back_mcast(frame);
-                // Only while the batch could still be all ACKs.
-                only_acks = only_acks && rocev2::wire::peek_opcode(frame) == Some(Opcode::RC_ACK);
+                // Only while the batch could still be all ACKs (a data
+                // frame's later ones neither read its opcode nor store
+                // the flag again through the captured reference).
+                if only_acks {
+                    only_acks = rocev2::wire::peek_opcode(frame) == Some(Opcode::RC_ACK);
+                }
                 Some(n)
             };
             while sent + looped < TX_BUDGET {

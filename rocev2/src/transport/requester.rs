@@ -481,7 +481,9 @@ impl Requester {
                 let n = (w.len - off.min(w.len)).min(pmtu);
                 let first = off == 0;
                 let last = off + n >= w.len;
-                bth.opcode = data_opcode(ctx.init.qp_type, &w.wr.op, first, last);
+                // A middle frame (most of a long message's) from the WQE's
+                // kind alone, not `data_opcode`'s match on the operation.
+                bth.opcode = if first || last { data_opcode(ctx.init.qp_type, &w.wr.op, first, last) } else { middle_opcode(ctx.init.qp_type, kind) };
                 bth.solicited = last && w.wr.flags.contains(SendFlags::SOLICITED);
                 if let SendOp::Write { remote } | SendOp::WriteWithImm { remote, .. } = w.wr.op {
                     if first {
@@ -657,6 +659,18 @@ impl PayloadFill for Gather<'_> {
     }
 }
 
+/// The BTH opcode of a SEND/WRITE packet that is neither its message's
+/// first nor its last (IBTA 9.2, table 35: SEND_MIDDLE 0x01, RDMA_WRITE_MIDDLE
+/// 0x07, in the RC (0x00) or UC (0x20) range): what [`data_opcode`] answers
+/// for it, from the WQE's kind (every SEND variant has the one middle
+/// opcode, every WRITE variant the other). A UD message is one packet: it
+/// has no middle.
+#[inline]
+fn middle_opcode(qp_type: QpType, kind: Kind) -> Opcode {
+    let base = if qp_type == QpType::Uc { 0x20 } else { 0x00 };
+    Opcode(base | if kind == Kind::Send { 0x01 } else { 0x07 })
+}
+
 /// The BTH opcode of a SEND/WRITE packet (IBTA 9.2, table 35).
 fn data_opcode(qp_type: QpType, op: &SendOp, first: bool, last: bool) -> Opcode {
     let base = match qp_type {
@@ -683,4 +697,32 @@ fn data_opcode(qp_type: QpType, op: &SendOp, first: bool, last: bool) -> Opcode 
         (_, true, true) => 0x0a,
     };
     Opcode(base | low)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::transport::wr::RemoteAddr;
+
+    /// A middle frame's opcode from the WQE's kind is `data_opcode`'s for
+    /// every SEND and WRITE variant on RC and UC; the two differ in the
+    /// table's rows (so a wrong constant fails).
+    #[test]
+    fn middle_opcode_is_data_opcodes_middle() {
+        let remote = RemoteAddr { addr: 0x1000, rkey: 7 };
+        let ops = [
+            (SendOp::Send, Kind::Send),
+            (SendOp::SendWithImm { imm: 1 }, Kind::Send),
+            (SendOp::SendWithInv { rkey: 2 }, Kind::Send),
+            (SendOp::Write { remote }, Kind::Write),
+            (SendOp::WriteWithImm { remote, imm: 3 }, Kind::Write),
+        ];
+        for qp_type in [QpType::Rc, QpType::Uc] {
+            for (op, kind) in &ops {
+                assert_eq!(middle_opcode(qp_type, *kind), data_opcode(qp_type, op, false, false), "{qp_type:?} {op:?}");
+            }
+        }
+        assert_eq!(middle_opcode(QpType::Rc, Kind::Send), Opcode::RC_SEND_MIDDLE);
+        assert_eq!(middle_opcode(QpType::Uc, Kind::Write), Opcode::UC_WRITE_MIDDLE);
+    }
 }

@@ -283,7 +283,7 @@ impl BthRepr {
     /// low two bits, as [`BthPacket::set_pad_count`] masks it): the frame
     /// builder's pad, which the payload's length decides (IBTA 9.2), written
     /// with the rest of byte 1 rather than over it afterwards.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn emit_with_pad(&self, out: &mut [u8], pad_count: u8) -> Result<usize, WireError> {
         let h = out.get_mut(..BTH_LEN).ok_or(WireError::BufferTooSmall)?;
         // IBTA 9.2, figure 124: OpCode | SE M PadCnt TVer | P_Key.

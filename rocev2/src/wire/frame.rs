@@ -404,6 +404,7 @@ impl<F: FnOnce(&mut [u8])> PayloadFill for CopyOnly<F> {
 /// the payload through `fill`, zero pad bytes and the ICRC over the IP
 /// packet. `l3` must be exactly the IP packet (its length fields already
 /// written): headers, payload, pad and ICRC.
+#[inline(always)]
 pub(super) fn emit_transport_and_icrc<F: PayloadFill>(
     transport: &TransportRepr,
     l3: &mut [u8],
@@ -415,8 +416,28 @@ pub(super) fn emit_transport_and_icrc<F: PayloadFill>(
     // IBTA 9.2 (PadCnt): the pad this payload needs, whatever the repr says,
     // emitted with the BTH (not written over it afterwards).
     let pad = pad_for(payload_len);
+    // The transport headers here, inlined into the frame's builder (the
+    // requester's frame, the responder's ACK), where the repr was just
+    // made: its constant fields (a requester's P_Key, TVer, FECN/BECN, the
+    // reserved bits) fold into the BTH's three words, and a repr without
+    // extension headers is not stored to memory for a callee to read back.
     let ib_len = transport.emit_with_pad(l3.get_mut(ib_at..).ok_or(WireError::BufferTooSmall)?, pad as u8)?;
-    let payload_at = ib_at + ib_len;
+    emit_payload_and_icrc(l3, ip_len, ib_at + ib_len, payload_len, pad, fill)
+}
+
+/// The rest of [`emit_transport_and_icrc`] once the transport headers are
+/// in `l3[ip_len + UDP_LEN..payload_at]`: the payload through `fill`, `pad`
+/// zero bytes and the ICRC over the IP packet; out of line (the copy's CRC
+/// lane set-up is the bulk of it).
+#[inline(never)]
+fn emit_payload_and_icrc<F: PayloadFill>(
+    l3: &mut [u8],
+    ip_len: usize,
+    payload_at: usize,
+    payload_len: usize,
+    pad: usize,
+    fill: F,
+) -> Result<(), WireError> {
     if l3.len() != payload_at + payload_len + pad + ICRC_LEN {
         return Err(WireError::BufferTooSmall);
     }

@@ -176,7 +176,10 @@ impl TransportRepr {
 
     /// [`emit`](Self::emit) with the BTH's pad count `pad_count` in place of
     /// the repr's: a frame's builder knows its pad from the payload's length.
-    #[inline]
+    /// Always inlined: a frame's builder (`emit_transport_and_icrc`, inlined
+    /// into the requester and the responder's ACK) then writes the BTH from
+    /// the repr it has just made, its constant fields folded.
+    #[inline(always)]
     pub(crate) fn emit_with_pad(&self, out: &mut [u8], pad_count: u8) -> Result<usize, WireError> {
         let Some(shape) = self.bth.opcode.shape() else { return Err(WireError::UnknownOpcode(self.bth.opcode.0)) };
         let len = BTH_LEN + shape.ext_len();
