@@ -180,7 +180,7 @@ enum Cmd {
         #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path", "rate"])]
         latency: bool,
         /// Only the 64 KiB WRITE bandwidth against the raw ceiling (MTU 1024
-        /// and 4096, 1 and 2 cores, taking turns in 0.1 s slots) and the user CPU per
+        /// and 4096, 1 and 2 cores, bracketed) and the user CPU per
         /// 4154-byte frame against its floor: a quick A/B of per-frame changes.
         #[arg(long, conflicts_with_all = ["report", "ceiling_only", "c_path", "rate", "latency"])]
         bandwidth: bool,

@@ -22,10 +22,9 @@
 //! perftest) those rows say why they were not measured.
 //!
 //! Bandwidth against the ceiling is measured at the same footing on both
-//! sides: each after a 200 ms warm-up, then taking turns in 0.1 s slots, two
-//! seconds of each, on two veth pairs made alike ([`slots`]: the host's speed
-//! swings within seconds, and both must sample the same stretch of it). The
-//! message rate is bracketed: urnic, ceiling, ceiling, urnic.
+//! sides: each after a 200 ms warm-up, for about a second, and next to each
+//! other in the order urnic, ceiling, ceiling, urnic (the host's speed drifts
+//! over seconds; the bracket cancels a steady drift).
 //!
 //! `--report DIR` adds bandwidth sweeps (WRITE, READ, SEND; 64 B..1 MiB; MTU
 //! 1024 and 4096; one and two cores) and writes report.md, sweep.csv,
@@ -43,7 +42,6 @@ mod metrics;
 mod rate;
 mod raw_xdp;
 mod report;
-mod slots;
 mod urnic_runs;
 
 use std::time::Instant;
@@ -58,7 +56,7 @@ use self::metrics::median;
 pub use self::rate::run_only as rate_only;
 use self::raw_xdp::{raw_afxdp, write_frame_len, WRITE64_FRAME};
 use self::report::summarize;
-use self::urnic_runs::{many_qps, sweep, urnic_small, Sweep};
+use self::urnic_runs::{many_qps, sweep, urnic_small, urnic_write_64k, Sweep};
 use crate::perf::BwOp;
 use crate::progress::Progress;
 
@@ -160,7 +158,7 @@ struct Run {
 }
 
 /// Progress steps in one [`one_run`].
-const RUN_STEPS: u64 = 2 * 5 + 8 + c_path::STEPS;
+const RUN_STEPS: u64 = 2 * 11 + 8 + c_path::STEPS;
 
 /// Fresh namespaces joined by a 1500-byte and by a 9000-byte veth (stale
 /// ones of earlier, interrupted runs removed first).
@@ -173,11 +171,10 @@ fn veth_pairs(tag: &str) -> Result<(VethPair, VethPair)> {
 
 fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) -> Result<Run> {
     let (pair, pair9k) = veth_pairs("bench")?;
-    let bw_pairs = BwPairs::new((&pair, &pair9k), "benchr")?;
     let mut r = Run::default();
     for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
         let c = cores.label();
-        bandwidth_rows(p, &bw_pairs, cores, &mut r, i)?;
+        bandwidth_rows(p, (&pair, &pair9k), cores, &mut r, i)?;
         p.step(format_args!("urnic, {c}: 64 B WRITE message rate, 8 B SEND and WRITE latency"));
         (r.urnic[i].msg_rate, r.urnic[i].send_lat, r.urnic[i].write_lat) = urnic_small(&pair, cores)?;
         p.step(format_args!("raw AF_XDP, {c}: small-frame rate"));
@@ -214,39 +211,44 @@ fn one_run(p: &Progress, lib: &std::result::Result<std::path::PathBuf, String>) 
     Ok(r)
 }
 
-/// The veth pairs the 64 KiB WRITE rows run on: urnic's at MTU 1500 and
-/// 9000 (the run's own pairs) and the raw ceiling's, made alike beside them
-/// (see [`slots`]).
-struct BwPairs<'a> {
-    urnic: (&'a VethPair, &'a VethPair),
-    raw: (VethPair, VethPair),
-}
-
-impl<'a> BwPairs<'a> {
-    fn new(urnic: (&'a VethPair, &'a VethPair), tag: &str) -> Result<BwPairs<'a>> {
-        let raw = (VethPair::create(tag, 1500).context("namespaces (root)")?, VethPair::create(tag, 9000).context("namespaces (root)")?);
-        Ok(BwPairs { urnic, raw })
-    }
-}
-
 /// The 64 KiB WRITE rows of one run for `cores` (index `i` of [`Run::urnic`]
-/// and the ceilings): urnic and its raw ceiling in alternating slots (see
-/// [`slots`]), at MTU 1024 and at MTU 4096, with the CPU figure of urnic's
-/// MTU 1024 slots.
-fn bandwidth_rows(p: &Progress, pairs: &BwPairs, cores: Cores, r: &mut Run, i: usize) -> Result<()> {
+/// and the ceilings): each bandwidth next to its raw ceiling (see
+/// [`bracketed`]), at MTU 1024 on `pairs.0` and MTU 4096 on `pairs.1`, with
+/// the CPU figures of urnic's runs.
+fn bandwidth_rows(p: &Progress, pairs: (&VethPair, &VethPair), cores: Cores, r: &mut Run, i: usize) -> Result<()> {
+    let (pair, pair9k) = pairs;
     let c = cores.label();
-    p.step(format_args!("urnic and raw AF_XDP ceiling, {c}: 64 KiB WRITE bandwidth in alternating slots, MTU 1024"));
-    let (w, raw) = slots::write_64k(pairs.urnic.0, &pairs.raw.0, 1024, cores, "bn")?;
-    (r.urnic[i].write_64k, r.urnic[i].cpu_per_gb, r.raw_1k[i]) = (w.mbs, w.cpu_per_gb, raw);
-    p.step(format_args!("urnic and raw AF_XDP ceiling, {c}: 64 KiB WRITE bandwidth in alternating slots, MTU 4096"));
-    let (w, raw) = slots::write_64k(pairs.urnic.1, &pairs.raw.1, 4096, cores, "bj")?;
-    (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = (w.mbs, raw);
+    let mut cpu = Vec::new();
+    (r.urnic[i].write_64k, r.raw_1k[i]) = bracketed(
+        || {
+            p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 1024"));
+            urnic_write_64k(pair, cores, "bn").map(|w| {
+                cpu.push(w.cpu_per_gb);
+                w.mbs
+            })
+        },
+        || {
+            p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 1024"));
+            raw_afxdp(pair, write_frame_len(1024), cores, 1.0)
+        },
+    )?;
+    r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
+    (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = bracketed(
+        || {
+            p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU 4096"));
+            urnic_write_64k(pair9k, cores, "bj").map(|w| w.mbs)
+        },
+        || {
+            p.step(format_args!("raw AF_XDP ceiling, {c}, MTU 4096"));
+            raw_afxdp(pair9k, write_frame_len(4096), cores, 1.0)
+        },
+    )?;
     Ok(())
 }
 
-/// Progress steps of one [`bandwidth_only`] run: four rows (one step each)
-/// and the CPU floor.
-const BANDWIDTH_STEPS: u64 = 4 + 1;
+/// Progress steps of one [`bandwidth_only`] run: four bracketed rows (four
+/// steps each) and the CPU floor.
+const BANDWIDTH_STEPS: u64 = 2 * 8 + 1;
 
 /// Only the 64 KiB WRITE rows (`urnic bench --bandwidth`), `n` runs: MTU 1024
 /// and 4096, one and two cores, each bracketed with its raw ceiling, and the
@@ -257,10 +259,9 @@ pub fn bandwidth_only(n: usize) -> Result<()> {
     let mut all = Vec::new();
     for k in 0..n.max(1) {
         let (pair, pair9k) = veth_pairs("bw")?;
-        let bw_pairs = BwPairs::new((&pair, &pair9k), "bwr")?;
         let mut r = Run::default();
         for (i, cores) in [Cores::One, Cores::Two].into_iter().enumerate() {
-            bandwidth_rows(&p, &bw_pairs, cores, &mut r, i)?;
+            bandwidth_rows(&p, (&pair, &pair9k), cores, &mut r, i)?;
         }
         p.step("urnic, 1 core: user CPU per 4154-byte frame over 2 s; the floor: ring handling, copies, ICRC passes");
         (r.user_per_frame_4k, r.cpu_floor) = rate::cpu_row(&pair9k, 2.0)?;

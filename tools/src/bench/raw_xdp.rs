@@ -121,67 +121,6 @@ pub(super) fn raw_afxdp(pair: &VethPair, frame_len: usize, cores: Cores, secs: f
     }
 }
 
-/// The raw ceiling on sockets kept open, measured in slots between other
-/// work (`super::slots`): the same frames and threads as [`raw_afxdp`].
-pub(super) struct Ceiling {
-    tx: XskPort,
-    rx: XskPort,
-    frame: Vec<u8>,
-}
-
-impl Ceiling {
-    /// Raw sockets on both ends of `pair`, sending `frame_len`-byte frames
-    /// from end 0 to end 1.
-    pub(super) fn open(pair: &VethPair, frame_len: usize) -> Result<Ceiling> {
-        let frame = raw_frame(pair, frame_len)?;
-        let (tx, rx) = raw_ports(pair)?;
-        Ok(Ceiling { tx, rx, frame })
-    }
-
-    /// Send for about `secs`, with one thread sending and receiving
-    /// (`Cores::One`) or a sender thread beside this one receiving: the
-    /// frames received whole and the seconds that took. When it returns the
-    /// sender has stopped and nothing is in flight (frames that arrived
-    /// after the slot's time are taken off the ring uncounted), so the cores
-    /// are free for the next slot.
-    pub(super) fn slot(&mut self, cores: Cores, secs: f64) -> (u64, f64) {
-        let (tx, rx, frame) = (&mut self.tx, &mut self.rx, &self.frame[..]);
-        let len = frame.len();
-        let (got, elapsed) = match cores {
-            Cores::One => {
-                let (start, mut got) = (Instant::now(), 0u64);
-                while start.elapsed().as_secs_f64() < secs {
-                    blast(tx, frame);
-                    got += received_of_len(rx, 256, len);
-                }
-                (got, start.elapsed().as_secs_f64())
-            }
-            Cores::Two => {
-                let stop = AtomicBool::new(false);
-                std::thread::scope(|s| {
-                    let start = Instant::now();
-                    s.spawn(|| {
-                        while !stop.load(Ordering::Relaxed) {
-                            blast(tx, frame);
-                        }
-                    });
-                    let mut got = 0u64;
-                    while start.elapsed().as_secs_f64() < secs {
-                        got += received_of_len(rx, 256, len);
-                    }
-                    let elapsed = start.elapsed().as_secs_f64();
-                    stop.store(true, Ordering::Relaxed);
-                    (got, elapsed)
-                })
-            }
-        };
-        // On veth a kick delivers its frames before `sendto` returns: once
-        // the sender is done, one empty receive means an empty ring.
-        while rx.receive(256, &mut |_| {}).is_ok_and(|n| n > 0) {}
-        (got, elapsed)
-    }
-}
-
 /// What the one-thread ceiling measured.
 pub(super) struct OneThread {
     /// Frames per second (wall clock).

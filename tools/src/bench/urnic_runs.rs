@@ -54,26 +54,9 @@ impl Drop for Poller {
 /// Two connected urnic endpoints on a veth pair. Field order is drop order:
 /// the poller stops before the endpoints go.
 pub(super) struct Rig {
-    poller: Option<Poller>,
-    cores: Cores,
+    _poller: Option<Poller>,
     pub(super) ea: Endpoint,
     pub(super) eb: Endpoint,
-}
-
-impl Rig {
-    /// Stop device B's polling thread (two cores) while another measurement
-    /// has the cores; nothing on one core. Call between messages: B is not
-    /// polled until [`Rig::resume`].
-    pub(super) fn pause(&mut self) {
-        self.poller = None;
-    }
-
-    /// Poll device B on a thread of its own again (two cores).
-    pub(super) fn resume(&mut self) {
-        if self.cores == Cores::Two && self.poller.is_none() {
-            self.poller = Some(Poller::spawn(self.eb.ctx.clone()));
-        }
-    }
 }
 
 /// Open urnic devices on both ends of `pair` (`tag`0/1), connect an RC QP
@@ -104,7 +87,7 @@ pub(super) fn rig(pair: &VethPair, cores: Cores, buf: usize, tag: &str) -> Resul
         }
     };
     connect_pair(&ea, &eb)?;
-    Ok(Rig { poller, cores, ea, eb })
+    Ok(Rig { _poller: poller, ea, eb })
 }
 
 /// Messages per bandwidth point: about 64 MiB, 200..20,000 messages.
@@ -116,14 +99,33 @@ fn iters_for(size: usize) -> usize {
 /// `size`-byte WRITEs for at least this long on a fresh rig (the first
 /// milliseconds of new devices, the kernel's page pools and the caches are
 /// not the steady state the ceiling is measured in).
-pub(super) const WARMUP: Duration = Duration::from_millis(200);
+const WARMUP: Duration = Duration::from_millis(200);
+
+/// How long a 64 KiB WRITE measurement runs: the raw ceiling's window
+/// (`raw_afxdp(.., 1.0)`), so that both sides of a ratio average the host's
+/// noise over the same time. A fixed count (6,000 WRITEs) ran 0.23 s at
+/// 1.7 GB/s on two cores against the ceiling's 1 s there, and a stall of a
+/// few milliseconds moved that row's ratio by several hundredths.
+pub(super) const WRITE_64K_SECS: f64 = 1.0;
+
+/// 64 KiB WRITEs for about `secs` at the warm-up's rate `bytes_per_s`
+/// (1,000..40,000: a rate read wrong by a stall still gives a window of
+/// useful length).
+fn write_64k_iters(bytes_per_s: f64, secs: f64) -> usize {
+    let n = bytes_per_s * secs / 65536.0;
+    if n.is_finite() {
+        (n as usize).clamp(1_000, 40_000)
+    } else {
+        1_000
+    }
+}
 
 /// 64-byte WRITEs timed for the message rate (about 0.5 s).
 const MSG_RATE_ITERS: usize = 150_000;
 
 /// Run `size`-byte WRITEs untimed for [`WARMUP`]; their rate, bytes per
 /// second (what a timed run of the same size can expect).
-pub(super) fn warm_up(rig: &mut Rig, size: usize) -> Result<f64> {
+fn warm_up(rig: &mut Rig, size: usize) -> Result<f64> {
     let start = Instant::now();
     let until = start + WARMUP;
     let mut bytes = 0usize;
@@ -140,6 +142,17 @@ pub(super) struct Write64k {
     pub(super) mbs: f64,
     /// CPU seconds (user + system, the whole process) per GB moved.
     pub(super) cpu_per_gb: f64,
+}
+
+/// urnic's 64 KiB WRITE MB/s on a fresh rig after the warm-up, over about
+/// [`WRITE_64K_SECS`], and the CPU it took.
+pub(super) fn urnic_write_64k(pair: &VethPair, cores: Cores, tag: &str) -> Result<Write64k> {
+    let mut rig = rig(pair, cores, 2 * 65536, tag)?;
+    let iters = write_64k_iters(warm_up(&mut rig, 65536)?, WRITE_64K_SECS);
+    let cpu0 = cpu_self();
+    let mbs = bw(&mut rig.ea, &mut rig.eb, BwOp::Write, 65536, iters, 128).with_context(|| format!("{}: 64 KiB", cores.label()))?.avg_mbs;
+    let cpu = cpu_self() - cpu0;
+    Ok(Write64k { mbs, cpu_per_gb: cpu / ((65536 * iters) as f64 / 1e9) })
 }
 
 /// 64 KiB WRITEs per lap of the CPU measurement (about 40 ms each).
@@ -278,5 +291,17 @@ mod tests {
     fn iterations_per_point() {
         assert_eq!(iters_for(64), 20_000);
         assert_eq!(iters_for(1 << 20), 200);
+    }
+
+    #[test]
+    fn the_64k_window_follows_the_warm_up_rate() {
+        // 1.7 GB/s for 1 s: about 25,900 WRITEs; 0.7 GB/s: about 10,700.
+        assert_eq!(write_64k_iters(1.7e9, 1.0), 25_939);
+        assert_eq!(write_64k_iters(0.7e9, 1.0), 10_681);
+        // A stalled warm-up or a nonsense rate still gives a usable window.
+        assert_eq!(write_64k_iters(1e6, 1.0), 1_000);
+        assert_eq!(write_64k_iters(1e12, 1.0), 40_000);
+        assert_eq!(write_64k_iters(f64::NAN, 1.0), 1_000);
+        assert_eq!(write_64k_iters(f64::INFINITY, 1.0), 1_000);
     }
 }
