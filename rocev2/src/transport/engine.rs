@@ -1027,9 +1027,6 @@ impl Engine {
     }
 }
 
-/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
-/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
-/// if it is earlier than the entry the QP already has in the timer queue.
 /// One send WQE into `qp`'s requester, after the engine's checks. In ERR
 /// it completes at once with `WR_FLUSH_ERR`, as ibverbs providers do.
 /// `Ok(true)`: queued (the caller arms the QP's timer and wakes it).
@@ -1198,7 +1195,9 @@ fn request_frame(
         qp.rp.on_sent(now, len);
         // The reply a held ACK waited for: the ACK leaves next, right
         // behind it (the QP is back on the ready list after a frame).
-        qp.responder.release_hold();
+        if qp.responder.has_held_ack() {
+            release_replied_hold(qp);
+        }
         mark_ready(qp, ready);
     }
     // `arm` and `note_drained` with the QP in hand (one lookup a frame).
@@ -1209,6 +1208,34 @@ fn request_frame(
     RequestOut { frame: r, due }
 }
 
+/// The reply a held ACK (responder, "held ACKs") waited for has left: the
+/// hold ends, and so does its deadline in the QP's timer. `timer_at` only
+/// ever moves earlier ([`next_arm`]), so a timer armed for the hold would
+/// otherwise stay at its deadline and fire for nothing: no hold left to
+/// expire, no requester or DCQCN deadline due, only a ready-list visit that
+/// finds nothing to send (two per ping-pong round trip). Forgetting it here
+/// lets the caller's `next_arm` queue the QP's next real deadline instead
+/// (the entry it would have queued when the stale one fired; that entry is
+/// left in the heap and skipped when it comes up, or replaced in place by
+/// [`Engine::queue_timer`]).
+///
+/// A QP whose DCQCN reaction point is engaged keeps the old timer: its
+/// `handle_timeout` brings α up to date at every firing, and α's float
+/// steps must not depend on this. A hold that has already expired has
+/// fired its timer (`expire_hold`), which re-armed it.
+#[cold]
+#[inline(never)]
+fn release_replied_hold(qp: &mut Qp) {
+    let deadline = qp.responder.hold_deadline();
+    qp.responder.release_hold();
+    if deadline.is_some() && qp.timer_at == deadline && !qp.rp.is_limited() {
+        qp.timer_at = None;
+    }
+}
+
+/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
+/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
+/// if it is earlier than the entry the QP already has in the timer queue.
 fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
     let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
