@@ -4,6 +4,8 @@
 //! list's head instead of taking it off and putting it back: the same
 //! order as the general path, pinned here frame by frame).
 
+use std::time::Duration;
+
 use rocev2::psn::Psn;
 use rocev2::sim::pair::{Dir, Pair, PairConfig};
 use rocev2::sim::rc::{bring_up_rc, RcParams};
@@ -156,6 +158,9 @@ fn a_released_hold_leaves_no_timer_that_queues_its_qp() {
         sent.push((f.repr.transport.bth.opcode, f.repr.transport.bth.dest_qp));
     }
     assert_eq!(sent, vec![(Opcode::RC_WRITE_ONLY, d0), (Opcode::RC_ACK, d0)]);
+    // No entry for the hold's deadline is left at the timer queue's head:
+    // the next timeout is the reply's (4.096 µs × 2^14).
+    assert!(p.a.engine.next_timeout().is_some_and(|t| t > p.now + Duration::from_millis(60)), "{:?}", p.a.engine.next_timeout());
     // The hold's deadline passes with nothing due, then both QPs get a WR,
     // QP 1 first: QP 1's frame leaves first.
     let t = p.now + DEFAULT_ACK_HOLD;

@@ -970,6 +970,18 @@ impl Engine {
 
     /// Queue `qpn`'s timer entry for `t` (its `timer_at`, set by [`next_arm`]).
     fn queue_timer(&mut self, t: Instant, qpn: u32) {
+        // The QP's live entry is `(timer_at, qpn)` from now on, so an entry
+        // of its own at the heap's top for another time is stale (a released
+        // hold's deadline, `release_replied_hold`): overwritten in place, one
+        // sift instead of this push and a `handle_timeout` call at that time
+        // to pop it. (`PeekMut` sifts only when written.)
+        if let Some(mut top) = self.timers.peek_mut() {
+            let Reverse((at, q)) = *top;
+            if q == qpn && at != t {
+                *top = Reverse((t, qpn));
+                return;
+            }
+        }
         if self.timers.len() == self.timers.capacity() {
             // Before the heap grows: drop the stale entries (each QP has at
             // most one live one, `(timer_at, qpn)`). A held ACK's short
