@@ -29,9 +29,9 @@ fn main() {
     let sge = [net.mr[0].sge(512, 8), net.mr[1].sge(512, 8)];
     let qpn = net.qpn;
     let send = |id, sge| SendWr { wr_id: id, op: SendOp::Send, payload: Payload::Sgl(vec![sge]), flags: SendFlags::SIGNALED, ud: None };
-    for i in 0..2 {
+    for (i, &q) in qpn.iter().enumerate() {
         let recv = RecvWr { wr_id: 0, sgl: vec![net.mr[i].sge(0, 64)] };
-        net.engine(i).post_recv(qpn[i], recv).expect("post_recv");
+        net.engine(i).post_recv(q, recv).expect("post_recv");
     }
     net.engine(0).post_send(qpn[0], send(0, sge[0])).expect("post_send");
     let mut sends = [1u64, 0];
