@@ -1226,15 +1226,16 @@ fn request_frame(
 /// otherwise stay at its deadline and fire for nothing: no hold left to
 /// expire, no requester or DCQCN deadline due, only a ready-list visit that
 /// finds nothing to send (two per ping-pong round trip). Forgetting it here
-/// lets the caller's `next_arm` queue the QP's next real deadline instead
-/// (the entry it would have queued when the stale one fired; that entry is
-/// left in the heap and skipped when it comes up, or replaced in place by
-/// [`Engine::queue_timer`]).
+/// lets the caller's `next_arm` queue the QP's next real deadline at once,
+/// the deadline the stale timer would have queued when it fired. The hold's
+/// heap entry is then stale: overwritten in place by [`Engine::queue_timer`]
+/// while it is the heap's top, else skipped when it comes up.
 ///
 /// A QP whose DCQCN reaction point is engaged keeps the old timer: its
 /// `handle_timeout` brings α up to date at every firing, and α's float
 /// steps must not depend on this. A hold that has already expired has
-/// fired its timer (`expire_hold`), which re-armed it.
+/// fired its timer (`expire_hold`), which re-armed it. Out of line: a data
+/// frame only tests `has_held_ack`.
 #[cold]
 #[inline(never)]
 fn release_replied_hold(qp: &mut Qp) {
