@@ -317,3 +317,38 @@ fn a_held_ack_leaves_when_its_qp_is_destroyed_or_fails() {
         assert_eq!(p.a.completions()[0].status, WcStatus::Success, "destroy {destroy}");
     }
 }
+
+/// A reply that releases a held ACK and is then lost is retransmitted one
+/// ACK timeout after it left, exactly: its timer is queued when the hold
+/// ends (the engine forgets the hold's deadline there instead of letting
+/// it fire for nothing and queue the ACK timeout then), at the same
+/// instant as ever. The ping's ACK, right behind the reply, arrives.
+#[test]
+fn a_lost_reply_behind_a_released_hold_is_retransmitted_at_its_ack_timeout() {
+    let mut p = ping_held();
+    let recv = RecvWr { wr_id: 8, sgl: vec![p.a.sge(4096, 64)] };
+    p.a.engine.post_recv(p.a.qpn, recv).unwrap();
+    let sge = p.b.sge(4096, 8);
+    p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Send, vec![sge])).unwrap();
+    let mut dropped = false;
+    p.run_filtered(RUN_LIMIT, |f| {
+        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_SEND_ONLY && !dropped {
+            dropped = true;
+            return false;
+        }
+        true
+    });
+    assert!(dropped);
+    let b = from_b(&p);
+    let sends: Vec<_> = b.iter().filter(|s| s.transport.bth.opcode == Opcode::RC_SEND_ONLY).collect();
+    assert_eq!(sends.len(), 2, "the reply and its retransmission: {b:?}");
+    assert!(!sends[0].delivered && sends[1].delivered);
+    // 4.096 µs × 2^8, from the reply's departure.
+    let timeout = Duration::from_nanos(4096 << 8);
+    assert_eq!(sends[1].at.saturating_duration_since(sends[0].at), timeout);
+    assert!(is_ack(&b[1]) && b[1].delivered, "the ping's ACK right behind the lost reply: {:?}", b[1].transport);
+    let c = p.a.completions();
+    assert_eq!(c.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::Success), (8, WcStatus::Success)]);
+    let s = p.b.engine.qp_stats(p.b.qpn).unwrap();
+    assert_eq!((s.req_timeouts, s.req_retransmits, s.resp_acks_held, s.resp_acks_hold_expired), (1, 1, 1, 0));
+}

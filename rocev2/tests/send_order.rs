@@ -4,12 +4,15 @@
 //! list's head instead of taking it off and putting it back: the same
 //! order as the general path, pinned here frame by frame).
 
+use std::time::Duration;
+
 use rocev2::psn::Psn;
 use rocev2::sim::pair::{Dir, Pair, PairConfig};
 use rocev2::sim::rc::{bring_up_rc, RcParams};
 use rocev2::transport::attr::Mtu;
+use rocev2::transport::engine::DEFAULT_ACK_HOLD;
 use rocev2::transport::wr::*;
-use rocev2::wire::parse_frame;
+use rocev2::wire::{parse_frame, Opcode};
 
 const MTU: usize = 1024;
 
@@ -118,4 +121,55 @@ fn lone_qp_stopped_by_the_window_resumes() {
     let wcs = p.a.completions();
     assert_eq!((wcs.len(), wcs[0].status), (1, WcStatus::Success));
     assert_eq!(p.b.mem()[..200 * MTU], p.a.mem()[..200 * MTU]);
+}
+
+/// A held ACK released by its reply leaves no timer behind that puts its
+/// QP on the ready list at the hold's deadline with nothing to send (the
+/// engine's held ACKs, `release_replied_hold`). What that changes between
+/// QPs, pinned here: a QP takes its turn from the event that gave it work,
+/// as every QP does. Before, the hold's stale timer had already queued the
+/// replying QP at the deadline, so a WR posted to it later went ahead of
+/// another QP's WR posted before it; now they leave in the order they were
+/// posted, the round robin's order.
+#[test]
+fn a_released_hold_leaves_no_timer_that_queues_its_qp() {
+    let (mut p, cfg) = pair(64 * 1024);
+    let (a_addr, b_addr) = (p.a.addr, p.b.addr);
+    let (q0, d0) = (p.a.qpn, p.b.qpn);
+    // A second QP of a's, connected to a QPN b does not have (its frames
+    // are only looked at here).
+    let q1 = p.a.engine.create_qp(&cfg.qp).unwrap();
+    let params = RcParams { sq_psn: Psn::new(1000), ..cfg.params[0] };
+    bring_up_rc(&mut p.a.engine, q1, &a_addr, &b_addr, 0x100, Psn::new(0), &params).unwrap();
+    // b's SEND reaches a's QP 0, whose ACK is held for the reply.
+    p.record();
+    p.a.engine.post_recv(q0, RecvWr { wr_id: 7, sgl: vec![p.a.sge(0, 64)] }).unwrap();
+    let send = SendWr { wr_id: 1, op: SendOp::Send, payload: Payload::Sgl(vec![p.b.sge(0, 8)]), flags: SendFlags::SIGNALED, ud: None };
+    p.b.engine.post_send(p.b.qpn, send).unwrap();
+    p.run_for(DEFAULT_ACK_HOLD / 2);
+    assert_eq!(p.a.completions().len(), 1, "the SEND arrived");
+    assert!(!p.log().iter().any(|s| s.dir == Dir::AtoB), "its ACK is held");
+    // The reply (a WRITE of one frame), the ACK right behind it.
+    p.a.engine.post_send(q0, write(&p, 2, 1)).unwrap();
+    let mut buf = vec![0u8; 9000];
+    let mut sent = Vec::new();
+    while let Some(n) = p.a.engine.poll_transmit(p.now, &mut buf) {
+        let f = parse_frame(&buf[..n]).unwrap();
+        sent.push((f.repr.transport.bth.opcode, f.repr.transport.bth.dest_qp));
+    }
+    assert_eq!(sent, vec![(Opcode::RC_WRITE_ONLY, d0), (Opcode::RC_ACK, d0)]);
+    // No entry for the hold's deadline is left at the timer queue's head:
+    // the next timeout is the reply's (4.096 µs × 2^14).
+    assert!(p.a.engine.next_timeout().is_some_and(|t| t > p.now + Duration::from_millis(60)), "{:?}", p.a.engine.next_timeout());
+    // The hold's deadline passes with nothing due, then both QPs get a WR,
+    // QP 1 first: QP 1's frame leaves first.
+    let t = p.now + DEFAULT_ACK_HOLD;
+    p.now = t;
+    p.a.engine.handle_timeout(t);
+    p.a.engine.post_send(q1, write(&p, 3, 1)).unwrap();
+    p.a.engine.post_send(q0, write(&p, 4, 1)).unwrap();
+    assert_eq!(drain(&mut p, 100), vec![(0x100, 1000), (d0, 1)]);
+    assert_eq!(drain(&mut p, 100), vec![]);
+    let s = p.a.engine.qp_stats(q0).unwrap();
+    assert_eq!((s.resp_acks_held, s.resp_acks_hold_expired), (1, 0));
 }

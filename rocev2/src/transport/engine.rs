@@ -988,6 +988,18 @@ impl Engine {
 
     /// Queue `qpn`'s timer entry for `t` (its `timer_at`, set by [`next_arm`]).
     fn queue_timer(&mut self, t: Instant, qpn: u32) {
+        // The QP's live entry is `(timer_at, qpn)` from now on, so an entry
+        // of its own at the heap's top for another time is stale (a released
+        // hold's deadline, `release_replied_hold`): overwritten in place, one
+        // sift instead of this push and a `handle_timeout` call at that time
+        // to pop it. (`PeekMut` sifts only when written.)
+        if let Some(mut top) = self.timers.peek_mut() {
+            let Reverse((at, q)) = *top;
+            if q == qpn && at != t {
+                *top = Reverse((t, qpn));
+                return;
+            }
+        }
         if self.timers.len() == self.timers.capacity() {
             // Before the heap grows: drop the stale entries (each QP has at
             // most one live one, `(timer_at, qpn)`). A held ACK's short
@@ -1045,9 +1057,6 @@ impl Engine {
     }
 }
 
-/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
-/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
-/// if it is earlier than the entry the QP already has in the timer queue.
 /// One send WQE into `qp`'s requester, after the engine's checks. In ERR
 /// it completes at once with `WR_FLUSH_ERR`, as ibverbs providers do.
 /// `Ok(true)`: queued (the caller arms the QP's timer and wakes it).
@@ -1226,7 +1235,9 @@ fn request_frame(
         qp.rp.on_sent(now, len);
         // The reply a held ACK waited for: the ACK leaves next, right
         // behind it (the QP is back on the ready list after a frame).
-        qp.responder.release_hold();
+        if qp.responder.has_held_ack() {
+            release_replied_hold(qp);
+        }
         mark_ready(qp, ready);
     }
     // `arm` and `note_drained` with the QP in hand (one lookup a frame).
@@ -1237,6 +1248,35 @@ fn request_frame(
     RequestOut { frame: r, due }
 }
 
+/// The reply a held ACK (responder, "held ACKs") waited for has left: the
+/// hold ends, and so does its deadline in the QP's timer. `timer_at` only
+/// ever moves earlier ([`next_arm`]), so a timer armed for the hold would
+/// otherwise stay at its deadline and fire for nothing: no hold left to
+/// expire, no requester or DCQCN deadline due, only a ready-list visit that
+/// finds nothing to send (two per ping-pong round trip). Forgetting it here
+/// lets the caller's `next_arm` queue the QP's next real deadline at once,
+/// the deadline the stale timer would have queued when it fired. The hold's
+/// heap entry is then stale: overwritten in place by [`Engine::queue_timer`]
+/// while it is the heap's top, else skipped when it comes up.
+///
+/// A QP whose DCQCN reaction point is engaged keeps the old timer: its
+/// `handle_timeout` brings α up to date at every firing, and α's float
+/// steps must not depend on this. A hold that has already expired has
+/// fired its timer (`expire_hold`), which re-armed it. Out of line: a data
+/// frame only tests `has_held_ack`.
+#[cold]
+#[inline(never)]
+fn release_replied_hold(qp: &mut Qp) {
+    let deadline = qp.responder.hold_deadline();
+    qp.responder.release_hold();
+    if deadline.is_some() && qp.timer_at == deadline && !qp.rp.is_limited() {
+        qp.timer_at = None;
+    }
+}
+
+/// [`Engine::arm`]'s decision for `qp`: its earliest deadline (requester
+/// timer, DCQCN rate event, held ACK), recorded in `timer_at` and returned
+/// if it is earlier than the entry the QP already has in the timer queue.
 fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
     let earlier = |a: Option<Instant>, b: Option<Instant>| match (a, b) {
         (Some(a), Some(b)) => Some(a.min(b)),
