@@ -50,7 +50,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use rocev2::transport::wr::WorkCompletion;
 
-use crate::send_ring::{next_position, Padded};
+use crate::wq_ring::{next_position, Padded};
 
 struct Slot {
     /// The position this slot is ready for (see the module docs).

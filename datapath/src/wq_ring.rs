@@ -33,7 +33,23 @@ use std::sync::Arc;
 
 use rocev2::transport::retired::RetiredCount;
 
-use crate::send_ring::{next_position, Padded};
+/// Keeps what producers write (the tail) and what the consumer writes (the
+/// head) on separate cache lines.
+#[repr(align(128))]
+pub(crate) struct Padded<T>(pub(crate) T);
+
+/// The position after `pos` in a ring of `capacity` slots whose positions
+/// are a lap (a multiple of `one_lap`, the smallest power of two above the
+/// capacity) plus an index (see the module docs).
+#[inline]
+pub(crate) fn next_position(pos: usize, one_lap: usize, capacity: usize) -> usize {
+    let index = pos & (one_lap - 1);
+    if index + 1 < capacity {
+        pos + 1
+    } else {
+        (pos & !(one_lap - 1)).wrapping_add(one_lap)
+    }
+}
 
 struct Slot<T> {
     /// The position this slot is ready for (see the module docs).
