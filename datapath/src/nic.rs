@@ -1333,10 +1333,11 @@ impl Nic {
 
     fn drain_srq(&self, engine: &mut Engine, ring: &SrqRing) -> usize {
         ring.rung.swap(false, Ordering::AcqRel); // a swap: see drain_qp
-                                                 // The post path bounds the SRQ by its depth (WRs the engine holds
-                                                 // included) and checks SGE counts, so the engine refuses a WR only
-                                                 // if the SRQ went away meanwhile; it has no QP to complete on:
-                                                 // count it.
+
+        // The post path bounds the SRQ by its depth (WRs the engine holds
+        // included) and checks SGE counts, so the engine refuses a WR only
+        // if the SRQ went away meanwhile; it has no QP to complete on:
+        // count it.
         let work = engine.drain_srq_posts(ring.id, ring.recv.consumer(), |_, _| {
             self.stats.posts_refused.fetch_add(1, Ordering::Relaxed);
         });
