@@ -143,15 +143,7 @@ fn a_lost_held_ack_is_recovered_and_duplicates_are_reacked_at_once() {
     let mut p = pair();
     let (remote, sge) = (p.b.remote(0), p.a.sge(0, 8));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote }, vec![sge])).unwrap();
-    let mut dropped = false;
-    p.run_filtered(RUN_LIMIT, |f| {
-        if f.dir == Dir::BtoA && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
-    assert!(dropped);
+    assert!(p.run_losing_first(RUN_LIMIT, Dir::BtoA, |_| true));
     assert_eq!(p.a.completions()[0].status, WcStatus::Success);
     let sa = p.a.engine.qp_stats(p.a.qpn).unwrap();
     assert_eq!((sa.req_timeouts, sa.req_retransmits), (1, 1));
@@ -330,15 +322,7 @@ fn a_lost_reply_behind_a_released_hold_is_retransmitted_at_its_ack_timeout() {
     p.a.engine.post_recv(p.a.qpn, recv).unwrap();
     let sge = p.b.sge(4096, 8);
     p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Send, vec![sge])).unwrap();
-    let mut dropped = false;
-    p.run_filtered(RUN_LIMIT, |f| {
-        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_SEND_ONLY && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
-    assert!(dropped);
+    assert!(p.run_losing_first(RUN_LIMIT, Dir::BtoA, |f| f.repr.transport.bth.opcode == Opcode::RC_SEND_ONLY));
     let b = from_b(&p);
     let sends: Vec<_> = b.iter().filter(|s| s.transport.bth.opcode == Opcode::RC_SEND_ONLY).collect();
     assert_eq!(sends.len(), 2, "the reply and its retransmission: {b:?}");

@@ -231,15 +231,7 @@ fn lost_read_response_is_requested_again() {
     pattern(&mut p.b, 0, 5000, 4);
     let (remote, sge) = (p.b.remote(0), p.a.sge(8192, 5000));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Read { remote }, vec![sge])).unwrap();
-    let mut dropped = false;
-    p.run_filtered(RUN_LIMIT, |f| {
-        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_READ_RESPONSE_MIDDLE && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
-    assert!(dropped);
+    assert!(p.run_losing_first(RUN_LIMIT, Dir::BtoA, |f| f.repr.transport.bth.opcode == Opcode::RC_READ_RESPONSE_MIDDLE));
     let c = p.a.completions();
     assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::RdmaRead));
     assert_eq!(&p.a.mem()[8192..8192 + 5000], &p.b.mem()[..5000]);
@@ -253,14 +245,7 @@ fn lost_atomic_ack_is_replayed_not_executed_twice() {
     p.b.mem_mut()[64..72].copy_from_slice(&41u64.to_ne_bytes());
     let (remote, sge) = (p.b.remote(64), p.a.sge(0, 8));
     p.a.engine.post_send(p.a.qpn, wr(1, SendOp::FetchAdd { remote, add: 1 }, vec![sge])).unwrap();
-    let mut dropped = false;
-    p.run_filtered(RUN_LIMIT, |f| {
-        if f.dir == Dir::BtoA && f.repr.transport.bth.opcode == Opcode::RC_ATOMIC_ACK && !dropped {
-            dropped = true;
-            return false;
-        }
-        true
-    });
+    assert!(p.run_losing_first(RUN_LIMIT, Dir::BtoA, |f| f.repr.transport.bth.opcode == Opcode::RC_ATOMIC_ACK));
     let c = p.a.completions();
     assert_eq!((c[0].status, c[0].opcode), (WcStatus::Success, WcOpcode::FetchAdd));
     assert_eq!(u64::from_ne_bytes(p.a.mem()[..8].try_into().unwrap()), 41);

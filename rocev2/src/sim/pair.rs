@@ -380,6 +380,21 @@ impl Pair {
         self.drive(max, Some(keep))
     }
 
+    /// [`Pair::run_filtered`] losing only the first frame going `dir` that
+    /// `lose` picks; every other frame is delivered as sent. Whether one
+    /// was lost.
+    pub fn run_losing_first(&mut self, max: Duration, dir: Dir, mut lose: impl FnMut(&Frame<'_>) -> bool) -> bool {
+        let mut lost = false;
+        self.run_filtered(max, |f| {
+            if !lost && f.dir == dir && lose(f) {
+                lost = true;
+                return false;
+            }
+            true
+        });
+        lost
+    }
+
     /// The loop: each round, first everything `a` sends, then everything
     /// `b` sends, each frame delivered at once and [`FRAME_GAP`] apart;
     /// when a round moves nothing, both engines' timers fire at the earlier
