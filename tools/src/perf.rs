@@ -5,8 +5,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
 use urnic::{
-    Access, Connect, Context, Cq, Mr, Payload, PayloadRef, Qp, QpCaps, QpInit, QpType, RecvWr, RemoteAddr, SendFlags, SendOp, SendWr, SendWrRef,
-    WcStatus, WorkCompletion,
+    Access, Connect, Context, Cq, Mr, PayloadRef, Qp, QpCaps, QpInit, QpType, RecvWr, RecvWrRef, RemoteAddr, SendFlags, SendOp, SendWrRef, WcStatus,
+    WorkCompletion,
 };
 
 use crate::out::outln;
@@ -299,6 +299,28 @@ pub fn send_lat_samples(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: 
     (0..iters).map(|_| pp.round(a, b)).collect()
 }
 
+/// Post one receive of the upper half of `ep`'s region, from byte `half`
+/// (a borrowed SGE, as the C library posts: no allocation).
+fn post_recv_upper(ep: &Endpoint, half: usize) -> Result<()> {
+    let sge = ep.mr.sge(half, half as u32);
+    ep.qp.post_recv_ref(&RecvWrRef { wr_id: 1, sgl: std::slice::from_ref(&sge) }).context("post_recv")
+}
+
+/// Post a signaled `op` of the first `size` bytes of `ep`'s region (a
+/// borrowed SGE: no allocation).
+fn post_signaled(ep: &Endpoint, wr_id: u64, op: SendOp, size: usize) -> Result<()> {
+    let sge = ep.mr.sge(0, size as u32);
+    let wr = SendWrRef { wr_id, op, payload: PayloadRef::Sgl(std::slice::from_ref(&sge)), flags: SendFlags::SIGNALED, ud: None };
+    ep.qp.post_send_ref(&wr).context("post_send")
+}
+
+/// Read `buf.len()` bytes of `mr` from `offset` into `buf`; the first one
+/// that is not `tag`, if any.
+fn first_not(mr: &Mr, offset: usize, buf: &mut [u8], tag: u8) -> Result<Option<usize>> {
+    mr.read_at(offset, buf).context("read_at")?;
+    Ok(buf.iter().position(|&v| v != tag))
+}
+
 /// A SEND ping-pong between two connected endpoints, one round trip at a
 /// time (so that a benchmark can interleave it with other measurements):
 /// `a` sends, `b` receives, checks the data and answers, `a` receives.
@@ -308,6 +330,8 @@ pub struct SendPingPong {
     size: usize,
     half: usize,
     rounds: usize,
+    /// Where a received message is read back for its check.
+    buf: Vec<u8>,
 }
 
 impl SendPingPong {
@@ -317,18 +341,9 @@ impl SendPingPong {
         if size > half {
             bail!("message of {size} bytes does not fit the {half}-byte receive area");
         }
-        let pp = SendPingPong { size, half, rounds: 0 };
-        b.qp.post_recv(&pp.recv(b)).context("post_recv")?;
-        a.qp.post_recv(&pp.recv(a)).context("post_recv")?;
-        Ok(pp)
-    }
-
-    fn recv(&self, ep: &Endpoint) -> RecvWr {
-        RecvWr { wr_id: 1, sgl: vec![ep.mr.sge(self.half, self.half as u32)] }
-    }
-
-    fn send(&self, ep: &Endpoint) -> SendWr {
-        SendWr { wr_id: 2, op: SendOp::Send, payload: Payload::Sgl(vec![ep.mr.sge(0, self.size as u32)]), flags: SendFlags::SIGNALED, ud: None }
+        post_recv_upper(b, half)?;
+        post_recv_upper(a, half)?;
+        Ok(SendPingPong { size, half, rounds: 0, buf: vec![0; size] })
     }
 
     /// One round trip; its one-way latency (RTT/2) in µs.
@@ -339,19 +354,19 @@ impl SendPingPong {
         a.mr.fill_at(0, size, tag).context("fill_at")?;
         let t0 = Instant::now();
         let deadline = t0 + Duration::from_secs(10);
-        a.qp.post_send(&self.send(a)).context("post_send")?;
+        post_signaled(a, 2, SendOp::Send, size)?;
         // b: receive, check, answer
         let mut got_recv = false;
         while !got_recv {
             let wc = b.wait_one(deadline)?;
             got_recv = wc.opcode == urnic::WcOpcode::Recv;
         }
-        if b.mr.read_vec(half, size).context("read_at")?.iter().any(|&v| v != tag) {
+        if first_not(&b.mr, half, &mut self.buf, tag)?.is_some() {
             bail!("data check failed on ping {i}");
         }
-        b.qp.post_recv(&self.recv(b)).context("post_recv")?;
+        post_recv_upper(b, half)?;
         b.mr.fill_at(0, size, tag).context("fill_at")?;
-        b.qp.post_send(&self.send(b)).context("post_send")?;
+        post_signaled(b, 2, SendOp::Send, size)?;
         // a: wait for the pong (and its own send completion)
         let mut got_pong = false;
         while !got_pong {
@@ -359,12 +374,85 @@ impl SendPingPong {
             got_pong = wc.opcode == urnic::WcOpcode::Recv;
         }
         let rtt = t0.elapsed();
-        a.qp.post_recv(&self.recv(a)).context("post_recv")?;
+        post_recv_upper(a, half)?;
         // drain remaining send completions
         let mut wcs = [WorkCompletion::default(); 4];
         let _ = a.cq.poll(&mut wcs);
         let _ = b.cq.poll(&mut wcs);
         Ok(rtt.as_secs_f64() * 1e6 / 2.0)
+    }
+}
+
+impl SendPingPong {
+    /// One round trip against a [`SendEcho`] that another thread drives
+    /// (the answering side on a core of its own, as a perftest server
+    /// process is): `a` sends, waits for the echo and checks that every
+    /// byte came back. Its one-way latency (RTT/2) in µs.
+    pub fn round_echoed(&mut self, a: &mut Endpoint) -> Result<f64> {
+        let (i, size, half) = (self.rounds, self.size, self.half);
+        self.rounds += 1;
+        let tag = (i % 251) as u8;
+        a.mr.fill_at(0, size, tag).context("fill_at")?;
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        post_signaled(a, 2, SendOp::Send, size)?;
+        let mut got_pong = false;
+        while !got_pong {
+            let wc = a.wait_one(deadline)?;
+            got_pong = wc.opcode == urnic::WcOpcode::Recv;
+        }
+        let rtt = t0.elapsed();
+        if let Some(at) = first_not(&a.mr, half, &mut self.buf, tag)? {
+            bail!("data check failed on echo {i}: byte {at} of the pong is not the ping's");
+        }
+        post_recv_upper(a, half)?;
+        let mut wcs = [WorkCompletion::default(); 4];
+        let _ = a.cq.poll(&mut wcs);
+        Ok(rtt.as_secs_f64() * 1e6 / 2.0)
+    }
+
+    /// The answering side of this ping-pong for a thread of its own
+    /// ([`SendEcho::step`]); `b` already has its receive posted by
+    /// [`SendPingPong::new`].
+    pub fn echo(&self) -> SendEcho {
+        SendEcho { size: self.size, half: self.half, buf: vec![0; self.size] }
+    }
+}
+
+/// The `b` side of a [`SendPingPong`] run one step at a time by a thread of
+/// its own: every SEND it receives goes back to the sender byte for byte.
+pub struct SendEcho {
+    size: usize,
+    half: usize,
+    buf: Vec<u8>,
+}
+
+impl SendEcho {
+    /// Run `b`'s datapath once ([`Endpoint::kick`]), then answer each SEND
+    /// received: repost the receive, copy the message to the send area,
+    /// send it back and run the datapath again. Send completions are consumed; an error completion is
+    /// an error.
+    pub fn step(&mut self, b: &mut Endpoint) -> Result<()> {
+        b.kick();
+        let mut wcs = [WorkCompletion::default(); 4];
+        let n = b.cq.poll(&mut wcs).context("poll_cq")?;
+        for wc in &wcs[..n] {
+            if wc.status != WcStatus::Success {
+                bail!("echo: completion error: {:?} (wr_id {})", wc.status, wc.wr_id);
+            }
+            if wc.opcode != urnic::WcOpcode::Recv {
+                continue;
+            }
+            b.mr.read_at(self.half, &mut self.buf).context("read_at")?;
+            post_recv_upper(b, self.half)?;
+            b.mr.write_at(0, &self.buf).context("write_at")?;
+            post_signaled(b, 2, SendOp::Send, self.size)?;
+            // The answer leaves now, as it would from an application whose
+            // next call polls its own device (the thread's other steps
+            // run between two calls of this one).
+            b.kick();
+        }
+        Ok(())
     }
 }
 
@@ -388,6 +476,8 @@ pub struct WritePingPong {
     rounds: usize,
     /// Completions so far, per side (every WRITE is signaled).
     done: [usize; 2],
+    /// Where an echo is read back for its check.
+    buf: Vec<u8>,
 }
 
 impl WritePingPong {
@@ -402,7 +492,7 @@ impl WritePingPong {
         b.mr.fill_at(half[1], size, 0).context("fill_at")?;
         let to_b = RemoteAddr { addr: b.mr.addr() + half[1] as u64, rkey: b.mr.rkey() };
         let to_a = RemoteAddr { addr: a.mr.addr() + half[0] as u64, rkey: a.mr.rkey() };
-        Ok(WritePingPong { size, half, to_a, to_b, rounds: 0, done: [0; 2] })
+        Ok(WritePingPong { size, half, to_a, to_b, rounds: 0, done: [0; 2], buf: vec![0; size] })
     }
 
     /// Spin until the last byte of `ep`'s landing area (at `half`) reads `tag`.
@@ -440,16 +530,9 @@ impl WritePingPong {
         b.mr.fill_at(0, size, tag).context("fill_at")?;
         let t0 = Instant::now();
         let deadline = t0 + Duration::from_secs(10);
-        let wr = |ep: &Endpoint, remote| SendWr {
-            wr_id: 3,
-            op: SendOp::Write { remote },
-            payload: Payload::Sgl(vec![ep.mr.sge(0, size as u32)]),
-            flags: SendFlags::SIGNALED,
-            ud: None,
-        };
-        a.qp.post_send(&wr(a, self.to_b)).context("post_send")?;
+        post_signaled(a, 3, SendOp::Write { remote: self.to_b }, size)?;
         self.spin(b, self.half[1], tag, deadline)?;
-        b.qp.post_send(&wr(b, self.to_a)).context("post_send")?;
+        post_signaled(b, 3, SendOp::Write { remote: self.to_a }, size)?;
         self.spin(a, self.half[0], tag, deadline)?;
         let one_way = t0.elapsed().as_secs_f64() * 1e6 / 2.0;
         self.drain(a, 0)?;
@@ -471,6 +554,100 @@ impl WritePingPong {
             self.drain(a, 0)?;
             self.drain(b, 1)?;
         }
+        Ok(())
+    }
+}
+
+impl WritePingPong {
+    /// One round trip against a [`WriteEcho`] that another thread drives:
+    /// `a` writes, spins until the echo's WRITE lands and checks every byte
+    /// of it. Its one-way latency (RTT/2) in µs.
+    pub fn round_echoed(&mut self, a: &mut Endpoint) -> Result<f64> {
+        let (i, size) = (self.rounds, self.size);
+        self.rounds += 1;
+        let tag = (i % 255 + 1) as u8;
+        a.mr.fill_at(0, size, tag).context("fill_at")?;
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(10);
+        post_signaled(a, 3, SendOp::Write { remote: self.to_b }, size)?;
+        self.spin(a, self.half[0], tag, deadline)?;
+        let one_way = t0.elapsed().as_secs_f64() * 1e6 / 2.0;
+        if let Some(at) = first_not(&a.mr, self.half[0], &mut self.buf, tag)? {
+            bail!("write_lat: byte {at} of echo {i} is not the ping's");
+        }
+        self.drain(a, 0)?;
+        Ok(one_way)
+    }
+
+    /// The answering side of this ping-pong for a thread of its own
+    /// ([`WriteEcho::step`]).
+    pub fn echo(&self) -> WriteEcho {
+        WriteEcho {
+            size: self.size,
+            half: self.half[1],
+            to_a: self.to_a,
+            last: 0,
+            buf: vec![0; self.size],
+            done: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
+        }
+    }
+
+    /// [`WritePingPong::finish`] for [`WritePingPong::round_echoed`]: wait
+    /// until `a`'s WRITEs and the echo's (counted in `echo_done`) have all
+    /// completed.
+    pub fn finish_echoed(&mut self, a: &mut Endpoint, echo_done: &std::sync::atomic::AtomicUsize) -> Result<()> {
+        let n = self.rounds;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        let echoed = || echo_done.load(std::sync::atomic::Ordering::Acquire);
+        while self.done[0] < n || echoed() < n {
+            if Instant::now() > deadline {
+                bail!("write_lat: {}/{n} and {}/{n} WRITEs completed", self.done[0], echoed());
+            }
+            a.kick();
+            self.drain(a, 0)?;
+        }
+        Ok(())
+    }
+}
+
+/// The `b` side of a [`WritePingPong`] run one step at a time by a thread
+/// of its own: each new tag that lands in `b`'s area is written back to `a`
+/// byte for byte.
+pub struct WriteEcho {
+    size: usize,
+    half: usize,
+    to_a: RemoteAddr,
+    /// The tag of the last WRITE answered (0: none yet).
+    last: u8,
+    buf: Vec<u8>,
+    /// WRITEs of this echo completed so far.
+    pub done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl WriteEcho {
+    /// Run `b`'s datapath once ([`Endpoint::kick`]); when a new tag has
+    /// landed in the last byte of `b`'s area, WRITE the area's bytes back
+    /// and run the datapath again;
+    /// count `b`'s completions (an error completion is an error).
+    pub fn step(&mut self, b: &mut Endpoint) -> Result<()> {
+        b.kick();
+        let at = b.mr.as_ptr().wrapping_add(self.half + self.size - 1);
+        // SAFETY: `at` is inside the registered buffer, which the datapath
+        // writes concurrently: hence the volatile read.
+        let tag = unsafe { std::ptr::read_volatile(at) };
+        if tag != self.last {
+            self.last = tag;
+            b.mr.read_at(self.half, &mut self.buf).context("read_at")?;
+            b.mr.write_at(0, &self.buf).context("write_at")?;
+            post_signaled(b, 3, SendOp::Write { remote: self.to_a }, self.size)?;
+            b.kick();
+        }
+        let mut wcs = [WorkCompletion::default(); 8];
+        let n = b.cq.poll(&mut wcs).context("poll_cq")?;
+        if let Some(w) = wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
+            bail!("write_lat echo: completion {:?}", w.status);
+        }
+        self.done.fetch_add(n, std::sync::atomic::Ordering::Release);
         Ok(())
     }
 }
@@ -509,5 +686,100 @@ mod tests {
         // An hour away: never seen as passed.
         let mut d = SpinDeadline::new(Instant::now() + Duration::from_secs(3600));
         assert!((0..4 * SpinDeadline::EVERY).all(|_| !d.passed()));
+    }
+
+    /// Two connected endpoints on an in-memory link, each driving its own
+    /// device (Manual mode).
+    fn memory_pair() -> (Endpoint, Endpoint) {
+        let hub = urnic::MemHub::new(1);
+        let open = |name: &str, last: u8| {
+            let mut c = urnic::DeviceConfig::memory(&hub, name, [0x02, 0, 0, 0, 0, last], [10, 0, 0, last]);
+            c.datapath = urnic::DatapathMode::Manual;
+            urnic::open_device(c).expect("open_device")
+        };
+        let (ca, cb) = (open("pp0", 1), open("pp1", 2));
+        let mut a = Endpoint::new(&ca, 16384, 16).expect("endpoint a");
+        let mut b = Endpoint::new(&cb, 16384, 16).expect("endpoint b");
+        a.drive = vec![ca];
+        b.drive = vec![cb];
+        connect_pair(&a, &b).expect("connect");
+        (a, b)
+    }
+
+    /// Run `step` on `b` on a thread of its own until `stop`.
+    fn answering(
+        mut b: Endpoint,
+        mut step: impl FnMut(&mut Endpoint) -> Result<()> + Send + 'static,
+    ) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<Result<Endpoint>>) {
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let s = stop.clone();
+        let t = std::thread::spawn(move || {
+            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+                step(&mut b)?;
+            }
+            Ok(b)
+        });
+        (stop, t)
+    }
+
+    #[test]
+    fn send_ping_pong_against_an_echo_on_another_thread() {
+        let (mut a, mut b) = memory_pair();
+        let mut pp = SendPingPong::new(&mut a, &mut b, 24).expect("ping-pong");
+        let mut echo = pp.echo();
+        let (stop, t) = answering(b, move |b| echo.step(b));
+        for _ in 0..300 {
+            let one_way = pp.round_echoed(&mut a).expect("round");
+            assert!(one_way > 0.0);
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let b = t.join().expect("echo thread").expect("echo");
+        // Every ping found its receive reposted in time: no RNR NAK either way.
+        let (sa, sb) = (a.qp.stats().expect("stats"), b.qp.stats().expect("stats"));
+        assert_eq!((sa.resp_rnr_naks_sent, sb.resp_rnr_naks_sent), (0, 0));
+        assert!(sa.rx_packets >= 300 && sb.rx_packets >= 300, "{sa:?} {sb:?}");
+    }
+
+    #[test]
+    fn write_ping_pong_against_an_echo_on_another_thread() {
+        let (mut a, mut b) = memory_pair();
+        let mut pp = WritePingPong::new(&mut a, &mut b, 40).expect("ping-pong");
+        let mut echo = pp.echo();
+        let done = echo.done.clone();
+        let (stop, t) = answering(b, move |b| echo.step(b));
+        // More rounds than tags (255): a tag comes back after a full cycle.
+        for _ in 0..600 {
+            pp.round_echoed(&mut a).expect("round");
+        }
+        pp.finish_echoed(&mut a, &done).expect("every WRITE completes");
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        t.join().expect("echo thread").expect("echo");
+        assert_eq!(done.load(std::sync::atomic::Ordering::Acquire), 600);
+    }
+
+    #[test]
+    fn an_echo_that_changes_the_data_is_caught() {
+        let (mut a, mut b) = memory_pair();
+        let mut pp = SendPingPong::new(&mut a, &mut b, 16).expect("ping-pong");
+        let mut echo = pp.echo();
+        // The answering side's datapath runs, then its receive area is
+        // overwritten before the echo reads it: a ping that landed in that
+        // run goes back changed, and the pinger must see it.
+        let half = echo.half;
+        let (stop, t) = answering(b, move |b| {
+            b.kick();
+            b.mr.fill_at(half, 16, 0xee)?;
+            echo.step(b)
+        });
+        let mut failed = None;
+        for _ in 0..50 {
+            if let Err(e) = pp.round_echoed(&mut a) {
+                failed = Some(format!("{e:#}"));
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = t.join();
+        assert!(failed.as_deref().is_some_and(|e| e.contains("not the ping's")), "{failed:?}");
     }
 }

@@ -20,8 +20,12 @@
 //! three veth pairs made alike in the same run (one AF_XDP owner per
 //! interface: urnic's devices hold the interface lock; and each urnic
 //! ping-pong carries only its own ACKs, as it would alone). With two cores,
-//! one second thread polls urnic's B devices and answers the raw pings, so
-//! both stacks see the same second core.
+//! each side of every ping-pong runs on a core of its own, as the two ends
+//! of a perftest run (two processes) do: the application's thread pings
+//! and runs urnic's A devices; a second thread runs the B devices, answers
+//! urnic's SENDs and WRITEs as their application would (byte for byte, the
+//! pinger checks them) and answers the raw pings, so both stacks see the
+//! same second core.
 
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
@@ -32,6 +36,7 @@ use super::raw_xdp::{RawPingPong, SEND8_FRAME};
 use super::urnic_runs::{rig, Poller, Rig};
 use super::Cores;
 use crate::perf::{SendPingPong, WritePingPong};
+use std::sync::{Arc, Mutex};
 
 /// Iterations (one round trip of each kind) per window: 2-4 ms here.
 pub(super) const ROUNDS_PER_WINDOW: usize = 50;
@@ -255,6 +260,7 @@ pub(super) fn phase_stats(windows: &[Window], split: Split, phase: Phase) -> Opt
 }
 
 /// Measure [`WINDOWS`] windows of interleaved round trips with `cores`
+/// (two: the answering side on the second thread, see the module's doc)
 /// on three fresh veth pairs: the SEND ping-pong, the WRITE ping-pong and
 /// the raw sockets each on a pair of its own, so that each urnic ping-pong
 /// carries only its own ACKs, as it would alone (a held ACK of one QP rides
@@ -264,38 +270,64 @@ pub(super) fn phase_stats(windows: &[Window], split: Split, phase: Phase) -> Opt
 pub(super) fn interleaved(cores: Cores) -> Result<Vec<Window>> {
     let [send_pair, write_pair, raw_pair] = [(); 3].map(|()| VethPair::create("lat", 1500).context("namespaces (root)"));
     let (send_pair, write_pair, raw_pair) = (send_pair?, write_pair?, raw_pair?);
-    let mut send = rig(&send_pair, Cores::One, 16384, "bl")?;
-    let mut write = rig(&write_pair, Cores::One, 16384, "bm")?;
+    let Rig { ea: mut sa, eb: mut sb, .. } = rig(&send_pair, Cores::One, 16384, "bl")?;
+    let Rig { ea: mut wa, eb: mut wb, .. } = rig(&write_pair, Cores::One, 16384, "bm")?;
     let mut raw = RawPingPong::new(&raw_pair)?;
-    // Two cores: the application's thread drives both A devices and pings;
-    // one second thread polls both B devices and answers the raw pings.
-    let _second = match cores {
-        Cores::One => None,
-        Cores::Two => {
-            let mut bs = Vec::new();
-            for rig in [&mut send, &mut write] {
-                let a = rig.ea.ctx.clone();
-                rig.ea.drive = vec![a.clone()];
-                rig.eb.drive = vec![a];
-                bs.push(rig.eb.ctx.clone());
-            }
-            let mut echo = raw.split_echo().context("raw echo end")?;
-            Some(Poller::spawn_loop(move || {
-                for b in &bs {
-                    b.poll();
-                }
-                echo.poll();
-            }))
+    let mut send = SendPingPong::new(&mut sa, &mut sb, 8)?;
+    let mut write = WritePingPong::new(&mut wa, &mut wb, 8)?;
+    match cores {
+        Cores::One => {
+            let mut one = || -> Result<[f64; 2]> {
+                Ok([send.round(&mut sa, &mut sb).context("SEND ping-pong")?, write.round(&mut wa, &mut wb).context("WRITE ping-pong")?])
+            };
+            let out = windows(&mut raw, &mut one);
+            write.finish(&mut wa, &mut wb)?;
+            out
         }
-    };
-    windows(&mut send, &mut write, &mut raw)
+        Cores::Two => {
+            // Each side on a core of its own, as the raw ping-pong's two
+            // ends are and as perftest's client and server processes are:
+            // the application's thread pings and runs the A devices, a
+            // second thread runs the B devices, answers urnic's pings as
+            // their applications would and answers the raw pings.
+            for (a, b) in [(&mut sa, &mut sb), (&mut wa, &mut wb)] {
+                a.drive = vec![a.ctx.clone()];
+                b.drive = vec![b.ctx.clone()];
+            }
+            let (mut send_echo, mut write_echo) = (send.echo(), write.echo());
+            let echo_done = write_echo.done.clone();
+            let mut raw_echo = raw.split_echo().context("raw echo end")?;
+            let failed: Arc<Mutex<Option<String>>> = Arc::default();
+            let report = failed.clone();
+            let second = Poller::spawn_loop(move || {
+                if report.lock().map_or(true, |f| f.is_some()) {
+                    return;
+                }
+                let stepped = send_echo.step(&mut sb).context("SEND echo").and_then(|()| write_echo.step(&mut wb).context("WRITE echo"));
+                if let Err(e) = stepped {
+                    if let Ok(mut f) = report.lock() {
+                        *f = Some(format!("{e:#}"));
+                    }
+                }
+                raw_echo.poll();
+            });
+            let mut one = || -> Result<[f64; 2]> {
+                Ok([send.round_echoed(&mut sa).context("SEND ping-pong")?, write.round_echoed(&mut wa).context("WRITE ping-pong")?])
+            };
+            let out = windows(&mut raw, &mut one).and_then(|w| write.finish_echoed(&mut wa, &echo_done).map(|()| w));
+            drop(second);
+            match (out, failed.lock().ok().and_then(|mut f| f.take())) {
+                (Err(e), Some(why)) => Err(e.context(format!("the answering thread failed: {why}"))),
+                (out, _) => out,
+            }
+        }
+    }
 }
 
-fn windows(send_rig: &mut Rig, write_rig: &mut Rig, raw: &mut RawPingPong) -> Result<Vec<Window>> {
-    let (ea, eb) = (&mut send_rig.ea, &mut send_rig.eb);
-    let (wa, wb) = (&mut write_rig.ea, &mut write_rig.eb);
-    let mut send = SendPingPong::new(ea, eb, 8)?;
-    let mut write = WritePingPong::new(wa, wb, 8)?;
+/// [`WINDOWS`] windows, each of [`ROUNDS_PER_WINDOW`] iterations of one raw
+/// round trip, one raw round trip with ACKs and `urnic_round` (urnic's SEND
+/// and WRITE round trips), between two probes.
+fn windows(raw: &mut RawPingPong, urnic_round: &mut dyn FnMut() -> Result<[f64; 2]>) -> Result<Vec<Window>> {
     let probe = Probe::new();
     let raw_round = |raw: &mut RawPingPong, with_ack: bool| -> Result<f64> {
         let t = std::time::Instant::now();
@@ -305,8 +337,7 @@ fn windows(send_rig: &mut Rig, write_rig: &mut Rig, raw: &mut RawPingPong) -> Re
     for _ in 0..WARMUP_ROUNDS {
         raw_round(raw, false)?;
         raw_round(raw, true)?;
-        send.round(ea, eb).context("SEND ping-pong")?;
-        write.round(wa, wb).context("WRITE ping-pong")?;
+        urnic_round()?;
     }
     let mut out = Vec::with_capacity(WINDOWS);
     for _ in 0..WINDOWS {
@@ -314,13 +345,13 @@ fn windows(send_rig: &mut Rig, write_rig: &mut Rig, raw: &mut RawPingPong) -> Re
         for _ in 0..ROUNDS_PER_WINDOW {
             w.raw.push(raw_round(raw, false)?);
             w.raw_ack.push(raw_round(raw, true)?);
-            w.send.push(send.round(ea, eb).context("SEND ping-pong")?);
-            w.write.push(write.round(wa, wb).context("WRITE ping-pong")?);
+            let [send, write] = urnic_round()?;
+            w.send.push(send);
+            w.write.push(write);
         }
         w.probe[1] = probe.measure();
         out.push(w);
     }
-    write.finish(wa, wb)?;
     Ok(out)
 }
 
