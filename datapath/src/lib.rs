@@ -11,7 +11,6 @@ pub mod neigh;
 pub mod netdev;
 pub mod netns;
 pub mod nic;
-mod pollers;
 pub mod port;
 pub mod queues;
 pub mod raw;

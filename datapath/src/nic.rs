@@ -92,9 +92,6 @@ pub struct NicStats {
     /// Batches of bare ACKs whose kick waited one poll to leave with the
     /// application's answer.
     pub acks_deferred: AtomicU64,
-    /// Replies kicked on their own, before the held ACK they released was
-    /// built ([`Engine::take_reply_before_ack`](rocev2::transport::engine::Engine::take_reply_before_ack)).
-    pub reply_kicks: AtomicU64,
     /// Frames sent to this device itself, looped back inside the NIC
     /// instead of going to the port (not in `tx_frames` or `rx_frames`).
     pub loopback_frames: AtomicU64,
@@ -128,7 +125,6 @@ impl NicStats {
             ("port_errors", g(&self.port_errors)),
             ("capture_errors", g(&self.capture_errors)),
             ("acks_deferred", g(&self.acks_deferred)),
-            ("reply_kicks", g(&self.reply_kicks)),
             ("posts_refused", g(&self.posts_refused)),
             ("rx_handoffs", g(&self.rx_handoffs)),
             ("rx_handoff_drops", g(&self.rx_handoff_drops)),
@@ -273,9 +269,6 @@ pub struct Nic {
     /// back or takes over, and [`Nic::drive`] skips its end-of-iteration
     /// stamp (a clock read no reader needs).
     has_runners: AtomicBool,
-    /// This device in the process's registry of which thread polls which
-    /// device (whether a reply is kicked before its held ACK is built).
-    poller_mark: crate::pollers::PollerMark,
     /// Counters.
     pub stats: NicStats,
 }
@@ -404,7 +397,6 @@ impl Nic {
             in_drive: AtomicBool::new(false),
             runners: Mutex::new(Vec::new()),
             has_runners: AtomicBool::new(false),
-            poller_mark: crate::pollers::PollerMark::register(info.mac),
             stats: NicStats::default(),
         }
     }
@@ -990,7 +982,6 @@ impl Nic {
     /// with this iteration's clock.
     fn poll_locked(&self, i: usize, shard: &Shard, mut engine: MutexGuard<'_, Engine>, driver: bool) -> usize {
         self.stats.polls.fetch_add(1, Ordering::Relaxed);
-        self.poller_mark.note();
         let mut port = lock(&shard.port);
         // The copies of the whole iteration (gathers, placements) enter the
         // memory table's lock once, at the first of them; it is left before
@@ -1093,12 +1084,9 @@ impl Nic {
             // seven references); `was_looped` tells the loop what it did.
             let engine = &mut *engine;
             let was_looped = Cell::new(false);
-            let reply_first = Cell::new(false);
             let mut fill = |buf: &mut [u8]| {
                 let n = engine.poll_transmit(now, buf)?;
                 let frame = buf.get(..n)?;
-                // Unless this thread polls the peer too (`pollers`).
-                reply_first.set(engine.take_reply_before_ack() && !crate::pollers::polled_by_this_thread(frame));
                 self.capture(frame);
                 if self.is_local(frame) {
                     self.loop_back(i, frame);
@@ -1118,20 +1106,6 @@ impl Nic {
             while sent + looped < TX_BUDGET {
                 was_looped.set(false);
                 match port.transmit_with(&mut fill) {
-                    // The reply a held ACK waited for leaves now, before the
-                    // ACK is built: a peer polling on another core has it
-                    // while this one builds and kicks the ACK (a kick of
-                    // its own; counted as `reply_kicks`). Not when this
-                    // thread polls the peer device too (`pollers`): the
-                    // peer cannot look before this thread is done, and the
-                    // kick of its own would only cost a system call.
-                    Ok(true) if reply_first.get() => {
-                        sent += 1;
-                        self.stats.reply_kicks.fetch_add(1, Ordering::Relaxed);
-                        if port.flush().is_err() {
-                            self.stats.port_errors.fetch_add(1, Ordering::Relaxed);
-                        }
-                    }
                     Ok(true) => sent += 1,
                     Ok(false) if was_looped.get() => looped += 1,
                     Ok(false) => break,

@@ -84,39 +84,6 @@ fn the_ack_waits_for_the_reply_and_leaves_right_behind_it() {
     assert_eq!(p.a.engine.qp_stats(p.a.qpn).unwrap().req_timeouts, 0);
 }
 
-/// `Engine::take_reply_before_ack` (the datapath kicks such a reply on its
-/// own): true right after the reply that ended a hold, once; false after
-/// the ACK itself and after a request that ended no hold.
-#[test]
-fn the_reply_that_ends_a_hold_says_that_the_ack_comes_next() {
-    let mut buf = vec![0u8; 4096];
-    let opcode = |buf: &[u8], n: usize| parse_frame(&buf[..n]).expect("a frame we sent parses").repr.transport.bth.opcode;
-    // A's ping ends no hold (A holds nothing).
-    let mut p = pair();
-    p.b.engine.post_recv(p.b.qpn, RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 64)] }).unwrap();
-    let sge = p.a.sge(0, 8);
-    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
-    let n = p.a.engine.poll_transmit(p.now, &mut buf).expect("the ping");
-    assert_eq!(opcode(&buf, n), Opcode::RC_SEND_ONLY);
-    assert!(!p.a.engine.take_reply_before_ack());
-    // B receives it and holds its ACK: nothing to send yet.
-    p.b.engine.handle_frame(p.now, &buf[..n]);
-    assert!(p.b.engine.poll_transmit(p.now, &mut buf).is_none(), "the ACK is held");
-    assert!(!p.b.engine.take_reply_before_ack());
-    // B's reply ends the hold: the reply says so, once; the ACK follows.
-    let sge = p.b.sge(4096, 8);
-    p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Send, vec![sge])).unwrap();
-    let n = p.b.engine.poll_transmit(p.now, &mut buf).expect("the reply");
-    assert_eq!(opcode(&buf, n), Opcode::RC_SEND_ONLY);
-    assert!(p.b.engine.take_reply_before_ack());
-    assert!(!p.b.engine.take_reply_before_ack(), "taken once");
-    let n = p.b.engine.poll_transmit(p.now, &mut buf).expect("the held ACK, right behind");
-    assert_eq!(opcode(&buf, n), Opcode::RC_ACK);
-    assert!(!p.b.engine.take_reply_before_ack());
-    assert!(p.b.engine.poll_transmit(p.now, &mut buf).is_none());
-    assert!(!p.b.engine.take_reply_before_ack());
-}
-
 #[test]
 fn without_a_reply_the_ack_leaves_alone_at_the_bound() {
     let mut p = pair();

@@ -160,10 +160,6 @@ pub struct Engine {
     /// nothing to send: their ACKs leave after every other frame
     /// (`poll_transmit`).
     late_acks: Vec<u32>,
-    /// The frame [`Engine::poll_transmit`] returned last is a reply that
-    /// ended a held ACK's hold: the ACK is the next frame
-    /// ([`Engine::take_reply_before_ack`]).
-    reply_before_ack: bool,
     /// ACKs of QPs destroyed, reset or moved to ERR while holding them,
     /// framed at that moment, for the next `poll_transmit`.
     parting: VecDeque<Vec<u8>>,
@@ -190,7 +186,6 @@ impl Engine {
             gsi: None,
             ready: VecDeque::new(),
             late_acks: Vec::with_capacity(16),
-            reply_before_ack: false,
             parting: VecDeque::new(),
             mcast: McastTable::default(),
         }
@@ -551,18 +546,6 @@ impl Engine {
         self.srqs.get(&srq).map(|q| q.retired().clone())
     }
 
-    /// Whether the frame [`Engine::poll_transmit`] returned last is the
-    /// reply a held ACK (responder, "held ACKs") waited for, so that the
-    /// next frame is that ACK; cleared by the call. A caller that hands
-    /// frames to a port in batches can send what it has built so far
-    /// first: the reply then leaves without waiting for the ACK to be
-    /// built, and a peer polling on another core sees it that much sooner
-    /// (the ACK follows in a kick of its own).
-    #[inline]
-    pub fn take_reply_before_ack(&mut self) -> bool {
-        std::mem::take(&mut self.reply_before_ack)
-    }
-
     /// Whether completions wait for [`Engine::poll_completion`].
     #[inline]
     pub fn has_completions(&self) -> bool {
@@ -770,7 +753,6 @@ impl Engine {
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.last_now = self.last_now.max(now);
-        self.reply_before_ack = false;
         if let Some(len) = self.gsi.as_deref_mut().and_then(|g| g.poll_transmit(buf)) {
             self.stats.tx_frames += 1;
             return Some(len);
@@ -879,7 +861,7 @@ impl Engine {
             // for the late-ACK check (no second lookup).
             let out =
                 request_frame(qp, now, self.last_now, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events, &mut self.ready, buf);
-            let qp = if matches!(out, RequestOut { frame: Ok(None), due: None, .. }) {
+            let qp = if matches!(out, RequestOut { frame: Ok(None), due: None }) {
                 qp
             } else {
                 if let Some(len) = self.after_request(qpn, out) {
@@ -936,7 +918,6 @@ impl Engine {
         if let Some(t) = out.due {
             self.queue_timer(t, qpn);
         }
-        self.reply_before_ack = out.released_hold;
         match out.frame {
             Ok(len) => len,
             Err(SqFatal(_)) => {
@@ -1188,8 +1169,6 @@ struct RequestOut {
     frame: Result<Option<usize>, SqFatal>,
     /// The QP's timer to queue.
     due: Option<Instant>,
-    /// The frame is the reply a held ACK waited for: the ACK comes next.
-    released_hold: bool,
 }
 
 /// The next response frame of `qp`'s responder into `buf` (counted in the
@@ -1245,21 +1224,19 @@ fn request_frame(
     }
     // DCQCN pacing: requests leave no faster than the QP's current rate.
     if !matches!(qp.state, QpState::Rts | QpState::Sqd) || !qp.rp.may_send(now) {
-        return RequestOut { frame: Ok(None), due: None, released_hold: false };
+        return RequestOut { frame: Ok(None), due: None };
     }
     // The path is used in place (UD sends carry their own per WR).
     let r = {
         let (requester, mut ctx, path) = req_parts(qp, memory, completions);
         requester.poll_transmit(now, &mut ctx, path, buf)
     };
-    let mut released_hold = false;
     if let Ok(Some(len)) = r {
         qp.rp.on_sent(now, len);
         // The reply a held ACK waited for: the ACK leaves next, right
         // behind it (the QP is back on the ready list after a frame).
         if qp.responder.has_held_ack() {
             release_replied_hold(qp);
-            released_hold = true;
         }
         mark_ready(qp, ready);
     }
@@ -1268,7 +1245,7 @@ fn request_frame(
     if r.is_ok() {
         check_drained(qp, events);
     }
-    RequestOut { frame: r, due, released_hold }
+    RequestOut { frame: r, due }
 }
 
 /// The reply a held ACK (responder, "held ACKs") waited for has left: the
