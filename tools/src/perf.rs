@@ -314,6 +314,13 @@ fn post_signaled(ep: &Endpoint, wr_id: u64, op: SendOp, size: usize) -> Result<(
     ep.qp.post_send_ref(&wr).context("post_send")
 }
 
+/// Wait on `ep` until a receive completes (send completions met on the
+/// way are consumed).
+fn wait_recv(ep: &Endpoint, deadline: Instant) -> Result<()> {
+    while ep.wait_one(deadline)?.opcode != urnic::WcOpcode::Recv {}
+    Ok(())
+}
+
 /// Read `buf.len()` bytes of `mr` from `offset` into `buf`; the first one
 /// that is not `tag`, if any.
 fn first_not(mr: &Mr, offset: usize, buf: &mut [u8], tag: u8) -> Result<Option<usize>> {
@@ -346,33 +353,32 @@ impl SendPingPong {
         Ok(SendPingPong { size, half, rounds: 0, buf: vec![0; size] })
     }
 
-    /// One round trip; its one-way latency (RTT/2) in µs.
-    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
-        let (i, size, half) = (self.rounds, self.size, self.half);
+    /// Start the next round: fill `a`'s send area with its tag and post the
+    /// ping. The round's number, its tag, when it started.
+    fn ping(&mut self, a: &mut Endpoint) -> Result<(usize, u8, Instant)> {
+        let i = self.rounds;
         self.rounds += 1;
         let tag = (i % 251) as u8;
-        a.mr.fill_at(0, size, tag).context("fill_at")?;
+        a.mr.fill_at(0, self.size, tag).context("fill_at")?;
         let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(10);
-        post_signaled(a, 2, SendOp::Send, size)?;
+        post_signaled(a, 2, SendOp::Send, self.size)?;
+        Ok((i, tag, t0))
+    }
+
+    /// One round trip; its one-way latency (RTT/2) in µs.
+    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
+        let (i, tag, t0) = self.ping(a)?;
+        let (size, half, deadline) = (self.size, self.half, t0 + Duration::from_secs(10));
         // b: receive, check, answer
-        let mut got_recv = false;
-        while !got_recv {
-            let wc = b.wait_one(deadline)?;
-            got_recv = wc.opcode == urnic::WcOpcode::Recv;
-        }
+        wait_recv(b, deadline)?;
         if first_not(&b.mr, half, &mut self.buf, tag)?.is_some() {
             bail!("data check failed on ping {i}");
         }
         post_recv_upper(b, half)?;
         b.mr.fill_at(0, size, tag).context("fill_at")?;
         post_signaled(b, 2, SendOp::Send, size)?;
-        // a: wait for the pong (and its own send completion)
-        let mut got_pong = false;
-        while !got_pong {
-            let wc = a.wait_one(deadline)?;
-            got_pong = wc.opcode == urnic::WcOpcode::Recv;
-        }
+        // a: wait for the pong (its own send completion may come first)
+        wait_recv(a, deadline)?;
         let rtt = t0.elapsed();
         post_recv_upper(a, half)?;
         // drain remaining send completions
@@ -381,31 +387,19 @@ impl SendPingPong {
         let _ = b.cq.poll(&mut wcs);
         Ok(rtt.as_secs_f64() * 1e6 / 2.0)
     }
-}
 
-impl SendPingPong {
     /// One round trip against a [`SendEcho`] that another thread drives
     /// (the answering side on a core of its own, as a perftest server
     /// process is): `a` sends, waits for the echo and checks that every
     /// byte came back. Its one-way latency (RTT/2) in µs.
     pub fn round_echoed(&mut self, a: &mut Endpoint) -> Result<f64> {
-        let (i, size, half) = (self.rounds, self.size, self.half);
-        self.rounds += 1;
-        let tag = (i % 251) as u8;
-        a.mr.fill_at(0, size, tag).context("fill_at")?;
-        let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(10);
-        post_signaled(a, 2, SendOp::Send, size)?;
-        let mut got_pong = false;
-        while !got_pong {
-            let wc = a.wait_one(deadline)?;
-            got_pong = wc.opcode == urnic::WcOpcode::Recv;
-        }
+        let (i, tag, t0) = self.ping(a)?;
+        wait_recv(a, t0 + Duration::from_secs(10))?;
         let rtt = t0.elapsed();
-        if let Some(at) = first_not(&a.mr, half, &mut self.buf, tag)? {
+        if let Some(at) = first_not(&a.mr, self.half, &mut self.buf, tag)? {
             bail!("data check failed on echo {i}: byte {at} of the pong is not the ping's");
         }
-        post_recv_upper(a, half)?;
+        post_recv_upper(a, self.half)?;
         let mut wcs = [WorkCompletion::default(); 4];
         let _ = a.cq.poll(&mut wcs);
         Ok(rtt.as_secs_f64() * 1e6 / 2.0)
