@@ -280,9 +280,9 @@ pub(super) fn interleaved(cores: Cores) -> Result<Vec<Window>> {
             let mut one = || -> Result<[f64; 2]> {
                 Ok([send.round(&mut sa, &mut sb).context("SEND ping-pong")?, write.round(&mut wa, &mut wb).context("WRITE ping-pong")?])
             };
-            let out = windows(&mut raw, &mut one);
+            let out = windows(&mut raw, &mut one)?;
             write.finish(&mut wa, &mut wb)?;
-            out
+            Ok(out)
         }
         Cores::Two => {
             // Each side on a core of its own, as the raw ping-pong's two
