@@ -1,6 +1,8 @@
 //! perftest-style measurements over the verbs API: an RC QP pair between two
 //! contexts, RDMA WRITE bandwidth and SEND ping-pong latency with data checks.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context as _, Result};
@@ -328,6 +330,16 @@ fn first_not(mr: &Mr, offset: usize, buf: &mut [u8], tag: u8) -> Result<Option<u
     Ok(buf.iter().position(|&v| v != tag))
 }
 
+/// The last byte of the `size`-byte landing area at `half` of `mr`: the
+/// tag of the WRITE that landed there last (ib_write_lat's signal).
+fn landed_tag(mr: &Mr, half: usize, size: usize) -> u8 {
+    let at = mr.as_ptr().wrapping_add(half + size - 1);
+    // SAFETY: `at` is inside the registered buffer (`WritePingPong::new`
+    // checked that the area fits), which the datapath writes concurrently:
+    // hence the volatile read.
+    unsafe { std::ptr::read_volatile(at) }
+}
+
 /// A SEND ping-pong between two connected endpoints, one round trip at a
 /// time (so that a benchmark can interleave it with other measurements):
 /// `a` sends, `b` receives, checks the data and answers, `a` receives.
@@ -424,8 +436,8 @@ pub struct SendEcho {
 impl SendEcho {
     /// Run `b`'s datapath once ([`Endpoint::kick`]), then answer each SEND
     /// received: repost the receive, copy the message to the send area,
-    /// send it back and run the datapath again. Send completions are consumed; an error completion is
-    /// an error.
+    /// send it back and run the datapath again. Send completions are
+    /// consumed; an error completion is an error.
     pub fn step(&mut self, b: &mut Endpoint) -> Result<()> {
         b.kick();
         let mut wcs = [WorkCompletion::default(); 4];
@@ -491,11 +503,8 @@ impl WritePingPong {
 
     /// Spin until the last byte of `ep`'s landing area (at `half`) reads `tag`.
     fn spin(&self, ep: &Endpoint, half: usize, tag: u8, deadline: Instant) -> Result<()> {
-        let at = ep.mr.as_ptr().wrapping_add(half + self.size - 1);
         let mut deadline = SpinDeadline::new(deadline);
-        // SAFETY: `at` is inside the registered buffer, which the datapath
-        // writes concurrently: hence the volatile read.
-        while unsafe { std::ptr::read_volatile(at) } != tag {
+        while landed_tag(&ep.mr, half, self.size) != tag {
             if deadline.passed() {
                 bail!("write_lat: the peer's WRITE did not land within 10 s");
             }
@@ -515,16 +524,26 @@ impl WritePingPong {
         }
     }
 
-    /// One round trip; its one-way latency (RTT/2) in µs.
-    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
-        let (i, size) = (self.rounds, self.size);
+    /// Start the next round: fill `a`'s send area with its tag (and
+    /// `answer`'s, the side that writes back, untimed), then post `a`'s
+    /// WRITE. The round's number, its tag, when it started.
+    fn ping(&mut self, a: &mut Endpoint, answer: Option<&mut Endpoint>) -> Result<(usize, u8, Instant)> {
+        let i = self.rounds;
         self.rounds += 1;
         let tag = (i % 255 + 1) as u8;
-        a.mr.fill_at(0, size, tag).context("fill_at")?;
-        b.mr.fill_at(0, size, tag).context("fill_at")?;
+        a.mr.fill_at(0, self.size, tag).context("fill_at")?;
+        if let Some(b) = answer {
+            b.mr.fill_at(0, self.size, tag).context("fill_at")?;
+        }
         let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(10);
-        post_signaled(a, 3, SendOp::Write { remote: self.to_b }, size)?;
+        post_signaled(a, 3, SendOp::Write { remote: self.to_b }, self.size)?;
+        Ok((i, tag, t0))
+    }
+
+    /// One round trip; its one-way latency (RTT/2) in µs.
+    pub fn round(&mut self, a: &mut Endpoint, b: &mut Endpoint) -> Result<f64> {
+        let (_, tag, t0) = self.ping(a, Some(b))?;
+        let (size, deadline) = (self.size, t0 + Duration::from_secs(10));
         self.spin(b, self.half[1], tag, deadline)?;
         post_signaled(b, 3, SendOp::Write { remote: self.to_a }, size)?;
         self.spin(a, self.half[0], tag, deadline)?;
@@ -550,21 +569,13 @@ impl WritePingPong {
         }
         Ok(())
     }
-}
 
-impl WritePingPong {
     /// One round trip against a [`WriteEcho`] that another thread drives:
     /// `a` writes, spins until the echo's WRITE lands and checks every byte
     /// of it. Its one-way latency (RTT/2) in µs.
     pub fn round_echoed(&mut self, a: &mut Endpoint) -> Result<f64> {
-        let (i, size) = (self.rounds, self.size);
-        self.rounds += 1;
-        let tag = (i % 255 + 1) as u8;
-        a.mr.fill_at(0, size, tag).context("fill_at")?;
-        let t0 = Instant::now();
-        let deadline = t0 + Duration::from_secs(10);
-        post_signaled(a, 3, SendOp::Write { remote: self.to_b }, size)?;
-        self.spin(a, self.half[0], tag, deadline)?;
+        let (i, tag, t0) = self.ping(a, None)?;
+        self.spin(a, self.half[0], tag, t0 + Duration::from_secs(10))?;
         let one_way = t0.elapsed().as_secs_f64() * 1e6 / 2.0;
         if let Some(at) = first_not(&a.mr, self.half[0], &mut self.buf, tag)? {
             bail!("write_lat: byte {at} of echo {i} is not the ping's");
@@ -576,23 +587,16 @@ impl WritePingPong {
     /// The answering side of this ping-pong for a thread of its own
     /// ([`WriteEcho::step`]).
     pub fn echo(&self) -> WriteEcho {
-        WriteEcho {
-            size: self.size,
-            half: self.half[1],
-            to_a: self.to_a,
-            last: 0,
-            buf: vec![0; self.size],
-            done: std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0)),
-        }
+        WriteEcho { size: self.size, half: self.half[1], to_a: self.to_a, last: 0, buf: vec![0; self.size], done: Arc::new(AtomicUsize::new(0)) }
     }
 
     /// [`WritePingPong::finish`] for [`WritePingPong::round_echoed`]: wait
     /// until `a`'s WRITEs and the echo's (counted in `echo_done`) have all
     /// completed.
-    pub fn finish_echoed(&mut self, a: &mut Endpoint, echo_done: &std::sync::atomic::AtomicUsize) -> Result<()> {
+    pub fn finish_echoed(&mut self, a: &mut Endpoint, echo_done: &AtomicUsize) -> Result<()> {
         let n = self.rounds;
         let deadline = Instant::now() + Duration::from_secs(10);
-        let echoed = || echo_done.load(std::sync::atomic::Ordering::Acquire);
+        let echoed = || echo_done.load(Ordering::Acquire);
         while self.done[0] < n || echoed() < n {
             if Instant::now() > deadline {
                 bail!("write_lat: {}/{n} and {}/{n} WRITEs completed", self.done[0], echoed());
@@ -615,20 +619,17 @@ pub struct WriteEcho {
     last: u8,
     buf: Vec<u8>,
     /// WRITEs of this echo completed so far.
-    pub done: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    pub done: Arc<AtomicUsize>,
 }
 
 impl WriteEcho {
     /// Run `b`'s datapath once ([`Endpoint::kick`]); when a new tag has
     /// landed in the last byte of `b`'s area, WRITE the area's bytes back
-    /// and run the datapath again;
-    /// count `b`'s completions (an error completion is an error).
+    /// and run the datapath again; count `b`'s completions (an error
+    /// completion is an error).
     pub fn step(&mut self, b: &mut Endpoint) -> Result<()> {
         b.kick();
-        let at = b.mr.as_ptr().wrapping_add(self.half + self.size - 1);
-        // SAFETY: `at` is inside the registered buffer, which the datapath
-        // writes concurrently: hence the volatile read.
-        let tag = unsafe { std::ptr::read_volatile(at) };
+        let tag = landed_tag(&b.mr, self.half, self.size);
         if tag != self.last {
             self.last = tag;
             b.mr.read_at(self.half, &mut self.buf).context("read_at")?;
@@ -641,7 +642,7 @@ impl WriteEcho {
         if let Some(w) = wcs[..n].iter().find(|w| w.status != WcStatus::Success) {
             bail!("write_lat echo: completion {:?}", w.status);
         }
-        self.done.fetch_add(n, std::sync::atomic::Ordering::Release);
+        self.done.fetch_add(n, Ordering::Release);
         Ok(())
     }
 }
@@ -704,11 +705,11 @@ mod tests {
     fn answering(
         mut b: Endpoint,
         mut step: impl FnMut(&mut Endpoint) -> Result<()> + Send + 'static,
-    ) -> (std::sync::Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<Result<Endpoint>>) {
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    ) -> (Arc<std::sync::atomic::AtomicBool>, std::thread::JoinHandle<Result<Endpoint>>) {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let s = stop.clone();
         let t = std::thread::spawn(move || {
-            while !s.load(std::sync::atomic::Ordering::Relaxed) {
+            while !s.load(Ordering::Relaxed) {
                 step(&mut b)?;
             }
             Ok(b)
@@ -726,7 +727,7 @@ mod tests {
             let one_way = pp.round_echoed(&mut a).expect("round");
             assert!(one_way > 0.0);
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         let b = t.join().expect("echo thread").expect("echo");
         // Every ping found its receive reposted in time: no RNR NAK either way.
         let (sa, sb) = (a.qp.stats().expect("stats"), b.qp.stats().expect("stats"));
@@ -746,9 +747,9 @@ mod tests {
             pp.round_echoed(&mut a).expect("round");
         }
         pp.finish_echoed(&mut a, &done).expect("every WRITE completes");
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         t.join().expect("echo thread").expect("echo");
-        assert_eq!(done.load(std::sync::atomic::Ordering::Acquire), 600);
+        assert_eq!(done.load(Ordering::Acquire), 600);
     }
 
     #[test]
@@ -772,7 +773,7 @@ mod tests {
                 break;
             }
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stop.store(true, Ordering::Relaxed);
         let _ = t.join();
         assert!(failed.as_deref().is_some_and(|e| e.contains("not the ping's")), "{failed:?}");
     }

@@ -297,16 +297,21 @@ pub(super) fn interleaved(cores: Cores) -> Result<Vec<Window>> {
             let (mut send_echo, mut write_echo) = (send.echo(), write.echo());
             let echo_done = write_echo.done.clone();
             let mut raw_echo = raw.split_echo().context("raw echo end")?;
+            // A failed echo stops answering urnic's pings (the pinger's wait
+            // then fails) and leaves its reason here. The loop itself only
+            // tests its own flag: no lock on the path both stacks' pings
+            // wait on.
             let failed: Arc<Mutex<Option<String>>> = Arc::default();
             let report = failed.clone();
+            let mut stopped = false;
             let second = Poller::spawn_loop(move || {
-                if report.lock().map_or(true, |f| f.is_some()) {
-                    return;
-                }
-                let stepped = send_echo.step(&mut sb).context("SEND echo").and_then(|()| write_echo.step(&mut wb).context("WRITE echo"));
-                if let Err(e) = stepped {
-                    if let Ok(mut f) = report.lock() {
-                        *f = Some(format!("{e:#}"));
+                if !stopped {
+                    let stepped = send_echo.step(&mut sb).context("SEND echo").and_then(|()| write_echo.step(&mut wb).context("WRITE echo"));
+                    if let Err(e) = stepped {
+                        stopped = true;
+                        if let Ok(mut f) = report.lock() {
+                            *f = Some(format!("{e:#}"));
+                        }
                     }
                 }
                 raw_echo.poll();
