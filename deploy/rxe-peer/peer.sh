@@ -46,8 +46,11 @@ RECIPE=4
 SUITE=bookworm
 KERNEL_META=linux-image-amd64   # we take the versioned package it depends on
 PKGS=kmod,iproute2,ibverbs-providers,ibverbs-utils,perftest,rdmacm-utils,qperf,iputils-ping,procps
-# Modules for the initramfs; modprobe resolves their dependencies.
-MODULES="virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm crc32_generic crc32-pclmul 9pnet_virtio 9p"
+# Modules for the initramfs; modprobe resolves their dependencies. The
+# last five are for tests that delay some of the guest's incoming frames
+# (tc: an ingress filter redirecting them to an ifb device with netem);
+# guest-init does not load them.
+MODULES="virtio_pci virtio_net rdma_rxe ib_uverbs rdma_ucm crc32_generic crc32-pclmul 9pnet_virtio 9p sch_ingress cls_u32 act_mirred ifb sch_netem"
 
 say() { echo "peer.sh: $*" >&2; }
 fail() { say "error: $*"; exit 1; }
