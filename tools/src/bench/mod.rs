@@ -240,11 +240,13 @@ fn bandwidth_rows(p: &Progress, pairs: (&VethPair, &VethPair), cores: Cores, r: 
     let (pair, pair9k) = pairs;
     let c = cores.label();
     let mut cpu = Vec::new();
-    for (mtu, pair) in [(1024, pair), (4096, pair9k)] {
+    // One MTU's bracket: urnic's MB/s, the ceiling's pps and (two cores) the
+    // reading ceiling's pps.
+    let mut rows = |mtu: usize, pair: &VethPair, tag: &str| -> Result<(f64, f64, f64)> {
         let frame = write_frame_len(mtu);
         let mut urnic = || {
             p.step(format_args!("urnic, {c}: 64 KiB WRITE bandwidth, MTU {mtu}"));
-            urnic_write_64k(pair, cores, if mtu == 1024 { "bn" } else { "bj" }).map(|w| {
+            urnic_write_64k(pair, cores, tag).map(|w| {
                 if mtu == 1024 {
                     cpu.push(w.cpu_per_gb);
                 }
@@ -255,21 +257,19 @@ fn bandwidth_rows(p: &Progress, pairs: (&VethPair, &VethPair), cores: Cores, r: 
             p.step(format_args!("raw AF_XDP ceiling, {c}, MTU {mtu}"));
             raw_afxdp(pair, frame, cores, 1.0)
         };
-        let (w, raw, read) = match cores {
-            Cores::One => bracketed(&mut urnic, ceiling).map(|(w, raw)| (w, raw, 0.0))?,
+        match cores {
+            Cores::One => bracketed(&mut urnic, ceiling).map(|(w, raw)| (w, raw, 0.0)),
             Cores::Two => bracketed_two(&mut urnic, ceiling, || {
                 p.step(format_args!("raw AF_XDP ceiling whose receiver reads every byte, {c}, MTU {mtu}"));
                 raw_afxdp_reading(pair, frame, 1.0)
-            })?,
-        };
-        if mtu == 1024 {
-            (r.urnic[i].write_64k, r.raw_1k[i]) = (w, raw);
-        } else {
-            (r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = (w, raw);
+            }),
         }
-        if cores == Cores::Two {
-            *(if mtu == 1024 { &mut r.raw_1k_read } else { &mut r.raw_4k_read }) = read;
-        }
+    };
+    let (w1, raw1, read1) = rows(1024, pair, "bn")?;
+    let (w4, raw4, read4) = rows(4096, pair9k, "bj")?;
+    (r.urnic[i].write_64k, r.raw_1k[i], r.urnic[i].write_64k_mtu4096, r.raw_4k[i]) = (w1, raw1, w4, raw4);
+    if cores == Cores::Two {
+        (r.raw_1k_read, r.raw_4k_read) = (read1, read4);
     }
     r.urnic[i].cpu_per_gb = cpu.iter().sum::<f64>() / cpu.len().max(1) as f64;
     Ok(())
