@@ -246,6 +246,12 @@ fn rdma_server_and_rdma_client() {
     lab.check_captures("rdma_server", RC_EXCHANGE);
 }
 
+/// How many times a `-R` pair may run before a lost race fails the test.
+/// urnic's client lost it to urnic's server in about a third of the runs on
+/// a 2-vCPU host (five in a row once in a fresh clone's suite): twenty make a
+/// spurious failure a one-in-a-billion event.
+const PERFTEST_RUNS: u32 = 20;
+
 /// perftest `-R` (4.5-0.17) syncs client and server over its first CM
 /// connection, then the server creates its listener for the test QPs while
 /// the client already connects them: a client that wins that race gets REJ
@@ -257,12 +263,6 @@ fn rdma_server_and_rdma_client() {
 /// finishes. A run that lost the race
 /// (the client says so) is started again, server and client, up to
 /// [`PERFTEST_RUNS`] runs in all; any other failure fails the test.
-/// How many times a `-R` pair may run before a lost race fails the test. urnic's
-/// client lost it to urnic's server in about half the runs on a 2-vCPU host
-/// (five in a row once in a fresh clone's suite): twenty make a spurious
-/// failure a one-in-a-million event.
-const PERFTEST_RUNS: u32 = 20;
-
 fn perftest_cm(run: &str, prog: &str) {
     let lab = Lab::new(run);
     let p = program(prog, "perftest");

@@ -82,17 +82,24 @@ fn raw_ports(pair: &VethPair) -> Result<(XskPort, XskPort)> {
 /// a frame spans two UMEM chunks, and counting chunks once doubled the
 /// ceiling). Frames of other lengths (IPv6 neighbour discovery) are passed over.
 fn received_of_len(port: &mut XskPort, budget: usize, len: usize) -> u64 {
-    let mut n = 0u64;
-    let _ = port.receive(budget, &mut |f| n += u64::from(f.len() == len));
-    n
+    count_received(port, budget, len, |_| {})
 }
 
 /// [`received_of_len`], reading every byte of each frame once (a sum of
 /// its 8-byte words): what any receiver that uses its data pays at least.
 fn read_received_of_len(port: &mut XskPort, budget: usize, len: usize) -> u64 {
+    count_received(port, budget, len, |f| {
+        std::hint::black_box(word_sum(f));
+    })
+}
+
+/// Receive up to `budget` frames on `port`, handing each to `each`; how many
+/// were `len` bytes long.
+#[inline(always)]
+fn count_received(port: &mut XskPort, budget: usize, len: usize, mut each: impl FnMut(&[u8])) -> u64 {
     let mut n = 0u64;
     let _ = port.receive(budget, &mut |f| {
-        std::hint::black_box(word_sum(f));
+        each(f);
         n += u64::from(f.len() == len);
     });
     n

@@ -10,13 +10,13 @@ use super::raw_xdp::{write_frame_len, WRITE64_FRAME};
 use super::urnic_runs::Sweep;
 use super::{Cores, Run};
 use crate::perf::BwOp;
+use crate::plot::{self, nice_max, Chart, Line, COLORS};
+use anyhow::{Context as _, Result};
+use plotters::prelude::{SeriesLabelPosition, BLACK};
 
 /// What the rows against the reading ceiling are (no target of their own).
 const READING: &str = "context: each frame summed once, as any receiver that uses its data reads it; \
                        the host's slow mode for two cores hits this ceiling too, and not the plain one";
-use crate::plot::{self, nice_max, Chart, Line, COLORS};
-use anyhow::{Context as _, Result};
-use plotters::prelude::{SeriesLabelPosition, BLACK};
 
 /// The measurements of several runs: medians, ratios, pooled latency samples.
 pub(super) struct Summary {
