@@ -266,7 +266,7 @@ fn guest_script(clients: bool) -> String {
                  {cmd} >/host/{name}.out 2>&1; rc=$?\n\
                  [ $rc = 0 ] && break\n\
                  grep -q 'RDMA_CM_EVENT_REJECTED; error: 8' /host/{name}.out || break\n\
-                 attempt=$((attempt + 1)); [ $attempt -le 10 ] || break\n\
+                 attempt=$((attempt + 1)); [ $attempt -le {MAX_LOST} ] || break\n\
                  cp /host/{name}.out /host/{name}.lost-$attempt\n\
                  echo {marker}-lost-$attempt\n\
                  while [ ! -e /host/{name}.again-$attempt ]; do sleep 0.2; done\n\
