@@ -14,7 +14,10 @@
 //!    and starts over). A file left behind by a process that died, or by a
 //!    C program that exited without closing its device, is harmless, and
 //!    the next claim removes it the same way ([`sweep_stale`]): files of
-//!    namespaces that no longer exist would otherwise pile up.
+//!    namespaces that no longer exist would otherwise pile up. A sweep
+//!    holds the lock of a file it removes for a moment, as a closing holder
+//!    does, so a refused claim tries again for about a quarter second
+//!    before it names the holder.
 //!    The lock belongs to the open file description, so a second device in
 //!    the same process is refused too. Who holds it comes from `/proc/locks`;
 //! 3. no XDP program other than urnic's is attached to the interface (the
@@ -29,11 +32,20 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use super::XskError;
 
 /// Where the interface locks live.
 pub const LOCK_DIR: &str = "/run/urnic";
+
+/// The longest single wait of a claim whose lock file is locked, before it
+/// names the holder (the waits double from 1 ms: 255 ms in all).
+const CLAIM_PATIENCE: Duration = Duration::from_millis(128);
+
+/// Most files a claim opens (each time the one at the path was replaced
+/// under it, or locked and waited for).
+const MAX_CLAIM_TRIES: u32 = 16;
 
 /// The name urnic's XDP program has in the kernel (`urnic_xdp` in
 /// `xdp-prog/src/bpf/urnic.bpf.c`).
@@ -158,10 +170,14 @@ impl InterfaceLock {
                 _ => XskError::Io { what, source },
             }
         };
-        // The lock may change hands between a refused flock and the look at
-        // /proc/locks, and a released lock's file is removed by its holder
-        // (`Drop`): try again a few times before naming no one.
-        for _ in 0..4 {
+        // A refused flock is not yet a holder: another claim's sweep holds
+        // a file left behind for the moment it takes to remove it, and a
+        // closing holder removes its file before letting go. Try again,
+        // waiting 1, 2, 4, ... 128 ms (about a quarter second in all),
+        // before naming the holder. A file replaced between our open and
+        // flock (its holder closed) is simply opened again.
+        let mut wait = Duration::from_millis(1);
+        for _ in 0..MAX_CLAIM_TRIES {
             let file = open_lock_file(&path).map_err(|e| io_err("opening lock file", e))?;
             let meta = file.metadata().map_err(|e| io_err("lock file", e))?;
             if !meta.is_file() {
@@ -181,9 +197,16 @@ impl InterfaceLock {
             if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
                 return Err(io_err("locking", e));
             }
-            if let Some(pid) = lock_holder(meta.dev(), meta.ino()) {
-                return Err(XskError::InUse { ifname: ifname.to_string(), pid: Some(pid), holder: describe(pid) });
+            if wait <= CLAIM_PATIENCE {
+                std::thread::sleep(wait);
+                wait *= 2;
+                continue;
             }
+            // The lock may change hands between the refused flock and the
+            // look at /proc/locks: then no one is named.
+            let pid = lock_holder(meta.dev(), meta.ino());
+            let holder = pid.map_or_else(|| format!("lock {}", path.display()), describe);
+            return Err(XskError::InUse { ifname: ifname.to_string(), pid, holder });
         }
         Err(XskError::InUse { ifname: ifname.to_string(), pid: None, holder: format!("lock {}", path.display()) })
     }
@@ -422,6 +445,41 @@ mod tests {
         assert!(matches!(InterfaceLock::acquire_in(&dir, 4026531840, "held0"), Err(XskError::InUse { .. })));
         assert_eq!(sweep_stale(&dir), 0, "both claims are held");
         drop((held, mine));
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    }
+
+    /// Every claim sweeps, and a sweep holds each unheld file's lock for
+    /// the moment it takes to remove it: a claimer of that file meanwhile
+    /// must wait that moment out, not name the sweeper as the interface's
+    /// holder. (Seen in CI: a test that opened a device 30 times in a row
+    /// made a qperf in another namespace fail with "in use by" that test's
+    /// process; the qperf before it had left its file behind.) A holder
+    /// that keeps its lock is still refused.
+    #[test]
+    fn a_claim_waits_out_a_sweep_of_its_file_but_not_a_holder() {
+        let dir = temp_dir("sweeping").join("run-urnic");
+        lock_dir(&dir).unwrap();
+        let path = dir.join("net-4026532177-u0.lock");
+        // A sweep in the middle of removing the file left behind.
+        std::fs::write(&path, b"").unwrap();
+        let swept = File::open(&path).unwrap();
+        // SAFETY: flock on a file descriptor we own.
+        assert_eq!(unsafe { libc::flock(swept.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) }, 0);
+        let sweep = {
+            let path = path.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                std::fs::remove_file(&path).unwrap();
+                drop(swept);
+            })
+        };
+        let lock = InterfaceLock::acquire_in(&dir, 4026532177, "u0").expect("the sweep lets go at once");
+        sweep.join().unwrap();
+        assert!(same_file(&path, &lock._file.metadata().unwrap()), "the claim holds the file now at the path");
+        // A holder that does not let go is named.
+        let e = InterfaceLock::acquire_in(&dir, 4026532177, "u0").unwrap_err();
+        assert!(matches!(e, XskError::InUse { pid: Some(p), .. } if p == std::process::id()), "{e:?}");
+        drop(lock);
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
 
