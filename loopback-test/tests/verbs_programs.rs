@@ -68,12 +68,25 @@ fn ibv_devices_and_devinfo_list_the_urnic_device() {
     let s = text(&out);
     assert!(out.status.success(), "{s}");
     assert!(s.contains(&format!("urnic-{}", lab.pair.ifname[0])), "{s}");
-    let out = lab.command(0, &[program("ibv_devinfo", "ibverbs-utils"), "-v"]).output().unwrap();
+    // Counter files: ibv_devinfo's goes with its device (it closes it well
+    // within the publisher's first 250 ms tick), and one of a process that
+    // is gone (a C program that exited without closing its device) is
+    // removed by the next device that publishes.
+    let stats = std::env::temp_dir().join(format!("urnic-devinfo-stats-{}", std::process::id()));
+    std::fs::create_dir_all(&stats).unwrap();
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    gone.wait().unwrap();
+    let left = stats.join(format!("urnic-u0.{}.stat", gone.id()));
+    std::fs::write(&left, "device urnic-u0\n").unwrap();
+    let out = lab.command_env(0, &[format!("URNIC_STATS={}", stats.display())], &[program("ibv_devinfo", "ibverbs-utils"), "-v"]).output().unwrap();
     let s = text(&out);
     assert!(out.status.success(), "{s}");
     assert!(s.contains("PORT_ACTIVE"), "{s}");
     assert!(s.contains("link_layer:\t\tEthernet"), "{s}");
     assert!(s.contains("::ffff:10.99.0.1, RoCE v2"), "the IPv4 GID at index 1:\n{s}");
+    let files: Vec<_> = std::fs::read_dir(&stats).unwrap().flatten().map(|e| e.file_name()).collect();
+    assert!(files.is_empty(), "counter files left behind in {}: {files:?}", stats.display());
+    let _ = std::fs::remove_dir_all(&stats);
 }
 
 #[test]

@@ -24,8 +24,8 @@ pub fn publish_dir() -> Option<PathBuf> {
 
 /// Publish `ctx`'s counters for `urnic stat` (best effort: a read-only
 /// /run does not stop a benchmark); the file is removed when the device
-/// closes, when this process exits or is interrupted, and by `urnic stat`
-/// once the process is gone.
+/// closes, when this process exits or is interrupted, and, once the process
+/// is gone, by `urnic stat` or the next device that publishes.
 pub fn publish(ctx: &urnic::Context) {
     let Some(dir) = publish_dir() else { return };
     match ctx.publish_counters(&dir) {
@@ -37,18 +37,6 @@ pub fn publish(ctx: &urnic::Context) {
     }
 }
 
-/// The PID in a published file's name (`<device>.<pid>.stat`, or its
-/// `.stat.tmp` while being rewritten).
-fn pid_of(path: &Path) -> Option<u32> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".stat").or_else(|| name.strip_suffix(".stat.tmp"))?;
-    stem.rsplit('.').next()?.parse().ok()
-}
-
-fn running(pid: u32) -> bool {
-    Path::new(&format!("/proc/{pid}")).exists()
-}
-
 /// Print the counters of the devices that run now, from `dir`. Files of
 /// processes that no longer run (killed before they could remove them) are
 /// left out and deleted.
@@ -58,17 +46,13 @@ pub fn run(dir: &Path, all: bool) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("no urnic device is running ({} does not exist)", dir.display()),
         Err(e) => return Err(e).with_context(|| dir.display().to_string()),
     };
+    for p in urnic::sweep_counter_files(dir) {
+        tracing::debug!("removed {} (its process is gone)", p.display());
+    }
     let mut files = Vec::new();
     for p in entries.flatten().map(|e| e.path()) {
-        let Some(pid) = pid_of(&p) else { continue };
-        if !running(pid) {
-            match std::fs::remove_file(&p) {
-                Ok(()) => tracing::debug!("removed {} (process {pid} is gone)", p.display()),
-                Err(e) => tracing::debug!("{} (process {pid} is gone): not removed: {e}", p.display()),
-            }
-            continue;
-        }
-        if p.extension().is_some_and(|x| x == "stat") {
+        // The sweep above removed the files of processes that are gone.
+        if urnic::counter_file_pid(&p).is_some() && p.extension().is_some_and(|x| x == "stat") && p.exists() {
             files.push(p);
         }
     }
@@ -92,18 +76,4 @@ pub fn run(dir: &Path, all: bool) -> Result<()> {
         bail!("no urnic device is running (the devices in {} closed while being read)", dir.display());
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pid_from_file_names() {
-        assert_eq!(pid_of(Path::new("/run/urnic/urnic-eth0.1234.stat")), Some(1234));
-        assert_eq!(pid_of(Path::new("/run/urnic/urnic-eth0.100.77.stat")), Some(77));
-        assert_eq!(pid_of(Path::new("/run/urnic/urnic-eth0.77.stat.tmp")), Some(77));
-        assert_eq!(pid_of(Path::new("/run/urnic/notes.txt")), None);
-        assert_eq!(pid_of(Path::new("/run/urnic/x.stat")), None);
-    }
 }

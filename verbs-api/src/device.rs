@@ -352,6 +352,8 @@ pub(crate) struct DeviceInner {
     /// Declared after `nic` and `memory`: what is left here when the device
     /// closes is freed after the NIC (and with it the datapath) is gone.
     pub(crate) deferred: crate::backing::DeferredDeregs,
+    /// The counter files published for this device (removed as it closes).
+    pub(crate) counter_files: std::sync::Mutex<Vec<Arc<crate::stats::CounterFile>>>,
     // Declared last: dropped last would be wrong — the runner must stop before
     // the NIC goes away, and `Drop for Context` stops it explicitly.
     pub(crate) runner: std::sync::Mutex<Vec<Runner>>,
@@ -532,6 +534,7 @@ pub fn open_device(config: DeviceConfig) -> Result<Context> {
             cq_count: AtomicU32::new(0),
             srq_count: AtomicU32::new(0),
             deferred: Default::default(),
+            counter_files: Default::default(),
             runner: std::sync::Mutex::new(runners),
         }),
     })
@@ -665,6 +668,9 @@ impl Drop for DeviceInner {
         // the NIC (field order) if nothing else holds it, else leaked.
         let datapath_gone = Arc::strong_count(&self.nic) == 1 && Arc::weak_count(&self.nic) == 0;
         self.deferred.close(&self.memory, datapath_gone);
+        for f in self.counter_files.get_mut().map(std::mem::take).unwrap_or_default() {
+            f.remove();
+        }
     }
 }
 

@@ -94,7 +94,7 @@ pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{DeregError, Mr, Mw, Pd};
 pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
-pub use stats::DeviceCounters;
+pub use stats::{counter_file_pid, sweep_counter_files, DeviceCounters};
 
 pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};
