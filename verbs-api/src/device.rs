@@ -354,8 +354,8 @@ pub(crate) struct DeviceInner {
     pub(crate) deferred: crate::backing::DeferredDeregs,
     /// The counter files published for this device (removed as it closes).
     pub(crate) counter_files: std::sync::Mutex<Vec<Arc<crate::stats::CounterFile>>>,
-    // Declared last: dropped last would be wrong — the runner must stop before
-    // the NIC goes away, and `Drop for Context` stops it explicitly.
+    // Declared last, but dropped last would be wrong: the runner must stop
+    // before the NIC goes away, so `Drop for DeviceInner` stops it first.
     pub(crate) runner: std::sync::Mutex<Vec<Runner>>,
 }
 
