@@ -353,7 +353,7 @@ pub(crate) struct DeviceInner {
     /// closes is freed after the NIC (and with it the datapath) is gone.
     pub(crate) deferred: crate::backing::DeferredDeregs,
     /// The counter files published for this device (removed as it closes).
-    pub(crate) counter_files: std::sync::Mutex<Vec<Arc<crate::stats::CounterFile>>>,
+    pub(crate) counter_files: std::sync::Mutex<Vec<Arc<crate::counter_file::CounterFile>>>,
     // Declared last, but dropped last would be wrong: the runner must stop
     // before the NIC goes away, so `Drop for DeviceInner` stops it first.
     pub(crate) runner: std::sync::Mutex<Vec<Runner>>,

@@ -75,6 +75,7 @@
 
 mod backing;
 pub mod cm;
+mod counter_file;
 mod cq;
 mod device;
 mod discover;
@@ -85,6 +86,7 @@ mod mr;
 mod qp;
 mod stats;
 
+pub use counter_file::{counter_file_pid, sweep_counter_files};
 pub use cq::{CompChannel, Cq};
 pub use device::{
     gid_to_string, link_local_gid, open_af_xdp, open_device, Context, DatapathMode, DeviceAttr, DeviceConfig, DeviceLimits, Gid, PortAttr,
@@ -94,7 +96,7 @@ pub use discover::{device_list, DeviceInfo};
 pub use error::{Error, ErrorKind, Result};
 pub use mr::{DeregError, Mr, Mw, Pd};
 pub use qp::{Ah, AhAttr, Connect, Qp, QpAttr, QpInit, Srq};
-pub use stats::{counter_file_pid, sweep_counter_files, DeviceCounters};
+pub use stats::DeviceCounters;
 
 pub use rocev2::transport::attr::{Mtu, QpAttrMask, QpCaps, QpState, QpType};
 pub use rocev2::transport::engine::{AsyncEvent, EngineStats};

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use rocev2::transport::stats::QpStats;
 
+use crate::counter_file::{sweep_counter_files, CounterFile};
 use crate::device::{Context, DeviceInner};
 
 /// One snapshot of every counter of a device.
@@ -47,8 +48,7 @@ impl Context {
         std::fs::create_dir_all(dir)?;
         sweep_counter_files(dir);
         let path = dir.join(format!("{}.{}.stat", self.inner.name, std::process::id()));
-        write_atomically(&path, &counters_of(&self.inner).to_string())?;
-        let file = Arc::new(CounterFile { path: path.clone(), closed: std::sync::Mutex::new(false) });
+        let file = Arc::new(CounterFile::create(path.clone(), &counters_of(&self.inner).to_string())?);
         if let Ok(mut files) = self.inner.counter_files.lock() {
             files.push(file.clone());
         }
@@ -60,62 +60,12 @@ impl Context {
             // The last reference may be this one: then the device closes
             // here, and removes the file.
             drop(inner);
-            let Ok(closed) = file.closed.lock() else { break };
-            if *closed || write_atomically(&file.path, &text).is_err() {
+            if !file.rewrite(&text) {
                 break;
             }
         })?;
         Ok(path)
     }
-}
-
-/// A counter file a device publishes. Its device removes it as it closes
-/// ([`CounterFile::remove`]); the publisher writes it only while holding
-/// `closed` and finding it false, so that no write comes after the removal.
-#[derive(Debug)]
-pub(crate) struct CounterFile {
-    path: PathBuf,
-    closed: std::sync::Mutex<bool>,
-}
-
-impl CounterFile {
-    /// The device closes: remove the file, and keep the publisher from
-    /// writing it again.
-    pub(crate) fn remove(&self) {
-        let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
-        *closed = true;
-        let _ = std::fs::remove_file(&self.path);
-        let _ = std::fs::remove_file(self.path.with_extension("stat.tmp"));
-    }
-}
-
-/// The PID in a counter file's name (`<device>.<pid>.stat`, or its
-/// `.stat.tmp` while being rewritten); `None` for other files.
-pub fn counter_file_pid(path: &Path) -> Option<u32> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".stat").or_else(|| name.strip_suffix(".stat.tmp"))?;
-    stem.rsplit('.').next()?.parse().ok()
-}
-
-/// Remove the counter files in `dir` of processes that no longer run
-/// (killed before they could remove them, or C programs that exited
-/// without closing their devices). Returns the files removed.
-pub fn sweep_counter_files(dir: &Path) -> Vec<PathBuf> {
-    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
-    let mut removed = Vec::new();
-    for p in entries.flatten().map(|e| e.path()) {
-        let Some(pid) = counter_file_pid(&p) else { continue };
-        if !Path::new(&format!("/proc/{pid}")).exists() && std::fs::remove_file(&p).is_ok() {
-            removed.push(p);
-        }
-    }
-    removed
-}
-
-fn write_atomically(path: &Path, text: &str) -> std::io::Result<()> {
-    let tmp = path.with_extension("stat.tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
 }
 
 fn counters_of(inner: &DeviceInner) -> DeviceCounters {
@@ -159,19 +109,5 @@ impl fmt::Display for DeviceCounters {
             }
         }
         Ok(())
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pid_from_file_names() {
-        assert_eq!(counter_file_pid(Path::new("/run/urnic/urnic-eth0.1234.stat")), Some(1234));
-        assert_eq!(counter_file_pid(Path::new("/run/urnic/urnic-eth0.100.77.stat")), Some(77));
-        assert_eq!(counter_file_pid(Path::new("/run/urnic/urnic-eth0.77.stat.tmp")), Some(77));
-        assert_eq!(counter_file_pid(Path::new("/run/urnic/notes.txt")), None);
-        assert_eq!(counter_file_pid(Path::new("/run/urnic/x.stat")), None);
     }
 }
