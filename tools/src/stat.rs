@@ -41,18 +41,18 @@ pub fn publish(ctx: &urnic::Context) {
 /// processes that no longer run (killed before they could remove them) are
 /// left out and deleted.
 pub fn run(dir: &Path, all: bool) -> Result<()> {
+    for p in urnic::sweep_counter_files(dir) {
+        tracing::debug!("removed {} (its process is gone)", p.display());
+    }
+    // Listed after the sweep: what is left is of processes that run.
     let entries = match std::fs::read_dir(dir) {
         Ok(d) => d,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!("no urnic device is running ({} does not exist)", dir.display()),
         Err(e) => return Err(e).with_context(|| dir.display().to_string()),
     };
-    for p in urnic::sweep_counter_files(dir) {
-        tracing::debug!("removed {} (its process is gone)", p.display());
-    }
     let mut files = Vec::new();
     for p in entries.flatten().map(|e| e.path()) {
-        // The sweep above removed the files of processes that are gone.
-        if urnic::counter_file_pid(&p).is_some() && p.extension().is_some_and(|x| x == "stat") && p.exists() {
+        if urnic::counter_file_pid(&p).is_some() && p.extension().is_some_and(|x| x == "stat") {
             files.push(p);
         }
     }
