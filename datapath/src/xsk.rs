@@ -151,7 +151,7 @@ pub struct XskConfig {
     pub frame_count: u32,
     /// UMEM frame size (power of two, 2048 or 4096). Linux 6.18 refuses a
     /// larger chunk even in a huge-page UMEM (EINVAL at registration), so a
-    /// frame longer than 4096 bytes travels as a multi-buffer chain.
+    /// frame longer than a chunk's data area travels as a multi-buffer chain.
     pub frame_size: u32,
     /// Entries in each of the RX, TX, fill and completion rings (power of two).
     pub ring_size: u32,
