@@ -13,6 +13,8 @@ cargo fmt --all --check
 cargo build --workspace --all-targets --quiet
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --doc --quiet
+# Docs on public items resolve (no link to a private or missing item).
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet
 # urnic's libibverbs.so.1 (loopback-test's verbs_programs runs Debian's programs on it).
 bash ibverbs-abi/link.sh release >/dev/null
 # Fuzz smoke (issue 14): every target in fuzz/ builds and runs 20 s without a crash.

@@ -760,7 +760,7 @@ impl Nic {
     /// (SeqCst). If it reads the flag still set, that read precedes, in the
     /// SeqCst order, the swap with which the next drain clears the flag, and
     /// so does the claim: the drain's check of the tails after it
-    /// ([`Nic::drain_qp`]) sees the claim, and either takes the WR or, if
+    /// (`Nic::drain_qp`) sees the claim, and either takes the WR or, if
     /// its post has not published it yet, rings the doorbell again for the
     /// next poll. A flag read as clear is set with a swap, as before.
     pub fn ring_qp(&self, rings: &QpRings) {

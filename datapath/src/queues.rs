@@ -335,7 +335,7 @@ const SIGNAL_SLOTS: usize = 4;
 const RUN: usize = 16;
 
 /// The datapath's delivery of a batch of completions: the completions to
-/// one CQ that come one after another (a run, up to [`RUN`]) go into its
+/// one CQ that come one after another (a run, up to `RUN`) go into its
 /// ring together, with one claim of the ring ([`CompletionRing`]), when
 /// the next completion is for another CQ, the run is full, or the batch
 /// ends — the application may poll them as soon as they are pushed, and a
@@ -352,7 +352,7 @@ const RUN: usize = 16;
 /// either the application's poll after arming sees the completions, or we
 /// see it armed and signal; without the fence each could miss the other's
 /// store (store buffering) and the application would sleep on a CQ that
-/// has completions. More than [`SIGNAL_SLOTS`] CQs in one batch: the
+/// has completions. More than `SIGNAL_SLOTS` CQs in one batch: the
 /// tracked ones are signalled (run pushed and fence included) when a new
 /// one comes.
 pub struct CqSignals<'a> {

@@ -17,7 +17,7 @@
 //! The slots, their stamps and the queue's bound (a post is refused while
 //! `depth` WRs accepted are not retired by the engine, those taken out and
 //! still in its receive queue included: `ibv_post_recv` returns ENOMEM at
-//! once) are the work-queue ring's ([`crate::wq_ring`]), shared with the
+//! once) are the work-queue ring's (`crate::wq_ring`), shared with the
 //! send ring.
 
 use std::sync::Arc;

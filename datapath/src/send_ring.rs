@@ -15,7 +15,7 @@
 //! The slots, their stamps and the send queue's bound (a post is refused
 //! while `depth` WRs accepted are not retired by the engine, those taken out
 //! and still in flight included) are the work-queue ring's
-//! ([`crate::wq_ring`]), shared with the receive ring.
+//! (`crate::wq_ring`), shared with the receive ring.
 
 use std::sync::Arc;
 

@@ -22,7 +22,7 @@ use anyhow::{bail, Context as _, Result};
 #[derive(clap::Args, Debug)]
 pub struct ExecArgs {
     /// Capture every frame of the program's urnic device into FILE (pcap);
-    /// a second device of the program gets FILE.<device>.
+    /// a second device of the program gets `FILE.<device>`.
     #[arg(long, value_name = "FILE")]
     pcap: Option<PathBuf>,
     /// Test impairment: the XDP program drops this share (0..1) of the RoCE

@@ -360,7 +360,7 @@ fn windows(raw: &mut RawPingPong, urnic_round: &mut dyn FnMut() -> Result<[f64; 
     Ok(out)
 }
 
-/// One run's interleaved windows, [cores].
+/// One run's interleaved windows, `[cores]`.
 pub(super) type LatencyRun = [Vec<Window>; 2];
 
 /// The table rows for `runs`: per cores, phase and operation, urnic's p50 /

@@ -32,7 +32,7 @@
 //!
 //! Modules: [`c_path`] (the C library against `urnic perf`), [`urnic_runs`] (urnic's measurements), [`raw_xdp`] (the raw
 //! AF_XDP ceiling and ping-pong), [`baselines`] (kernel TCP and UDP),
-//! [`metrics`] (/proc, getrusage, quantiles), [`report`] (table, markdown,
+//! [`metrics`] (/proc, getrusage, quantiles), [`report`](mod@report) (table, markdown,
 //! plots).
 
 mod baselines;
@@ -143,7 +143,7 @@ fn timed_rounds(iters: usize, mut round: impl FnMut() -> Result<()>) -> Result<V
 #[derive(Default)]
 struct Run {
     urnic: [UrnicRun; 2],
-    /// Raw ceiling pps, [cores] at 1082-byte, 4154-byte and 138-byte frames.
+    /// Raw ceiling pps, `[cores]` at 1082-byte, 4154-byte and 138-byte frames.
     raw_1k: [f64; 2],
     raw_4k: [f64; 2],
     /// The two-core ceilings whose receiver reads every byte
@@ -160,7 +160,7 @@ struct Run {
     mem_per_qp: f64,
     udp_lat: Vec<f64>,
     tcp_lat: Vec<f64>,
-    /// Raw AF_XDP ping-pong one-way µs, [cores] (all windows of `latency`).
+    /// Raw AF_XDP ping-pong one-way µs, `[cores]` (all windows of `latency`).
     raw_lat: [Vec<f64>; 2],
     /// urnic's user CPU µs per 4154-byte frame, one core, 64 KiB WRITEs at
     /// MTU 4096 ([`rate::cpu_row`]; not with two cores, where device B's

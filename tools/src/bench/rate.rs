@@ -168,7 +168,7 @@ pub(super) fn cpu_row(pair9k: &VethPair, secs: f64) -> Result<(f64, CpuFloor)> {
 /// What one `--rate` run measured.
 #[derive(Clone, Copy, Debug, Default)]
 struct RateRun {
-    /// [cores] (urnic 64 B WRITE messages/s, raw ceiling 138-byte frames/s).
+    /// `[cores]` (urnic 64 B WRITE messages/s, raw ceiling 138-byte frames/s).
     rate: [(f64, f64); 2],
     /// 1 core, CPU seconds (user + system) per message / per ceiling frame:
     /// the rates each would reach with a core to itself, which the other

@@ -135,7 +135,7 @@ impl LkeyCache {
 
 impl MemoryTable {
     /// [`local_check_sgl`](Self::local_check_sgl) answered from `cache` when
-    /// it can be (see the [module](self) documentation): no lock, no shared
+    /// it can be (see the module's documentation): no lock, no shared
     /// write, when every SGE's key was checked before and the table has not
     /// changed since. Otherwise the checker runs under the read lock and its
     /// verdicts are remembered. Same result, same errors.

@@ -14,7 +14,7 @@
 //!   leaves target memory untouched.
 //!
 //! # Implementation
-//! One reader-writer lock guards the whole table ([`lock`](self::lock)). Data
+//! One reader-writer lock guards the whole table (`lock`). Data
 //! movers (`remote_*`, `local_*`) hold a read guard for the whole
 //! check-then-copy, so many datapath threads move data at once, and
 //! `deregister`/`reregister` (write guard) wait until every in-flight copy has
