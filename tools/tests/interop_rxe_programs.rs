@@ -282,3 +282,20 @@ fn a_zero_figure_passes_only_when_perftest_could_not_measure_its_clock() {
     let fine_clock = "Correlation coefficient r^2: 0.99 ok\n".to_string() + &row("0.00", "0.000000");
     assert!(std::panic::catch_unwind(|| case.check_client_output(&fine_clock, "rxe")).is_err());
 }
+
+/// The capture check judges RoCE frames only. The fixture is fifteen frames
+/// of a CI capture: five of urnic's RDMA WRITEs, then perftest's TCP
+/// exchange from ephemeral port 34980, EtherCAT's, which tshark dissects as
+/// two malformed TC-NV packets. (No guest: the check alone.)
+#[test]
+fn the_capture_check_leaves_perftests_tcp_exchange_alone() {
+    let pcap = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/perftest_tcp_on_the_ethercat_port.pcap");
+    let o = std::process::Command::new("tshark")
+        .arg("-r")
+        .arg(&pcap)
+        .args(["-Y", "tcp && _ws.malformed"])
+        .output()
+        .expect("tshark (deploy/deps.sh test)");
+    assert_eq!(String::from_utf8_lossy(&o.stdout).lines().count(), 2, "the fixture holds the two TCP frames tshark calls malformed");
+    assert_eq!(check_capture(&pcap), 5);
+}

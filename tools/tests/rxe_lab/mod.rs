@@ -235,12 +235,17 @@ pub fn check_capture(pcap: &Path) -> usize {
         tshark_opts.push("--disable-heuristic".to_string());
         tshark_opts.push(h.to_string());
     }
+    // Only RoCE frames (UDP port 4791) are judged. perftest's out-of-band
+    // TCP exchange shares the capture, and its 8-byte messages are read by
+    // whatever dissector owns one of the connection's ports: a kernel-chosen
+    // ephemeral port of 34980 (0x88A4, EtherCAT's) made tshark call them
+    // malformed TC-NV packets (fixture perftest_tcp_on_the_ethercat_port).
     // Frames that reach a namespace after its urnic process has exited (the
     // peer's last message or a retransmission racing the exit) are answered
     // by the kernel with ICMP port unreachable, which quotes the start of the
     // RoCE packet: tshark dissects the quoted headers as InfiniBand too. Those
     // are the kernel's frames, not a RoCE sender's, and are left out.
-    let roce_only = "!icmp && !icmpv6";
+    let roce_only = "udp.port == 4791 && !icmp && !icmpv6";
     // RoCEv2 over IPv6 carries a zero UDP checksum too, rxe's frames as ours
     // (rxe_net.c prepare_udp_hdr: check = 0; the ICRC covers the packet;
     // RFC 6935/6936 allow zero for such protocols). tshark calls a zero
