@@ -165,17 +165,37 @@ impl BwOp {
     }
 }
 
+/// Above this message size perftest signals every WR
+/// (perftest_parameters.c: `MSG_SIZE_CQ_MOD_LIMIT`).
+pub const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
+
+/// perftest's CQ moderation for a bandwidth run of `size`-byte messages,
+/// `depth` outstanding: one WR in every `min(depth, 100)` signalled
+/// (`DEF_CQ_MOD`), but every one above [`MSG_SIZE_CQ_MOD_LIMIT`]
+/// (`DISABLED_CQ_MOD_VALUE`), as `ib_write_bw` runs by default.
+pub fn perftest_cq_mod(size: usize, depth: usize) -> usize {
+    if size > MSG_SIZE_CQ_MOD_LIMIT {
+        1
+    } else {
+        depth.clamp(1, 100)
+    }
+}
+
 /// RDMA WRITE bandwidth from `a` to `b`: `iters` writes of `size` bytes,
-/// `depth` outstanding, every write signaled; then checks `b`'s buffer.
+/// `depth` outstanding, signalled as perftest does ([`perftest_cq_mod`]);
+/// then checks `b`'s buffer.
 pub fn write_bw(a: &mut Endpoint, b: &mut Endpoint, size: usize, iters: usize, depth: usize) -> Result<BwResult> {
-    bw(a, b, BwOp::Write, size, iters, depth)
+    bw(a, b, BwOp::Write, size, iters, depth, perftest_cq_mod(size, depth))
 }
 
 /// Bandwidth of `op` between `a` (the requester) and `b`: `iters` messages
-/// of `size` bytes, `depth` outstanding, every one signaled; then checks
-/// that the destination buffer holds the source's pattern. SEND receives
-/// land in the upper half of `b`'s buffer (so `size` must fit in half).
-pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize) -> Result<BwResult> {
+/// of `size` bytes, `depth` outstanding, one in every `signal_every`
+/// signalled (and the last; 1: every one), as perftest's CQ moderation
+/// does; then checks that the destination buffer holds the source's
+/// pattern. A completion stands for the unsignalled WRs before it (an RC
+/// send queue completes in order). SEND receives land in the upper half of
+/// `b`'s buffer (so `size` must fit in half).
+pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usize, depth: usize, signal_every: usize) -> Result<BwResult> {
     let pattern = |i: usize| (i * 7 + 3) as u8;
     let max = a.ctx.query_device().limits.max_msg_size;
     let Some(len) = u32::try_from(size).ok().filter(|&l| l > 0 && l <= max) else {
@@ -210,6 +230,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     };
     let recv = RecvWr { wr_id: 7, sgl: vec![b.mr.sge(half, len)] };
     let depth = depth.max(1);
+    let signal_every = signal_every.max(1);
     let mut recvs_posted = 0usize;
     if op == BwOp::Send {
         for _ in 0..(2 * depth).min(iters) {
@@ -227,26 +248,33 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
     let mut wcs = vec![WorkCompletion::default(); 64];
     while done < iters || (op == BwOp::Send && received < iters) {
         while posted < iters && posted - done < depth {
+            posted += 1;
+            let signaled = posted % signal_every == 0 || posted == iters;
             // Borrowed SGEs, as the C library posts: no allocation per WR.
+            // A WR's id is its count, so a completion says how many are done.
             let wr = SendWrRef {
                 wr_id: posted as u64,
                 op: opcode,
                 payload: PayloadRef::Sgl(std::slice::from_ref(&sge)),
-                flags: SendFlags::SIGNALED,
+                flags: if signaled { SendFlags::SIGNALED } else { SendFlags::empty() },
                 ud: None,
             };
             a.qp.post_send_ref(&wr).context("post_send")?;
-            posted += 1;
         }
         a.kick();
         let n = a.cq.poll(&mut wcs).context("poll_cq")?;
+        let before = done;
         for wc in &wcs[..n] {
             if wc.status != WcStatus::Success {
                 bail!("{} {} completed with {:?}", op.name(), wc.wr_id, wc.status);
             }
+            let upto = usize::try_from(wc.wr_id).unwrap_or(usize::MAX);
+            if upto <= done || upto > posted {
+                bail!("{} completed out of order: WR {upto} after {done} of {posted} posted", op.name());
+            }
+            done = upto;
         }
-        done += n;
-        window_done += n;
+        window_done += done - before;
         if n > 0 {
             deadline = Instant::now() + STALL;
         }
@@ -715,6 +743,23 @@ mod tests {
             Ok(b)
         });
         (stop, t)
+    }
+
+    #[test]
+    fn bandwidth_runs_with_cq_moderation_complete_every_wr_once() {
+        let (mut a, mut b) = memory_pair();
+        // One thread drives both devices (bw kicks only `a`'s list).
+        a.drive.extend(b.drive.clone());
+        assert_eq!((perftest_cq_mod(64, 128), perftest_cq_mod(64, 16), perftest_cq_mod(8192, 128), perftest_cq_mod(8193, 128)), (100, 16, 100, 1));
+        for op in BwOp::ALL {
+            // 250 is no multiple of 7: the last WR is signalled on its own.
+            for signal_every in [1, 7, 16] {
+                let r = bw(&mut a, &mut b, op, 64, 250, 16, signal_every).unwrap_or_else(|e| panic!("{} every {signal_every}: {e:#}", op.name()));
+                assert_eq!((r.bytes, r.iters), (64, 250));
+                let mut left = vec![WorkCompletion::default(); 4];
+                assert_eq!(a.cq.poll(&mut left).expect("poll"), 0, "{}: no completion left over", op.name());
+            }
+        }
     }
 
     #[test]

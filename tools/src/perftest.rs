@@ -410,9 +410,6 @@ pub struct BwReport {
     pub msg_rate: f64,
 }
 
-/// Above this message size perftest signals every WR (no CQ moderation).
-const MSG_SIZE_CQ_MOD_LIMIT: usize = 8192;
-
 /// Bytes in perftest's "MB" of its `BW peak[MB/sec]` and `BW
 /// average[MB/sec]` columns: 2^20 (perftest_parameters.c, print_report_bw:
 /// `format_factor` 0x100000 unless --report_gbits), so that urnic's figures
@@ -659,11 +656,7 @@ fn bw_test(
         }
     } else {
         let depth = u64::from(o.tx_depth.max(1));
-        // perftest's CQ moderation: 100 (DEF_CQ_MOD) or the depth if
-        // smaller, but off (every WR signalled) for messages larger than
-        // 8 KiB (perftest_parameters.c: MSG_SIZE_CQ_MOD_LIMIT,
-        // DISABLED_CQ_MOD_VALUE), as ib_write_bw -s 65536 runs.
-        let cq_mod = if size > MSG_SIZE_CQ_MOD_LIMIT { 1 } else { depth.clamp(1, 100) };
+        let cq_mod = crate::perf::perftest_cq_mod(size, depth as usize) as u64;
         let (mut posted, mut done) = (0u64, 0u64);
         let mut window = (Instant::now(), 0u64);
         let mut off = 0usize;
