@@ -25,7 +25,11 @@
 //! and runs urnic's A devices; a second thread runs the B devices, answers
 //! urnic's SENDs and WRITEs as their application would (byte for byte, the
 //! pinger checks them) and answers the raw pings, so both stacks see the
-//! same second core.
+//! same second core. Each two-core urnic round ends, untimed, when the ping
+//! itself has completed (the echo's ACK, which leaves behind the answer):
+//! every round then starts with nothing in flight, as the raw ping-pong's
+//! do, and as a ping-pong running alone finds its ACK handled while its next
+//! ping's kick is in the kernel (`SendPingPong::round_echoed`).
 
 use anyhow::{Context as _, Result};
 use std::fmt::Write as _;
