@@ -1081,11 +1081,18 @@ impl Nic {
         let mut only_acks = true;
         {
             // The fill is built once per poll, not once per frame (it holds
-            // seven references); `was_looped` tells the loop what it did.
+            // seven references); `was_looped` tells the loop what it did,
+            // `more` whether the engine may have another frame (the port
+            // lends no buffer for an attempt that would find none).
             let engine = &mut *engine;
             let was_looped = Cell::new(false);
+            let more = Cell::new(engine.may_transmit(now));
             let mut fill = |buf: &mut [u8]| {
-                let n = engine.poll_transmit(now, buf)?;
+                let Some(n) = engine.poll_transmit(now, buf) else {
+                    more.set(false);
+                    return None;
+                };
+                more.set(engine.may_transmit_more());
                 let frame = buf.get(..n)?;
                 self.capture(frame);
                 if self.is_local(frame) {
@@ -1103,7 +1110,7 @@ impl Nic {
                 }
                 Some(n)
             };
-            while sent + looped < TX_BUDGET {
+            while sent + looped < TX_BUDGET && more.get() {
                 was_looped.set(false);
                 match port.transmit_with(&mut fill) {
                     Ok(true) => sent += 1,

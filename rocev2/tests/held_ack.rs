@@ -336,3 +336,40 @@ fn a_lost_reply_behind_a_released_hold_is_retransmitted_at_its_ack_timeout() {
     let s = p.b.engine.qp_stats(p.b.qpn).unwrap();
     assert_eq!((s.req_timeouts, s.req_retransmits, s.resp_acks_held, s.resp_acks_hold_expired), (1, 1, 1, 0));
 }
+
+/// A QP whose only answer is a held ACK is not on the ready list: the
+/// engine says it has nothing to transmit (so a datapath lends it no
+/// buffer), and the ACK still leaves behind the reply. After that ACK, with
+/// nothing left, the QP is not put back on the list either. Frames are
+/// handed over one by one here (the pair's `run` would hide a visit that
+/// finds nothing).
+#[test]
+fn a_held_ack_alone_is_nothing_to_transmit_until_the_reply() {
+    let mut p = pair();
+    let now = p.now;
+    let mut buf = vec![0u8; 4096];
+    let recv = RecvWr { wr_id: 7, sgl: vec![p.b.sge(0, 64)] };
+    p.b.engine.post_recv(p.b.qpn, recv).unwrap();
+    // B idle, as its datapath's polls leave it.
+    assert_eq!(p.b.engine.poll_transmit(now, &mut buf), None);
+    assert!(!p.b.engine.may_transmit(now));
+    let sge = p.a.sge(0, 8);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Send, vec![sge])).unwrap();
+    let n = p.a.engine.poll_transmit(now, &mut buf).expect("the ping");
+    p.b.engine.handle_frame(now, &buf[..n]);
+    assert_eq!(p.b.completions().len(), 1, "the ping arrived");
+    assert!(!p.b.engine.may_transmit(now), "B holds the ping's ACK and has nothing else to send");
+    assert_eq!(p.b.engine.poll_transmit(now, &mut buf), None);
+    // B's application answers: the reply, then the held ACK, then nothing.
+    let sge = p.b.sge(4096, 8);
+    p.b.engine.post_send(p.b.qpn, wr(2, SendOp::Send, vec![sge])).unwrap();
+    assert!(p.b.engine.may_transmit(now), "the reply is posted");
+    let n = p.b.engine.poll_transmit(now, &mut buf).expect("the reply");
+    assert_eq!(parse_frame(&buf[..n]).unwrap().repr.transport.bth.opcode, Opcode::RC_SEND_ONLY);
+    assert!(p.b.engine.may_transmit_more(), "the released ACK follows");
+    let n = p.b.engine.poll_transmit(now, &mut buf).expect("the ACK");
+    let ack = parse_frame(&buf[..n]).unwrap().repr.transport;
+    assert!(ack.bth.opcode == Opcode::RC_ACK && ack.bth.psn == Psn::new(100), "{ack:?}");
+    assert!(!p.b.engine.may_transmit_more(), "nothing left after the ACK");
+    assert_eq!(p.b.engine.poll_transmit(now, &mut buf), None);
+}

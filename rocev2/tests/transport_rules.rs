@@ -649,3 +649,25 @@ fn a_drain_is_each_post_alone() {
         "{send_refused:?}"
     );
 }
+
+/// A responder error that moves the QP to ERR (a WRITE outside the region:
+/// remote access error, IBTA 9.7.5.2.3) sends its NAK first and then
+/// flushes the receive queue: every posted receive completes once, with
+/// `WR_FLUSH_ERR`, though nothing else is left for the QP to send.
+#[test]
+fn a_responder_error_flushes_the_receive_queue_after_its_nak() {
+    let mut p = pair(Opts::default());
+    for id in [70, 71] {
+        let recv = RecvWr { wr_id: id, sgl: vec![p.b.sge(0, 64)] };
+        p.b.engine.post_recv(p.b.qpn, recv).unwrap();
+    }
+    let bad = RemoteAddr { addr: p.b.va(BUF - 4), rkey: p.b.mr.key() };
+    let sge = p.a.sge(0, 64);
+    p.a.engine.post_send(p.a.qpn, wr(1, SendOp::Write { remote: bad }, vec![sge])).unwrap();
+    p.run();
+    let a = p.a.completions();
+    assert_eq!(a.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(1, WcStatus::RemAccessErr)]);
+    assert_eq!(p.b.engine.qp_state(p.b.qpn).unwrap(), QpState::Err);
+    let b = p.b.completions();
+    assert_eq!(b.iter().map(|c| (c.wr_id, c.status)).collect::<Vec<_>>(), vec![(70, WcStatus::WrFlushErr), (71, WcStatus::WrFlushErr)]);
+}

@@ -448,6 +448,12 @@ impl Cm {
         self.transmits.pop_front()
     }
 
+    /// Whether [`Cm::poll_transmit`] has a MAD to give.
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.transmits.is_empty()
+    }
+
     /// The next event.
     #[must_use]
     pub fn poll_event(&mut self) -> Option<CmEvent> {

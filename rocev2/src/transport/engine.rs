@@ -687,8 +687,13 @@ impl Engine {
             return;
         }
         // Whatever this frame does to the QP (ACK, request, NAK), it may
-        // have something to send afterwards.
-        mark_ready(qp, &mut self.ready);
+        // have something to send afterwards: the QP goes on the ready list
+        // (a request once it has been handled, unless its only answer is a
+        // held ACK: below).
+        let request = !bth.opcode.is_response();
+        if !request {
+            mark_ready(qp, &mut self.ready);
+        }
         qp.stats.rx_packets += 1;
         qp.stats.rx_bytes += len as u64;
         // DCQCN notification point: CE-marked packets of a connected QP are
@@ -725,20 +730,31 @@ impl Engine {
         } else {
             let out = {
                 let Some((responder, mut ctx, _)) = resp_parts(qp, &self.memory, &mut self.srqs, &mut self.completions, &mut self.events) else {
+                    mark_ready(qp, &mut self.ready);
                     return;
                 };
                 responder.handle_request(now, &mut ctx, p)
             };
             if let ResponderOutcome::QpError(_) = out {
+                mark_ready(qp, &mut self.ready);
                 self.enter_error(qpn, true);
             } else if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
                 // A held ACK (responder, "held ACKs") gets its deadline in
                 // the timer queue: it leaves alone then at the latest.
                 qp.stats.resp_acks_held += 1;
+                // The QP goes on the ready list only with something else to
+                // send (`has_work`): the held ACK leaves with the next
+                // request (a post, or a frame of the peer, marks the QP
+                // ready) or at its deadline (the timer wakes the QP).
+                if has_work(qp) {
+                    mark_ready(qp, &mut self.ready);
+                }
                 // `arm` with the QP in hand (no second lookup).
                 if let Some(t) = next_arm(qp, self.last_now) {
                     self.queue_timer(t, qpn);
                 }
+            } else {
+                mark_ready(qp, &mut self.ready);
             }
         }
     }
@@ -749,9 +765,42 @@ impl Engine {
         }
     }
 
+    /// Whether [`Engine::poll_transmit`] may give a frame at `now`: QP1's
+    /// MADs, a closing QP's parting frame, a QP on the ready list, a held
+    /// ACK past its deadline. `false` means it would give none, so a caller
+    /// need not lend it a buffer (a transmit attempt that finds nothing cost
+    /// an AF_XDP port about 20 ns). Records `now` as `poll_transmit` does
+    /// (the time later posts arm their timers from).
+    #[inline]
+    pub fn may_transmit(&mut self, now: Instant) -> bool {
+        self.last_now = self.last_now.max(now);
+        self.may_transmit_more()
+    }
+
+    /// [`Engine::may_transmit`] right after [`Engine::poll_transmit`] gave a
+    /// frame (which recorded the time): whether another may follow. A QP
+    /// with a frame left is still on the ready list, so a stream answers on
+    /// the first test.
+    #[inline]
+    pub fn may_transmit_more(&self) -> bool {
+        !self.ready.is_empty() || !self.late_acks.is_empty() || !self.parting.is_empty() || self.gsi.as_ref().is_some_and(|g| g.cm.has_transmit())
+    }
+
     /// The next frame to send, written into `buf`; its length.
     #[must_use]
+    #[inline]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
+        // `may_transmit` must never say no where a frame would come.
+        #[cfg(debug_assertions)]
+        let may = self.may_transmit(now);
+        let out = self.next_frame(now, buf);
+        #[cfg(debug_assertions)]
+        debug_assert!(out.is_none() || may, "may_transmit said no, but poll_transmit gave a frame");
+        out
+    }
+
+    /// [`Engine::poll_transmit`]'s body.
+    fn next_frame(&mut self, now: Instant, buf: &mut [u8]) -> Option<usize> {
         self.last_now = self.last_now.max(now);
         if let Some(len) = self.gsi.as_deref_mut().and_then(|g| g.poll_transmit(buf)) {
             self.stats.tx_frames += 1;
@@ -823,6 +872,9 @@ impl Engine {
         if lone && !matches!(out.frame, Ok(Some(_))) {
             // No frame: off the list, unmarked, before `after_request`
             // (whose error path wakes it again), as a QP that sent nothing is.
+            // (After a frame it stays: in a stream, one visit that finds
+            // nothing at a burst's end costs less than asking `has_work`
+            // after every frame.)
             self.ready.pop_front();
             qp.ready = false;
         }
@@ -885,7 +937,9 @@ impl Engine {
                     return out;
                 }
             } else if out.is_some() {
-                mark_ready(qp, &mut self.ready);
+                if has_work(qp) {
+                    mark_ready(qp, &mut self.ready);
+                }
                 return out;
             }
             return self.transmit_request(now, qpn, buf);
@@ -1238,7 +1292,11 @@ fn request_frame(
         if qp.responder.has_held_ack() {
             release_replied_hold(qp);
         }
-        mark_ready(qp, ready);
+        // (A lone QP kept on the list, still marked, is `transmit_qp`'s to
+        // take off.)
+        if !qp.ready && has_work(qp) {
+            mark_ready(qp, ready);
+        }
     }
     // `arm` and `note_drained` with the QP in hand (one lookup a frame).
     let due = next_arm(qp, last_now);
@@ -1288,6 +1346,22 @@ fn next_arm(qp: &mut Qp, now: Instant) -> Option<Instant> {
     }
     qp.timer_at = Some(t);
     Some(t)
+}
+
+/// Whether `qp` has something for its next `poll_transmit` visit: a due
+/// CNP, a response queued, a request packet left
+/// (`Requester::has_unsent`), or the responder's flush that waits for its
+/// last NAK to leave (`responder_flush_pending`, run by the next visit). A
+/// held ACK is not (while one is held it is the only response queued:
+/// anything queued behind it releases it): it leaves behind the next
+/// request, which a post or the peer's frame puts the QP on the ready list
+/// for, or after its deadline, whose timer wakes the QP. After a frame, a
+/// QP goes back on the ready list only if this says so: otherwise the next
+/// `poll_transmit` visited it once more for nothing (30-70 ns on each side
+/// of a ping-pong's round trip, on its path).
+#[inline]
+fn has_work(qp: &Qp) -> bool {
+    qp.cnp_due || (qp.responder.has_pending() && !qp.responder.has_held_ack()) || qp.requester.has_unsent() || qp.responder_flush_pending
 }
 
 /// Put `qp` on the ready list (the QPs `poll_transmit` visits) unless it

@@ -208,6 +208,15 @@ impl Requester {
         self.wqes.len()
     }
 
+    /// Whether a WQE has packets left to send (the cursor has not passed
+    /// the queue's end). `false` means [`Requester::poll_transmit`] has
+    /// nothing to give until something moves the cursor back (a
+    /// retransmission) or a WR is posted.
+    #[inline]
+    pub(crate) fn has_unsent(&self) -> bool {
+        self.cur < self.wqes.len()
+    }
+
     /// Queue a WR. `Err` when the send queue is full (nothing queued).
     pub(crate) fn post(&mut self, wr: Box<SendWqe>, qp_type: QpType, sq_sig_all: bool) -> Result<(), QueueFull> {
         if self.wqes.len() >= self.max_wr {
