@@ -686,14 +686,6 @@ impl Engine {
             self.wake(qpn);
             return;
         }
-        // Whatever this frame does to the QP (ACK, request, NAK), it may
-        // have something to send afterwards: the QP goes on the ready list
-        // (a request once it has been handled, unless its only answer is a
-        // held ACK: below).
-        let request = !bth.opcode.is_response();
-        if !request {
-            mark_ready(qp, &mut self.ready);
-        }
         qp.stats.rx_packets += 1;
         qp.stats.rx_bytes += len as u64;
         // DCQCN notification point: CE-marked packets of a connected QP are
@@ -709,7 +701,11 @@ impl Engine {
                 qp.cnp_due = true;
             }
         }
+        // Whatever this frame does to the QP, it may have something to send
+        // afterwards: the QP goes on the ready list (a request's once it has
+        // been handled, unless its only answer is a held ACK).
         if bth.opcode.is_response() {
+            mark_ready(qp, &mut self.ready);
             let r = {
                 let (requester, mut ctx) = req_ctx(qp, &self.memory, &mut self.completions);
                 requester.handle_response(now, &mut ctx, p)
@@ -736,7 +732,7 @@ impl Engine {
                 responder.handle_request(now, &mut ctx, p)
             };
             if let ResponderOutcome::QpError(_) = out {
-                mark_ready(qp, &mut self.ready);
+                // (`enter_error` puts the QP on the ready list for its NAK.)
                 self.enter_error(qpn, true);
             } else if qp.responder.start_hold(now, self.config.ack_hold).is_some() {
                 // A held ACK (responder, "held ACKs") gets its deadline in
