@@ -651,7 +651,8 @@ fn a_drain_is_each_post_alone() {
 }
 
 /// A responder error that moves the QP to ERR (a WRITE outside the region:
-/// remote access error, IBTA 9.7.5.2.3) sends its NAK first and then
+/// a remote access error NAK, as rxe's responder answers an R_Key
+/// violation, `RESPST_ERR_RKEY_VIOLATION`) sends its NAK first and then
 /// flushes the receive queue: every posted receive completes once, with
 /// `WR_FLUSH_ERR`, though nothing else is left for the QP to send.
 #[test]
