@@ -105,62 +105,81 @@ impl CopyCrc {
     }
 }
 
-/// [`CopyCrc`], each part the fastest of `rounds` timings of [`PASSES`]
-/// frames (frames cycled over [`SPAN`]), a round timing each part once.
-pub(super) fn copy_crc_costs(rounds: usize) -> CopyCrc {
-    let frame = write_frame_len(CPU_MTU);
-    let slots = SPAN / 4096;
-    let mr: Vec<u8> = (0..MR).map(|i| (i * 31 + 7) as u8).collect();
-    let mut umem = vec![0u8; SPAN + 8192];
-    let mut dst = vec![0u8; MR];
-    // The payload's place in a registered region for UMEM slot `s` (the
-    // 64 KiB message's 16 frames, over and over).
-    let in_mr = |s: usize| (s % (65536 / CPU_MTU)) * CPU_MTU;
-    let mut sink = 0u32;
-    let mut time = |f: &mut dyn FnMut(usize) -> u32| {
-        let t = Instant::now();
-        for i in 0..PASSES {
-            sink ^= f(i % slots);
+/// The buffers the copies and CRCs are timed over, made once per CPU row
+/// (the registered region, UMEM-like frames cycled over [`SPAN`], the
+/// placement's destination, the ceiling's prebuilt frame), so that each of
+/// the row's moments meets the same memory, its pages already faulted in.
+pub(super) struct CopyCrcRig {
+    mr: Vec<u8>,
+    umem: Vec<u8>,
+    dst: Vec<u8>,
+    prebuilt: Vec<u8>,
+}
+
+impl CopyCrcRig {
+    pub(super) fn new() -> CopyCrcRig {
+        CopyCrcRig {
+            mr: (0..MR).map(|i| (i * 31 + 7) as u8).collect(),
+            umem: vec![0u8; SPAN + 8192],
+            dst: vec![0u8; MR],
+            prebuilt: vec![0x5au8; write_frame_len(CPU_MTU)],
         }
-        t.elapsed().as_secs_f64() * 1e6 / PASSES as f64
-    };
-    let hdr = frame - CPU_MTU - rocev2::wire::ICRC_LEN;
-    let zeros = [0u8; crc::SHORT_MAX];
-    let prebuilt = vec![0x5au8; frame];
-    let mut best = CopyCrc { send: f64::INFINITY, check: f64::INFINITY, place: f64::INFINITY, ceiling_copy: f64::INFINITY };
-    for _ in 0..rounds.max(1) {
-        let send = time(&mut |s| {
-            let at = s * 4096;
-            // The headers' CRC handed to the copy unreduced, as urnic's send side does.
-            let lane = crc::update_masked_lane(!0, &umem[at..at + hdr], &zeros);
-            let c = if lane.is_none() { crc::update(!0, &umem[at..at + hdr]) } else { 0 };
-            let (src, out) = (&mr[in_mr(s)..in_mr(s) + CPU_MTU], &mut umem[at + hdr..at + hdr + CPU_MTU]);
-            match lane {
-                Some(lane) => crc::copy_update_lane(lane, src, out),
-                None => crc::copy_update(c, src, out),
-            }
-        });
-        // The check as the receive side makes it: one masked run where the CPU
-        // has the wide kernel (a lower floor than `crc32fast`'s pass there).
-        let mask = [0u8; crc::MASK_HEAD];
-        let check = time(&mut |s| {
-            let f = &umem[s * 4096..s * 4096 + frame];
-            crc::update_masked_head(!0, f, &mask).unwrap_or_else(|| crc::update(!0, f))
-        });
-        let place = time(&mut |s| {
-            let at = s * 4096;
-            dst[in_mr(s)..in_mr(s) + CPU_MTU].copy_from_slice(&umem[at + hdr..at + hdr + CPU_MTU]);
-            u32::from(dst[in_mr(s)])
-        });
-        let ceiling_copy = time(&mut |s| {
-            let at = s * 4096;
-            umem[at..at + frame].copy_from_slice(&prebuilt);
-            u32::from(umem[at])
-        });
-        best = best.min(CopyCrc { send, check, place, ceiling_copy });
     }
-    std::hint::black_box(sink);
-    best
+
+    /// [`CopyCrc`], each part the fastest of `rounds` timings of [`PASSES`]
+    /// frames (frames cycled over [`SPAN`]), a round timing each part once.
+    pub(super) fn costs(&mut self, rounds: usize) -> CopyCrc {
+        let frame = write_frame_len(CPU_MTU);
+        let slots = SPAN / 4096;
+        let CopyCrcRig { mr, umem, dst, prebuilt } = self;
+        // The payload's place in a registered region for UMEM slot `s` (the
+        // 64 KiB message's 16 frames, over and over).
+        let in_mr = |s: usize| (s % (65536 / CPU_MTU)) * CPU_MTU;
+        let mut sink = 0u32;
+        let mut time = |f: &mut dyn FnMut(usize) -> u32| {
+            let t = Instant::now();
+            for i in 0..PASSES {
+                sink ^= f(i % slots);
+            }
+            t.elapsed().as_secs_f64() * 1e6 / PASSES as f64
+        };
+        let hdr = frame - CPU_MTU - rocev2::wire::ICRC_LEN;
+        let zeros = [0u8; crc::SHORT_MAX];
+        let mask = [0u8; crc::MASK_HEAD];
+        let mut best = CopyCrc { send: f64::INFINITY, check: f64::INFINITY, place: f64::INFINITY, ceiling_copy: f64::INFINITY };
+        for _ in 0..rounds.max(1) {
+            let send = time(&mut |s| {
+                let at = s * 4096;
+                // The headers' CRC handed to the copy unreduced, as urnic's send side does.
+                let lane = crc::update_masked_lane(!0, &umem[at..at + hdr], &zeros);
+                let c = if lane.is_none() { crc::update(!0, &umem[at..at + hdr]) } else { 0 };
+                let (src, out) = (&mr[in_mr(s)..in_mr(s) + CPU_MTU], &mut umem[at + hdr..at + hdr + CPU_MTU]);
+                match lane {
+                    Some(lane) => crc::copy_update_lane(lane, src, out),
+                    None => crc::copy_update(c, src, out),
+                }
+            });
+            // The check as the receive side makes it: one masked run where the CPU
+            // has the wide kernel (a lower floor than `crc32fast`'s pass there).
+            let check = time(&mut |s| {
+                let f = &umem[s * 4096..s * 4096 + frame];
+                crc::update_masked_head(!0, f, &mask).unwrap_or_else(|| crc::update(!0, f))
+            });
+            let place = time(&mut |s| {
+                let at = s * 4096;
+                dst[in_mr(s)..in_mr(s) + CPU_MTU].copy_from_slice(&umem[at + hdr..at + hdr + CPU_MTU]);
+                u32::from(dst[in_mr(s)])
+            });
+            let ceiling_copy = time(&mut |s| {
+                let at = s * 4096;
+                umem[at..at + frame].copy_from_slice(prebuilt);
+                u32::from(umem[at])
+            });
+            best = best.min(CopyCrc { send, check, place, ceiling_copy });
+        }
+        std::hint::black_box(sink);
+        best
+    }
 }
 
 /// The floor from the raw ceiling's user CPU µs per frame and the copies
@@ -175,12 +194,13 @@ fn cpu_floor(ceiling: f64, c: CopyCrc) -> CpuFloor {
 /// drift meets both alike) and the floor (its ring handling measured for
 /// `secs`; its copies and CRCs timed before, between and after the halves).
 pub(super) fn cpu_row(pair9k: &VethPair, secs: f64) -> Result<(f64, CpuFloor)> {
-    let c0 = copy_crc_costs(ROUNDS);
+    let mut rig = CopyCrcRig::new();
+    let c0 = rig.costs(ROUNDS);
     let a = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
     let ceiling = raw_afxdp_cpu(pair9k, write_frame_len(CPU_MTU), secs, true)?.user_per_frame.context("the raw ceiling's user CPU")?? * 1e6;
-    let c1 = copy_crc_costs(ROUNDS);
+    let c1 = rig.costs(ROUNDS);
     let b = urnic_user_cpu_64k(pair9k, secs / 2.0)?;
-    let c2 = copy_crc_costs(ROUNDS);
+    let c2 = rig.costs(ROUNDS);
     Ok(((a + b) / 2.0 / FRAMES_PER_64K * 1e6, cpu_floor(ceiling, c0.min(c1).min(c2))))
 }
 
@@ -284,7 +304,7 @@ mod tests {
 
     #[test]
     fn copies_and_crcs_are_measured() {
-        let c = copy_crc_costs(1);
+        let c = CopyCrcRig::new().costs(1);
         assert!(c.send > 0.0 && c.check > 0.0 && c.place > 0.0 && c.ceiling_copy > 0.0, "{c:?}");
         assert!(c.send.is_finite() && c.check.is_finite() && c.place.is_finite() && c.ceiling_copy.is_finite(), "{c:?}");
     }
