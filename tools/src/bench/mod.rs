@@ -362,8 +362,7 @@ fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
         let r = one_run(p, &lib)?;
         p.println(format!(
             "run {}: urnic 64 KiB WRITE {:.0}/{:.0} MB/s (1/2 cores), raw {:.0}/{:.0} kpps; 8 B SEND p50 {:.1}/{:.1} us; \
-             TCP {:.0} MB/s; UDP p50 {:.1} us; user CPU per 4154-byte frame {:.2} us vs floor {:.2} ({:.2} rings + {:.2} send \
-             copy+ICRC + {:.2} ICRC check + {:.2} placement)",
+             TCP {:.0} MB/s; UDP p50 {:.1} us; {}",
             i + 1,
             r.urnic[0].write_64k,
             r.urnic[1].write_64k,
@@ -373,12 +372,7 @@ fn runs(n: usize, p: &Progress) -> Result<Vec<Run>> {
             median(&mut r.urnic[1].send_lat.clone()),
             r.tcp_mbps / 8.0,
             median(&mut r.udp_lat.clone()),
-            r.user_per_frame_4k,
-            r.cpu_floor.total(),
-            r.cpu_floor.rings,
-            r.cpu_floor.send,
-            r.cpu_floor.check,
-            r.cpu_floor.place
+            r.cpu_floor.against(r.user_per_frame_4k)
         ));
         out.push(r);
     }
