@@ -118,6 +118,52 @@ impl SpinDeadline {
     }
 }
 
+/// A bandwidth loop's limit on time without progress: [`StallWatch::stalled`]
+/// says so once `limit` has passed since the loop last made progress, and
+/// reads the clock only on every [`SpinDeadline::EVERY`]th spin without
+/// progress; [`StallWatch::progress`] reads none. A clock read on every
+/// spin of `bw`'s loop (one to renew the deadline after a completion, one to
+/// check it otherwise) was the application thread's own work beside the
+/// device it drives: 1-2% of that thread's time in the two-core 64 B rate
+/// (`perf`), where perftest's loop reads no clock.
+pub(crate) struct StallWatch {
+    limit: Duration,
+    idle: u32,
+    /// When a look at the clock first found no progress since the last.
+    since: Option<Instant>,
+}
+
+impl StallWatch {
+    pub(crate) fn new(limit: Duration) -> StallWatch {
+        StallWatch { limit, idle: 0, since: None }
+    }
+
+    /// The loop made progress: the watch starts over (no clock read).
+    pub(crate) fn progress(&mut self) {
+        self.idle = 0;
+        self.since = None;
+    }
+
+    /// Count a spin without progress; whether `limit` has passed since the
+    /// first look that found none (looked at every [`SpinDeadline::EVERY`]
+    /// such spins, so a stall is seen at most that many spins late).
+    pub(crate) fn stalled(&mut self) -> bool {
+        self.idle += 1;
+        if self.idle < SpinDeadline::EVERY {
+            return false;
+        }
+        self.idle = 0;
+        let now = Instant::now();
+        match self.since {
+            None => {
+                self.since = Some(now);
+                false
+            }
+            Some(s) => now.duration_since(s) >= self.limit,
+        }
+    }
+}
+
 /// Connect two endpoints to each other.
 pub fn connect_pair(a: &Endpoint, b: &Endpoint) -> Result<()> {
     let ga = a.ctx.query_gid(1, 1).context("query_gid")?;
@@ -239,7 +285,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
         }
     }
     // Reset by every completion: a limit on time without progress, not on the run.
-    let mut deadline = Instant::now() + STALL;
+    let mut stall = StallWatch::new(STALL);
     let start = Instant::now();
     let (mut posted, mut done, mut received) = (0usize, 0usize, 0usize);
     let mut window_start = start;
@@ -276,12 +322,12 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
         }
         window_done += done - before;
         if n > 0 {
-            deadline = Instant::now() + STALL;
+            stall.progress();
         }
         if op == BwOp::Send {
             let m = b.cq.poll(&mut wcs).context("poll_cq")?;
             if m > 0 {
-                deadline = Instant::now() + STALL;
+                stall.progress();
             }
             for wc in &wcs[..m] {
                 if wc.status != WcStatus::Success || wc.byte_len as usize != size {
@@ -302,7 +348,7 @@ pub fn bw(a: &mut Endpoint, b: &mut Endpoint, op: BwOp, size: usize, iters: usiz
             window_start = Instant::now();
             window_done = 0;
         }
-        if n == 0 && Instant::now() > deadline {
+        if n == 0 && stall.stalled() {
             bail!("{} bandwidth stalled: no completion for {} s ({done}/{iters} completed)", op.name(), STALL.as_secs());
         }
     }
@@ -736,6 +782,25 @@ mod tests {
         // An hour away: never seen as passed.
         let mut d = SpinDeadline::new(Instant::now() + Duration::from_secs(3600));
         assert!((0..4 * SpinDeadline::EVERY).all(|_| !d.passed()));
+    }
+
+    #[test]
+    fn a_stall_is_seen_only_after_spins_without_progress() {
+        // No time allowed: the first look (EVERY-th idle spin) starts the
+        // watch, the second (EVERY spins later) sees the stall.
+        let mut w = StallWatch::new(Duration::ZERO);
+        assert!((0..SpinDeadline::EVERY).all(|_| !w.stalled()));
+        assert!((1..SpinDeadline::EVERY).all(|_| !w.stalled()));
+        assert!(w.stalled());
+        // Progress in between starts it over: never two looks in a row.
+        let mut w = StallWatch::new(Duration::ZERO);
+        for _ in 0..4 {
+            assert!((0..2 * SpinDeadline::EVERY - 1).all(|_| !w.stalled()));
+            w.progress();
+        }
+        // An hour allowed: never stalled.
+        let mut w = StallWatch::new(Duration::from_secs(3600));
+        assert!((0..8 * SpinDeadline::EVERY).all(|_| !w.stalled()));
     }
 
     /// Two connected endpoints on an in-memory link, each driving its own
