@@ -121,11 +121,12 @@ impl SpinDeadline {
 /// A bandwidth loop's limit on time without progress: [`StallWatch::stalled`]
 /// says so once `limit` has passed since the loop last made progress, and
 /// reads the clock only on every [`SpinDeadline::EVERY`]th spin without
-/// progress; [`StallWatch::progress`] reads none. A clock read on every
-/// spin of `bw`'s loop (one to renew the deadline after a completion, one to
-/// check it otherwise) was the application thread's own work beside the
-/// device it drives: 1-2% of that thread's time in the two-core 64 B rate
-/// (`perf`), where perftest's loop reads no clock.
+/// progress; [`StallWatch::progress`] reads none. `bw`'s loop read the
+/// clock on every spin (to renew the deadline after a completion, or to
+/// check it), on the application's thread beside the device it drives; in
+/// the two-core 64 B rate that thread's clock reads (this loop's and the
+/// poll's own, one a poll) were 1.7% of its time (`perf`). perftest's loop
+/// reads no clock.
 pub(crate) struct StallWatch {
     limit: Duration,
     idle: u32,
