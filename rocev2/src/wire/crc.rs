@@ -394,7 +394,8 @@ mod fused {
         let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
         let lane = unsafe { fold_copy512(seed, src, dst) };
-        finish_copy(_mm_xor_si128(lane, moved), dst)
+        // SAFETY: `fold_copy512` took at least 256 bytes (its contract).
+        unsafe { finish_copy(_mm_xor_si128(lane, moved), dst) }
     }
 
     /// [`copy_finish512`] with [`fold_copy`].
@@ -406,7 +407,8 @@ mod fused {
         let (moved, seed) = split_seed(*seed, advance, dst.len());
         // SAFETY: the caller vouches for the CPU and for `src`.
         let lane = unsafe { fold_copy(seed, src, dst) };
-        finish_copy(_mm_xor_si128(lane, moved), dst)
+        // SAFETY: `fold_copy` took at least 128 bytes (its contract).
+        unsafe { finish_copy(_mm_xor_si128(lane, moved), dst) }
     }
 
     /// How a fused copy of `len` (at least 128) bytes continues `seed` (as
@@ -437,14 +439,18 @@ mod fused {
         }
     }
 
-    /// The finished CRC of a fused copy into `dst` (at least 16 bytes) whose
-    /// whole lanes fold to `lane`: the bytes after them folded in registers
-    /// ([`finish_tail`]).
+    /// The finished CRC of a fused copy into `dst` whose whole lanes fold
+    /// to `lane`: the bytes after them folded in registers ([`finish_tail`]).
+    ///
+    /// # Safety
+    /// `dst` is at least 16 bytes (its last 16 are loaded unchecked; the
+    /// fused copies' callers hold at least [`super::FUSED_MIN`]).
     #[inline]
     #[target_feature(enable = "pclmulqdq,ssse3,sse4.1")]
-    fn finish_copy(lane: __m128i, dst: &[u8]) -> u32 {
+    unsafe fn finish_copy(lane: __m128i, dst: &[u8]) -> u32 {
         let len = dst.len();
-        // SAFETY: `len >= 16`: the last 16 bytes are inside `dst`.
+        debug_assert!(len >= 16);
+        // SAFETY: `len >= 16` (the caller's contract): the last 16 bytes are inside `dst`.
         let last = unsafe { _mm_loadu_si128(dst.as_ptr().add(len - 16).cast()) };
         finish_tail(lane, last, len % 16)
     }

@@ -1,6 +1,20 @@
 //! Data movement, the "DMA": copies between registered memory and frames,
 //! and atomics, each after the checker has approved the whole range, under
 //! the table's read guard so deregistration waits for them.
+//!
+//! Registered memory is the application's, and nothing serialises accesses
+//! to the same bytes from elsewhere: the application's own threads, or two
+//! shards' engines (one table per device) answering a peer's WRITE and
+//! ATOMIC to one address on two QPs, which a hostile peer may send on
+//! purpose. The verbs leave such overlaps undefined (a WRITE racing an
+//! ATOMIC, or the application's accesses, give unspecified bytes), and the
+//! movers are built so that this is all they give: registered memory is
+//! reached only through raw pointers (copies and SIMD loads and stores,
+//! never a Rust reference over it) and atomics through `AtomicU64`, so a
+//! race can tear the values in the overlapping bytes and nothing else; the
+//! range written or read is always the one the checker approved. Under
+//! Rust's memory model a non-atomic copy racing an atomic is still a data
+//! race: a risk taken knowingly, as every RDMA device's DMA takes it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -146,9 +160,10 @@ impl MemoryTable {
         }
         // SAFETY: `p` is 8-byte aligned and `[p, p + 8)` lies in a registered
         // region that stays valid for reads and writes while we hold the read
-        // guard; `AtomicU64` has the size and alignment of `u64`. All accesses
-        // this table makes to the bytes concurrently are either atomic (here)
-        // or DMA-like copies the ibverbs rules forbid to overlap with an atomic.
+        // guard; `AtomicU64` has the size and alignment of `u64`. Other
+        // accesses to the same bytes are atomics (here) or raw copies that
+        // the verbs leave undefined to overlap with an atomic; a peer that
+        // overlaps them anyway gets torn values (the module's account).
         let cell = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
         Ok(match op {
             AtomicOp::CmpSwap { compare, swap } => match cell.compare_exchange(compare, swap, Ordering::SeqCst, Ordering::SeqCst) {

@@ -190,9 +190,20 @@ impl std::fmt::Debug for MemoryBatch<'_> {
 #[derive(Debug)]
 pub struct MemoryTable {
     inner: TableLock<Table>,
-    /// Bumped by every writer before it changes the table (starts at 1):
-    /// what [`LkeyCache`] verdicts are valid for.
+    /// Renewed by every writer before it changes the table, from a counter
+    /// shared by every table of the process ([`fresh_generation`]): what
+    /// [`LkeyCache`] verdicts and the data movers' memos are valid for. A
+    /// value no other table ever holds, so that a memo taken on one table
+    /// cannot pass as fresh on another (whose host pointers it does not
+    /// hold), whatever their numbers of changes.
     generation: AtomicU64,
+}
+
+/// A table generation never handed out before in this process (from 1: 0 is
+/// no table's, the memos' and cache entries' empty value).
+fn fresh_generation() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 impl Default for MemoryTable {
@@ -222,7 +233,7 @@ impl MemoryTable {
     }
 
     fn build(max: u32, seed: u64) -> MemoryTable {
-        MemoryTable { inner: TableLock::new(Table::new(max.min(MAX_INDEX), seed)), generation: AtomicU64::new(1) }
+        MemoryTable { inner: TableLock::new(Table::new(max.min(MAX_INDEX), seed)), generation: AtomicU64::new(fresh_generation()) }
     }
 
     #[inline]
@@ -233,7 +244,8 @@ impl MemoryTable {
     fn write(&self) -> WriteGuard<'_, Table> {
         let t = self.inner.write();
         // Before any change: a memo taken earlier no longer answers (cache.rs).
-        self.generation.fetch_add(1, Ordering::AcqRel);
+        // (A store, not an add: writers hold the lock, one at a time.)
+        self.generation.swap(fresh_generation(), Ordering::AcqRel);
         t
     }
 

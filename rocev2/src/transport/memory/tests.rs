@@ -867,3 +867,33 @@ fn a_write_memo_places_as_the_checker_and_follows_registration_changes() {
     t.deregister(k2.lkey).unwrap();
     drop((b, b2));
 }
+
+/// A memo serves only the table it was taken on: two tables with the same
+/// keys (the same seed) and as many changes each, a WRITE memo and a gather
+/// memo taken on one are stale on the other, so the other's own region is
+/// resolved and written or read, never the first table's memory through the
+/// memo's pointer. (Generations come from one counter for the whole
+/// process; numbered per table, both tables would be at generation 2 here.)
+#[test]
+fn a_memo_from_another_table_is_never_fresh() {
+    let (a, b) = (MemoryTable::with_seed(7), MemoryTable::with_seed(7));
+    let (mut ba, mut bb) = (Buf::new(4096), Buf::new(4096));
+    let (ka, kb) = (reg(&a, &mut ba, 0x2000, ALL), reg(&b, &mut bb, 0x2000, ALL));
+    assert_eq!((ka.lkey, ka.rkey), (kb.lkey, kb.rkey), "the same seed gives the same keys");
+    let memo = a.remote_check_write(PD, 3, ka.rkey, 0x2000, 4096).unwrap();
+    assert_eq!(b.remote_write_memo(&memo, PD, 3, kb.rkey, 0x2100, &[0x5c; 64]), Ok(()));
+    assert_eq!(bb.bytes()[0x100..0x140], [0x5c; 64], "table b's own region");
+    assert!(ba.bytes().iter().all(|&x| x == 0), "table a's region written through a's memo by b");
+    // The requester's gather memo, the same way round.
+    let Some(lane) = crate::wire::crc::update_masked_lane(!0, &[0u8; 16], &[0u8; 16]) else { return };
+    a.remote_write(PD, 1, ka.rkey, 0x2000, &[0x11; 256]).unwrap();
+    b.remote_write(PD, 1, kb.rkey, 0x2000, &[0x22; 256]).unwrap();
+    let sgl = [Sge { addr: 0x2000, length: 256, lkey: ka.lkey }];
+    let mut memo = GatherMemo::default();
+    let mut out = [0u8; 256];
+    a.local_gather_crc_lane_memo(&mut memo, PD, &sgl, 0, &mut out, lane).unwrap();
+    assert_eq!(out, [0x11; 256]);
+    b.local_gather_crc_lane_memo(&mut memo, PD, &sgl, 0, &mut out, lane).unwrap();
+    assert_eq!(out, [0x22; 256], "table b's gather read table a's region through a's memo");
+    drop((ba, bb));
+}
