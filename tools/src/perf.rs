@@ -94,7 +94,25 @@ impl Endpoint {
 /// ping-pong waits the same way.
 pub(crate) struct SpinDeadline {
     at: Instant,
-    spins: u32,
+    spins: Spins,
+}
+
+/// The rhythm of a waiting loop's looks at the clock, shared by
+/// [`SpinDeadline`] and [`StallWatch`]: [`Spins::look`] says yes on every
+/// [`SpinDeadline::EVERY`]th spin counted.
+#[derive(Default)]
+struct Spins(u32);
+
+impl Spins {
+    /// Count a spin; whether this one looks at the clock.
+    fn look(&mut self) -> bool {
+        self.0 += 1;
+        if self.0 < SpinDeadline::EVERY {
+            return false;
+        }
+        self.0 = 0;
+        true
+    }
 }
 
 impl SpinDeadline {
@@ -103,18 +121,13 @@ impl SpinDeadline {
     const EVERY: u32 = 1024;
 
     pub(crate) fn new(at: Instant) -> SpinDeadline {
-        SpinDeadline { at, spins: 0 }
+        SpinDeadline { at, spins: Spins::default() }
     }
 
     /// Count a spin; whether the deadline has passed (looked at on every
     /// [`SpinDeadline::EVERY`]th spin).
     pub(crate) fn passed(&mut self) -> bool {
-        self.spins += 1;
-        if self.spins < Self::EVERY {
-            return false;
-        }
-        self.spins = 0;
-        Instant::now() > self.at
+        self.spins.look() && Instant::now() > self.at
     }
 }
 
@@ -129,19 +142,20 @@ impl SpinDeadline {
 /// reads no clock.
 pub(crate) struct StallWatch {
     limit: Duration,
-    idle: u32,
+    /// Spins without progress since the last look.
+    idle: Spins,
     /// When a look at the clock first found no progress since the last.
     since: Option<Instant>,
 }
 
 impl StallWatch {
     pub(crate) fn new(limit: Duration) -> StallWatch {
-        StallWatch { limit, idle: 0, since: None }
+        StallWatch { limit, idle: Spins::default(), since: None }
     }
 
     /// The loop made progress: the watch starts over (no clock read).
     pub(crate) fn progress(&mut self) {
-        self.idle = 0;
+        self.idle = Spins::default();
         self.since = None;
     }
 
@@ -149,11 +163,9 @@ impl StallWatch {
     /// first look that found none (looked at every [`SpinDeadline::EVERY`]
     /// such spins, so a stall is seen at most that many spins late).
     pub(crate) fn stalled(&mut self) -> bool {
-        self.idle += 1;
-        if self.idle < SpinDeadline::EVERY {
+        if !self.idle.look() {
             return false;
         }
-        self.idle = 0;
         let now = Instant::now();
         match self.since {
             None => {

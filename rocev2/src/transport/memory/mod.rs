@@ -244,7 +244,8 @@ impl MemoryTable {
     fn write(&self) -> WriteGuard<'_, Table> {
         let t = self.inner.write();
         // Before any change: a memo taken earlier no longer answers (cache.rs).
-        // (A store, not an add: writers hold the lock, one at a time.)
+        // A fresh value, not an increment (writers hold the lock, one at a
+        // time); swapped with the add's ordering.
         self.generation.swap(fresh_generation(), Ordering::AcqRel);
         t
     }
