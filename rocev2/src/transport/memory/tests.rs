@@ -721,8 +721,12 @@ fn type2_window_is_tied_to_its_qp_and_invalidated() {
     // Zero length bind of a type 2 window is refused (o10-37.2.40).
     assert_eq!(t.bind_mw(PD, 5, mw, 1, mr.lkey, 0x1000, 0, Access::REMOTE_READ), Err(AccessError::AccessDenied));
     let acc = Access::REMOTE_READ | Access::REMOTE_WRITE | Access::ZERO_BASED;
-    let r = t.bind_mw(PD, 5, mw, 0x42, mr.lkey, 0x1020, 0x20, acc).unwrap();
-    assert_eq!(r, (mw & !0xff) | 0x42);
+    // Key bytes other than the window's own: `alloc_mw` draws that byte at
+    // random, and a bind that kept it would leave `mw` a valid key below.
+    let k = (mw as u8).wrapping_add(0x42);
+    let r = t.bind_mw(PD, 5, mw, k, mr.lkey, 0x1020, 0x20, acc).unwrap();
+    assert_eq!(r, (mw & !0xff) | u32::from(k));
+    assert_ne!(r, mw);
     // Zero-based window: offsets from the window start.
     t.remote_write(PD, 5, r, 0, b"zb").unwrap();
     assert_eq!(&b.bytes()[0x20..0x22], b"zb");
@@ -732,7 +736,7 @@ fn type2_window_is_tied_to_its_qp_and_invalidated() {
     assert_eq!(t.remote_write(PD, 6, r, 0, b"xx"), Err(AccessError::WrongQp));
     assert_eq!(&b.bytes()[0x20..0x22], b"zb");
     // A bound type 2 window cannot be re-bound (o10-37.2.30).
-    assert_eq!(t.bind_mw(PD, 5, r, 0x43, mr.lkey, 0x1000, 8, Access::REMOTE_READ), Err(AccessError::AccessDenied));
+    assert_eq!(t.bind_mw(PD, 5, r, k.wrapping_add(1), mr.lkey, 0x1000, 8, Access::REMOTE_READ), Err(AccessError::AccessDenied));
     assert_eq!(t.deregister(mr.lkey), Err(RegError::Busy));
     // Invalidation: only by the bound QP, in the PD, with the current key.
     assert_eq!(t.invalidate(PD, 6, r), Err(AccessError::WrongQp));
@@ -743,7 +747,7 @@ fn type2_window_is_tied_to_its_qp_and_invalidated() {
     assert_eq!(t.remote_write(PD, 5, r, 0, b"no"), Err(AccessError::Invalidated));
     // Free again: can be bound with a new key (old one stale), MR can then be deregistered
     // once the window is deallocated.
-    let r2 = t.bind_mw(PD, 5, r, 0x44, mr.lkey, 0x1000, 8, Access::REMOTE_READ).unwrap();
+    let r2 = t.bind_mw(PD, 5, r, k.wrapping_add(2), mr.lkey, 0x1000, 8, Access::REMOTE_READ).unwrap();
     assert_eq!(t.remote_check(PD, 5, r, 0x1000, 1, Access::REMOTE_READ), Err(AccessError::InvalidKey));
     assert_eq!(t.remote_check(PD, 5, r2, 0x1000, 8, Access::REMOTE_READ), Ok(()));
     t.dealloc_mw(r2).unwrap();
