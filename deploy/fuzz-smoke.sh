@@ -20,6 +20,13 @@ targets=$(cargo fuzz list)
 # parse_frame's seeds come from the reference captures (../../shared).
 if [ ! -d corpus/parse_frame ] && [ -d ../../shared/pcaps ]; then python3 seed_corpus.py >/dev/null; fi
 mkdir -p target
+# The harnesses' own tests (a known program through each harness's steps).
+if ! cargo test --lib -q >target/smoke-lib-tests.log 2>&1; then
+  tail -40 target/smoke-lib-tests.log
+  echo "fuzz-smoke: the harness tests failed (log: fuzz/target/smoke-lib-tests.log)" >&2
+  exit 1
+fi
+echo "fuzz-smoke: harness tests pass"
 for t in $targets; do
   mkdir -p "corpus/$t"
   dirs=("corpus/$t")

@@ -114,6 +114,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use crate::reader::Reader;
 use rocev2::psn::Psn;
 use rocev2::time::Instant;
 use rocev2::transport::attr::{AddressVector, Mtu, QpAttr, QpAttrMask, QpCaps, QpInitAttr, QpState, QpType};
@@ -151,37 +152,6 @@ fn trace_on() -> bool {
 
 macro_rules! trace {
     ($($t:tt)*) => { if trace_on() { eprintln!($($t)*); } };
-}
-
-/// The input's bytes, read front to back; 0 past the end.
-pub struct Reader<'a> {
-    data: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Reader<'a> {
-    /// A reader over `data`.
-    pub fn new(data: &'a [u8]) -> Reader<'a> {
-        Reader { data, pos: 0 }
-    }
-    /// Whether every byte has been read.
-    pub fn done(&self) -> bool {
-        self.pos >= self.data.len()
-    }
-    fn u8(&mut self) -> u8 {
-        let b = self.data.get(self.pos).copied().unwrap_or(0);
-        self.pos = self.pos.saturating_add(1);
-        b
-    }
-    fn u16(&mut self) -> u16 {
-        u16::from_be_bytes([self.u8(), self.u8()])
-    }
-    fn u24(&mut self) -> u32 {
-        u32::from_be_bytes([0, self.u8(), self.u8(), self.u8()])
-    }
-    fn u32(&mut self) -> u32 {
-        u32::from_be_bytes([self.u8(), self.u8(), self.u8(), self.u8()])
-    }
 }
 
 const RC_OPS: [u8; 23] =

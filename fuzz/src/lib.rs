@@ -2,4 +2,6 @@
 //! themselves stay one-liners so libFuzzer's `cargo fuzz run <target>` and a
 //! plain `cargo test` of this crate use the same code).
 
+pub mod cm_agents;
 pub mod engine_frames;
+pub mod reader;

@@ -23,25 +23,7 @@ fn agent(guid: u64) -> Cm {
 }
 
 fn connect_params(qpn: u32) -> ConnectParams {
-    ConnectParams {
-        service_id: service(),
-        local_gid: A,
-        remote_gid: B,
-        qpn,
-        starting_psn: 1,
-        transport: 0,
-        responder_resources: 1,
-        initiator_depth: 1,
-        path_mtu: 3,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        local_ack_timeout: 14,
-        hop_limit: 64,
-        traffic_class: 0,
-        flow_label: 0,
-        srq: false,
-        private_data: vec![],
-    }
+    ConnectParams { starting_psn: 1, ..ConnectParams::rc(service(), A, B, qpn) }
 }
 
 fn accept_params(qpn: u32) -> AcceptParams {

@@ -33,25 +33,7 @@ fn config(guid: u64) -> CmConfig {
 }
 
 fn connect_params(qpn: u32, service_id: u64) -> ConnectParams {
-    ConnectParams {
-        service_id,
-        local_gid: GID_A,
-        remote_gid: GID_B,
-        qpn,
-        starting_psn: qpn * 7,
-        transport: 0,
-        responder_resources: 1,
-        initiator_depth: 1,
-        path_mtu: 3,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        local_ack_timeout: 14,
-        hop_limit: 64,
-        traffic_class: 0,
-        flow_label: 0,
-        srq: false,
-        private_data: vec![qpn as u8; 40],
-    }
+    ConnectParams { starting_psn: qpn * 7, private_data: vec![qpn as u8; 40], ..ConnectParams::rc(service_id, GID_A, GID_B, qpn) }
 }
 
 struct Link {

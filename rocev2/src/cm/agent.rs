@@ -119,6 +119,35 @@ pub struct ConnectParams {
     pub private_data: Vec<u8>,
 }
 
+impl ConnectParams {
+    /// An RC connect from `local_gid` to `service_id` at `remote_gid` for QP
+    /// `qpn`, with the usual path (MTU 1024, hop limit 64, no flow label),
+    /// one READ/atomic each way, seven retries and RNR retries, local ACK
+    /// timeout 14, starting PSN 0, no SRQ and no private data: a base to
+    /// change with struct update syntax.
+    pub fn rc(service_id: u64, local_gid: Gid, remote_gid: Gid, qpn: u32) -> ConnectParams {
+        ConnectParams {
+            service_id,
+            local_gid,
+            remote_gid,
+            qpn,
+            starting_psn: 0,
+            transport: 0,
+            responder_resources: 1,
+            initiator_depth: 1,
+            path_mtu: 3,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            local_ack_timeout: 14,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+            srq: false,
+            private_data: Vec::new(),
+        }
+    }
+}
+
 /// Parameters of an accept (the REP's fields).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AcceptParams {
