@@ -768,7 +768,17 @@ impl CmChannel {
         use rocev2::cm::CmEvent as E;
         Some(match ev {
             E::ConnectRequest { id, service_id, remote_gid, local_gid, req } => {
-                let (space, port) = PortSpace::from_service_id(service_id)?;
+                // Not an RDMA-CM request: refuse it as librdmacm's kernel does
+                // (never leave it waiting for an answer nobody will give).
+                let refuse = || {
+                    let now = self.ctx.inner.nic.now();
+                    let _ = self.with_cm(|cm| cm.reject(now, id, &[]));
+                };
+                // Every listener of this layer has an RDMA-CM service ID.
+                let Some((space, port)) = PortSpace::from_service_id(service_id) else {
+                    refuse();
+                    return None;
+                };
                 let (src, dst, private_data) = if space.has_ip_header() {
                     match CmaHeader::parse(&req.private_data) {
                         Ok(h) => (
@@ -777,9 +787,7 @@ impl CmChannel {
                             req.private_data[rocev2::cm::cma::CMA_HDR_LEN..].to_vec(),
                         ),
                         Err(_) => {
-                            // Not an RDMA-CM request: refuse it as librdmacm's kernel does.
-                            let now = self.ctx.inner.nic.now();
-                            let _ = self.with_cm(|cm| cm.reject(now, id, &[]));
+                            refuse();
                             return None;
                         }
                     }
