@@ -25,7 +25,9 @@
 //! completes ([`RetiredCount`]). The claim reads that count once (a load, no
 //! read-modify-write) and compares it with the number of WRs accepted, which
 //! the claimed position itself encodes (`lap` times the depth plus `index`:
-//! exact while positions do not wrap, after 2^64 / `one_lap` laps).
+//! exact while positions do not wrap, after 2^64 / `one_lap` laps). A count
+//! larger than that number means the post was held up and its position
+//! went stale meanwhile: it looks at the tail again (`WqRing::full_at`).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -128,6 +130,28 @@ impl<T, C> WqRing<T, C> {
         (pos >> self.lap_shift).wrapping_mul(self.slots.len()).wrapping_add(pos & (self.one_lap - 1))
     }
 
+    /// Whether a post at `pos` finds the queue full, by `retired` read after
+    /// `pos`'s stamp: `Some(true)` if `depth` WRs accepted before `pos` are
+    /// not retired, `Some(false)` if there is room, `None` if `retired`
+    /// counts more WRs than were accepted before `pos`. That happens only
+    /// when `pos` went stale while the count was read: the post was held up
+    /// after it saw the slot free, and meanwhile `pos` and later posts were
+    /// claimed, taken and retired. The caller then looks at the tail again:
+    /// refusing would report a full queue that is not (the difference wraps
+    /// round to a huge count).
+    ///
+    /// A count read late is otherwise safe: it only grows, so it can admit
+    /// no more than the CAS of `pos` itself allows, and a `pos` gone stale
+    /// with the count still saying full means the queue is full now too.
+    #[inline]
+    fn full_at(&self, pos: usize, retired: usize) -> Option<bool> {
+        let outstanding = self.accepted_before(pos).wrapping_sub(retired) as isize;
+        if outstanding < 0 {
+            return None;
+        }
+        Some(outstanding as usize >= self.slots.len())
+    }
+
     #[inline]
     fn slot(&self, pos: usize) -> &Slot<T> {
         &self.slots[pos & (self.one_lap - 1)]
@@ -157,10 +181,18 @@ impl<T, C> WqRing<T, C> {
             if ahead == 0 {
                 // The slot is free, but the queue is full while `depth` WRs
                 // accepted are not retired (taken out, still in flight). The
-                // CAS below fixes `pos`, hence the count compared here; a
-                // count read late only refuses, never over-admits.
-                if self.accepted_before(pos).wrapping_sub(self.retired.get()) >= self.slots.len() {
-                    return None;
+                // CAS below fixes `pos`, hence the count compared here.
+                #[cfg(test)]
+                tests::held_up_here();
+                match self.full_at(pos, self.retired.get()) {
+                    Some(true) => return None,
+                    Some(false) => {}
+                    // `pos` went stale between the stamp's load and the
+                    // count's: look at the tail again.
+                    None => {
+                        pos = self.tail.0.load(Ordering::Relaxed);
+                        continue;
+                    }
                 }
                 // Free for `pos`: claim it. The CAS succeeds for one post only.
                 // SeqCst: the doorbell's protocol orders this claim before
@@ -268,5 +300,143 @@ impl<T, C> Drop for WqConsumer<'_, T, C> {
     fn drop(&mut self) {
         self.ring.consumer.0.head.store(self.head, Ordering::Release);
         self.ring.consumer.0.consuming.store(false, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::cell::RefCell;
+    use std::sync::atomic::AtomicU64;
+
+    thread_local! {
+        /// What this thread's next claim waits for between the slot's stamp
+        /// and the retired count (tests only).
+        static HOLD_UP: RefCell<Option<Box<dyn FnOnce()>>> = const { RefCell::new(None) };
+    }
+
+    /// Called by [`WqRing::claim`] in tests between its load of the slot's
+    /// stamp and its load of the retired count: runs what this thread asked
+    /// to wait for there, as a post preempted at that point would.
+    pub(super) fn held_up_here() {
+        if let Some(wait) = HOLD_UP.with(|h| h.borrow_mut().take()) {
+            wait();
+        }
+    }
+
+    fn ring(depth: usize) -> (WqRing<usize, ()>, Arc<RetiredCount>) {
+        let retired = Arc::new(RetiredCount::default());
+        (WqRing::new(depth, retired.clone(), || 0, ()), retired)
+    }
+
+    fn post(r: &WqRing<usize, ()>) -> usize {
+        let pos = r.claim().expect("room");
+        // SAFETY: just claimed.
+        unsafe { r.publish(pos, |v| *v = pos) };
+        pos
+    }
+
+    fn take_all(r: &WqRing<usize, ()>) -> usize {
+        let mut c = r.consumer().expect("one consumer");
+        let mut n = 0;
+        while c.take(|_, _| ()).is_some() {
+            n += 1;
+        }
+        n
+    }
+
+    /// A post held up after it saw its slot free, while that position and
+    /// later ones were posted, taken and retired, reads a count larger than
+    /// the WRs accepted before its position. That is a stale position, not
+    /// a full queue: the claim must look at the tail again. (Compared as an
+    /// unsigned difference, the count wrapped round and a post found "the
+    /// send queue full" with nothing outstanding: `verbs::concurrent_posts_
+    /// all_leave_and_complete` failed so, once in 20,000 rounds of a stress
+    /// loop on a loaded machine.)
+    #[test]
+    fn a_count_newer_than_the_position_is_stale_not_full() {
+        let (r, retired) = ring(3);
+        let old: Vec<usize> = (0..3).map(|_| post(&r)).collect();
+        assert_eq!(take_all(&r), 3);
+        retired.add(3);
+        for &pos in &old {
+            assert_eq!(r.full_at(pos, retired.get()), None, "position {pos} is stale");
+        }
+        let tail = r.tail.0.load(Ordering::Relaxed);
+        assert_eq!(r.full_at(tail, retired.get()), Some(false));
+
+        // Three more posted and taken, none retired: full by the count.
+        for _ in 0..3 {
+            post(&r);
+        }
+        assert_eq!(take_all(&r), 3);
+        let tail = r.tail.0.load(Ordering::Relaxed);
+        assert_eq!(r.full_at(tail, retired.get()), Some(true));
+        assert!(r.claim().is_none(), "depth WRs in flight");
+        retired.add(1);
+        assert_eq!(r.full_at(tail, retired.get()), Some(false));
+        post(&r);
+        assert!(r.claim().is_none(), "full again");
+    }
+
+    /// The interleaving itself: a post held up after it saw its slot free,
+    /// while another thread posts through that position and a consumer
+    /// takes and retires each WR at once (never more than one in flight, in
+    /// a ring of 8: the queue is never full). The held-up claim must
+    /// succeed. With the count compared unsigned it was refused every time.
+    #[test]
+    fn a_post_held_up_while_others_go_through_is_not_refused() {
+        let retired = Arc::new(RetiredCount::default());
+        let r = Arc::new(WqRing::new(8, retired.clone(), || 0usize, ()));
+        let stop = Arc::new(AtomicBool::new(false));
+        let posted = Arc::new(AtomicU64::new(0));
+        let consumer = {
+            let (r, retired, stop) = (r.clone(), retired.clone(), stop.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    retired.add(take_all(&r));
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        let other = {
+            let (r, retired, stop, posted) = (r.clone(), retired.clone(), stop.clone(), posted.clone());
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    // One in flight at a time: post, then wait for it to be retired.
+                    let Some(pos) = r.claim() else { continue };
+                    // SAFETY: just claimed.
+                    unsafe { r.publish(pos, |v| *v = pos) };
+                    posted.fetch_add(1, Ordering::Relaxed);
+                    while retired.get() <= r.accepted_before(pos) && !stop.load(Ordering::Relaxed) {
+                        std::hint::spin_loop();
+                    }
+                }
+            })
+        };
+        for _ in 0..20 {
+            // Held up until the other thread has posted twice more, the
+            // first of them (at least) at the position this claim saw free,
+            // and the consumer has retired both.
+            let (posted2, retired2) = (posted.clone(), retired.clone());
+            let target = posted.load(Ordering::Relaxed) + 2;
+            HOLD_UP.with(|h| {
+                *h.borrow_mut() = Some(Box::new(move || {
+                    while posted2.load(Ordering::Relaxed) < target || retired2.get() < target as usize {
+                        std::hint::spin_loop();
+                    }
+                }))
+            });
+            let pos = r.claim().expect("a held-up post refused with at most two WRs in flight in a ring of 8");
+            // SAFETY: just claimed.
+            unsafe { r.publish(pos, |v| *v = 0) };
+            posted.fetch_add(1, Ordering::Relaxed);
+            while retired.get() <= r.accepted_before(pos) {
+                std::hint::spin_loop();
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        consumer.join().unwrap();
+        other.join().unwrap();
     }
 }
