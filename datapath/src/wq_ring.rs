@@ -27,7 +27,7 @@
 //! the claimed position itself encodes (`lap` times the depth plus `index`:
 //! exact while positions do not wrap, after 2^64 / `one_lap` laps). A count
 //! larger than that number means the post was held up and its position
-//! went stale meanwhile: it looks at the tail again (`WqRing::full_at`).
+//! went stale meanwhile: it looks at the tail again (`WqRing::outstanding`).
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -130,26 +130,20 @@ impl<T, C> WqRing<T, C> {
         (pos >> self.lap_shift).wrapping_mul(self.slots.len()).wrapping_add(pos & (self.one_lap - 1))
     }
 
-    /// Whether a post at `pos` finds the queue full, by `retired` read after
-    /// `pos`'s stamp: `Some(true)` if `depth` WRs accepted before `pos` are
-    /// not retired, `Some(false)` if there is room, `None` if `retired`
-    /// counts more WRs than were accepted before `pos`. That happens only
-    /// when `pos` went stale while the count was read: the post was held up
-    /// after it saw the slot free, and meanwhile `pos` and later posts were
-    /// claimed, taken and retired. The caller then looks at the tail again:
-    /// refusing would report a full queue that is not (the difference wraps
-    /// round to a huge count).
+    /// WRs accepted before `pos` and not counted in `retired` (read after
+    /// `pos`'s stamp), as an unsigned difference. A `retired` that counts
+    /// more WRs than were accepted before `pos` wraps it round above
+    /// `isize::MAX`: that happens only when `pos` went stale while the count
+    /// was read (the post was held up after it saw the slot free, and
+    /// meanwhile `pos` and later posts were claimed, taken and retired), and
+    /// the claim must look at the tail again, not report a full queue.
     ///
     /// A count read late is otherwise safe: it only grows, so it can admit
     /// no more than the CAS of `pos` itself allows, and a `pos` gone stale
     /// with the count still saying full means the queue is full now too.
     #[inline]
-    fn full_at(&self, pos: usize, retired: usize) -> Option<bool> {
-        let outstanding = self.accepted_before(pos).wrapping_sub(retired) as isize;
-        if outstanding < 0 {
-            return None;
-        }
-        Some(outstanding as usize >= self.slots.len())
+    fn outstanding(&self, pos: usize, retired: usize) -> usize {
+        self.accepted_before(pos).wrapping_sub(retired)
     }
 
     #[inline]
@@ -184,15 +178,15 @@ impl<T, C> WqRing<T, C> {
                 // CAS below fixes `pos`, hence the count compared here.
                 #[cfg(test)]
                 tests::held_up_here();
-                match self.full_at(pos, self.retired.get()) {
-                    Some(true) => return None,
-                    Some(false) => {}
-                    // `pos` went stale between the stamp's load and the
-                    // count's: look at the tail again.
-                    None => {
+                let outstanding = self.outstanding(pos, self.retired.get());
+                if outstanding >= self.slots.len() {
+                    // Wrapped round: `pos` went stale between the stamp's
+                    // load and the count's. Look at the tail again.
+                    if outstanding > isize::MAX as usize {
                         pos = self.tail.0.load(Ordering::Relaxed);
                         continue;
                     }
+                    return None;
                 }
                 // Free for `pos`: claim it. The CAS succeeds for one post only.
                 // SeqCst: the doorbell's protocol orders this claim before
@@ -359,11 +353,12 @@ mod tests {
         let old: Vec<usize> = (0..3).map(|_| post(&r)).collect();
         assert_eq!(take_all(&r), 3);
         retired.add(3);
+        let stale = |pos: usize| r.outstanding(pos, retired.get()) > isize::MAX as usize;
         for &pos in &old {
-            assert_eq!(r.full_at(pos, retired.get()), None, "position {pos} is stale");
+            assert!(stale(pos), "position {pos} is stale");
         }
         let tail = r.tail.0.load(Ordering::Relaxed);
-        assert_eq!(r.full_at(tail, retired.get()), Some(false));
+        assert_eq!(r.outstanding(tail, retired.get()), 0);
 
         // Three more posted and taken, none retired: full by the count.
         for _ in 0..3 {
@@ -371,10 +366,10 @@ mod tests {
         }
         assert_eq!(take_all(&r), 3);
         let tail = r.tail.0.load(Ordering::Relaxed);
-        assert_eq!(r.full_at(tail, retired.get()), Some(true));
+        assert_eq!(r.outstanding(tail, retired.get()), 3);
         assert!(r.claim().is_none(), "depth WRs in flight");
         retired.add(1);
-        assert_eq!(r.full_at(tail, retired.get()), Some(false));
+        assert_eq!(r.outstanding(tail, retired.get()), 2);
         post(&r);
         assert!(r.claim().is_none(), "full again");
     }
