@@ -105,31 +105,23 @@ impl Side {
         self.ids.retain(|&i| i != id);
         self.gone.insert(id);
     }
+}
 
-    /// An id for a consumer call: one it holds (`b` picks), or any.
-    fn pick(&self, b: u8, r: &mut Reader) -> CmId {
-        if b & 0x80 != 0 || self.ids.is_empty() {
-            r.u32()
-        } else {
-            self.ids[usize::from(b) % self.ids.len()]
-        }
+/// One of `ids` (`b` picks), or, with bit 7 of `b` or no ids, any value the
+/// input gives.
+fn choose_id(ids: &[CmId], b: u8, r: &mut Reader) -> CmId {
+    if b & 0x80 != 0 || ids.is_empty() {
+        r.u32()
+    } else {
+        ids[usize::from(b) % ids.len()]
     }
 }
 
-/// Both agents, the virtual clock, the last step's description (for traces).
+/// Both agents, the virtual clock and B's backlog.
 struct World {
     sides: [Side; 2],
     now: Instant,
     backlog: usize,
-}
-
-fn trace_on() -> bool {
-    static T: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *T.get_or_init(|| std::env::var_os("URNIC_FUZZ_TRACE").is_some())
-}
-
-macro_rules! trace {
-    ($($t:tt)*) => { if trace_on() { eprintln!($($t)*); } };
 }
 
 impl World {
@@ -246,12 +238,12 @@ impl World {
 
     /// A consumer call on `side`: `k0` call `k0 % 8` `[accept, reject,
     /// ready_to_use, establish, disconnect, destroy, sidr_reply,
-    /// listen/unlisten]`, on the id `k1` picks ([`Side::pick`]); `k2` the
+    /// listen/unlisten]`, on the id `k1` picks among the side's ([`choose_id`]); `k2` the
     /// call's private data length `k2 % 8 * 32` (up to 224, past most
     /// limits) and fields.
     fn consumer(&mut self, i: usize, r: &mut Reader) {
         let (k0, k1) = (r.u8(), r.u8());
-        let id = self.sides[i].pick(k1, r);
+        let id = choose_id(&self.sides[i].ids, k1, r);
         let k2 = r.u8();
         let private = vec![0xcd; usize::from(k2 % 8) * 32];
         let now = self.now;
@@ -321,14 +313,11 @@ impl World {
         self.deliver(i, src, dst, &mad);
     }
 
-    /// One of the ids either agent uses (their consumers' lists), or any.
+    /// One of the ids either agent uses (their consumers' lists), or any
+    /// ([`choose_id`]).
     fn known_id(&self, v: u8, r: &mut Reader) -> u32 {
         let all: Vec<CmId> = self.sides.iter().flat_map(|s| s.ids.iter().copied()).collect();
-        if v & 0x80 != 0 || all.is_empty() {
-            r.u32()
-        } else {
-            all[usize::from(v) % all.len()]
-        }
+        choose_id(&all, v, r)
     }
 
     /// A forged CM MAD with a valid header: `f0` bit 0 to B, bits 1-2 the
