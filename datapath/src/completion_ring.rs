@@ -431,7 +431,7 @@ mod tests {
     }
 
     const PRODUCERS: u64 = 3;
-    const PER_PRODUCER: u64 = 30_000;
+    const PER_PRODUCER: u64 = crate::stress_rounds(30_000);
 
     /// Several producers pushing batches of 1-7 (retrying what a full ring
     /// refused), several consumers polling 1-9 at a time, on a small ring:
@@ -525,7 +525,7 @@ mod tests {
         const CAP: usize = 6;
         let ring = Arc::new(CompletionRing::new(CAP));
         let held = Arc::new(AtomicUsize::new(0));
-        let total = 200_000u64;
+        let total = crate::stress_rounds(200_000);
         let consumer = {
             let (ring, held) = (ring.clone(), held.clone());
             std::thread::spawn(move || {

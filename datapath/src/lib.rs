@@ -21,6 +21,24 @@ pub mod send_ring;
 mod wq_ring;
 pub mod xsk;
 
+/// How many rounds a concurrency stress test runs: all of them natively,
+/// a small share under Miri (`cargo miri test`), whose interpreter checks
+/// every interleaving it takes for data races and undefined behaviour but
+/// runs some ten thousand times slower.
+#[cfg(test)]
+pub(crate) const fn stress_rounds(native: u64) -> u64 {
+    if cfg!(miri) {
+        let scaled = native / 500;
+        if scaled < 64 {
+            64
+        } else {
+            scaled
+        }
+    } else {
+        native
+    }
+}
+
 pub use memport::{Impairments, MemHub, MemPort};
 pub use nic::Nic;
 pub use port::{Port, PortError, PortInfo};

@@ -222,11 +222,11 @@ mod tests {
 
     #[test]
     fn hammer_small_ring() {
-        hammer(2, 4, 3000);
+        hammer(2, 4, crate::stress_rounds(3000));
     }
 
     #[test]
     fn hammer_large_ring() {
-        hammer(64, 3, 5000);
+        hammer(64, 3, crate::stress_rounds(5000));
     }
 }

@@ -312,13 +312,13 @@ mod tests {
     /// A small ring, full most of the time: refusals and retries.
     #[test]
     fn hammer_small_ring() {
-        let refused = hammer(8, 4, 50_000);
+        let refused = hammer(8, 4, crate::stress_rounds(50_000));
         assert!(refused > 0, "the posters filled the ring first");
     }
 
     /// A ring the posters rarely fill: they race each other for the tail.
     #[test]
     fn hammer_large_ring() {
-        hammer(1024, 3, 300_000);
+        hammer(1024, 3, crate::stress_rounds(300_000));
     }
 }
