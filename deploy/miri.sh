@@ -2,7 +2,8 @@
 # Miri over the tests of urnic's shared-memory code: the lock-free work queue,
 # send, receive and completion rings and the doorbells between the verbs
 # layer and the datapath (urnic-datapath), and the memory table's lock, key
-# checks and raw-pointer movers (rocev2's transport::memory). Miri interprets
+# checks and raw-pointer movers (rocev2's transport::memory), and the memory
+# regions' raw accessors and ownership (urnic's mr). Miri interprets
 # each test, reports any undefined behaviour (an out-of-bounds or dangling
 # access, a data race, a misaligned atomic) and emulates weak memory, so a
 # missing Acquire/Release between a producer and a consumer fails here even
@@ -10,7 +11,7 @@
 # rounds under Miri (`stress_rounds`, `cfg!(miri)`): it is some ten
 # thousand times slower than native code.
 #
-#   bash deploy/miri.sh                  (about 5 minutes on 2 cores)
+#   bash deploy/miri.sh                  (10-20 minutes on 2 cores)
 #   MIRIFLAGS=-Zmiri-many-seeds=0..8 bash deploy/miri.sh   (8 schedules each)
 #
 # Needs a nightly toolchain with the miri and rust-src components
@@ -32,4 +33,5 @@ export MIRIFLAGS="-Zmiri-permissive-provenance -Zmiri-disable-isolation ${MIRIFL
 cargo +nightly miri test -p urnic-datapath --lib -- \
   completion_ring:: wq_ring:: recv_ring:: send_ring:: queues:: nic::tests::a_drain_that_stops_at_a_claimed
 cargo +nightly miri test -p rocev2 --lib -- transport::memory::
-echo "miri.sh: no undefined behaviour in the rings, the doorbells or the memory table"
+cargo +nightly miri test -p urnic --lib -- mr::tests::
+echo "miri.sh: no undefined behaviour in the rings, the doorbells, the memory table or the regions' accessors"
