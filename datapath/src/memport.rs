@@ -22,6 +22,12 @@ use crate::port::{Port, PortError, PortInfo};
 /// Largest frame the hub carries (a 4096-byte-MTU RoCEv2 frame plus VLAN tag fits).
 pub const MAX_FRAME: usize = 9216;
 
+/// Frame buffers the hub keeps for reuse: a frame's buffer goes back to the
+/// hub once its receiver has handled it (or the hub dropped it), and the next
+/// frame sent takes it, so a steady stream allocates nothing per frame. More
+/// than this many idle buffers are freed.
+const SPARE_BUFFERS: usize = 1024;
+
 /// Impairments applied to frames a port sends.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Impairments {
@@ -100,6 +106,8 @@ struct Attached {
 pub struct MemHub {
     ports: Mutex<Vec<Attached>>,
     neighbours: Mutex<Vec<([u8; 16], [u8; 6])>>,
+    /// Buffers of frames already handled, for the next frames sent.
+    spare: ArrayQueue<Vec<u8>>,
     seed: u64,
     /// Counters.
     pub stats: HubStats,
@@ -108,7 +116,26 @@ pub struct MemHub {
 impl MemHub {
     /// A hub whose impairment RNGs derive from `seed`.
     pub fn new(seed: u64) -> Arc<MemHub> {
-        Arc::new(MemHub { ports: Mutex::new(Vec::new()), neighbours: Mutex::new(Vec::new()), seed, stats: HubStats::default() })
+        Arc::new(MemHub {
+            ports: Mutex::new(Vec::new()),
+            neighbours: Mutex::new(Vec::new()),
+            spare: ArrayQueue::new(SPARE_BUFFERS),
+            seed,
+            stats: HubStats::default(),
+        })
+    }
+
+    /// A buffer holding a copy of `bytes`: a spare one if the hub has one.
+    fn buffer_with(&self, bytes: &[u8]) -> Vec<u8> {
+        let mut buf = self.spare.pop().unwrap_or_default();
+        buf.clear();
+        buf.extend_from_slice(bytes);
+        buf
+    }
+
+    /// Keep `buf` for a later frame (freed if the hub has enough spares).
+    fn recycle(&self, buf: Vec<u8>) {
+        let _ = self.spare.push(buf);
     }
 
     /// Attach a port with `mac` and link `mtu`, impairing what it sends.
@@ -158,8 +185,12 @@ impl MemHub {
         n.iter().find(|(a, _)| a == ip).map(|(_, m)| *m)
     }
 
+    /// Deliver `frame` to the port with its destination MAC, or to every
+    /// port but the sender for a group address. The last receiver gets the
+    /// frame itself, the others copies.
     fn forward(&self, frame: Vec<u8>) {
         if frame.len() < 14 {
+            self.recycle(frame);
             return;
         }
         let dst: [u8; 6] = frame[..6].try_into().unwrap_or([0; 6]);
@@ -167,6 +198,8 @@ impl MemHub {
         let ports = self.ports.lock().unwrap_or_else(|e| e.into_inner());
         let broadcast = dst[0] & 1 == 1;
         let mut sent = false;
+        // The receiver found last, served once the next one (or none) is known.
+        let mut last: Option<&Attached> = None;
         for p in ports.iter() {
             if p.mac == src || !(broadcast || p.mac == dst) {
                 continue;
@@ -176,14 +209,29 @@ impl MemHub {
                 self.stats.link_down.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
-            if p.inbox.push(frame.clone()).is_ok() {
-                self.stats.delivered.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.stats.inbox_full.fetch_add(1, Ordering::Relaxed);
+            if let Some(earlier) = last.replace(p) {
+                self.deliver(earlier, self.buffer_with(&frame));
             }
+        }
+        match last {
+            Some(p) => self.deliver(p, frame),
+            None => self.recycle(frame),
         }
         if !sent {
             self.stats.unknown_dst.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Put `frame` in `port`'s inbox, or count it dropped if that is full.
+    fn deliver(&self, port: &Attached, frame: Vec<u8>) {
+        match port.inbox.push(frame) {
+            Ok(()) => {
+                self.stats.delivered.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(frame) => {
+                self.stats.inbox_full.fetch_add(1, Ordering::Relaxed);
+                self.recycle(frame);
+            }
         }
     }
 }
@@ -229,42 +277,45 @@ impl MemPort {
     }
 
     fn send_impaired(&mut self, mut frame: Vec<u8>) {
-        let hub = self.hub.clone();
-        let st = &hub.stats;
         if !self.link.load(Ordering::Acquire) {
-            st.link_down.fetch_add(1, Ordering::Relaxed);
+            self.hub.stats.link_down.fetch_add(1, Ordering::Relaxed);
+            self.hub.recycle(frame);
             return;
         }
         if !self.rate_allows(frame.len()) {
-            st.rate_dropped.fetch_add(1, Ordering::Relaxed);
+            self.hub.stats.rate_dropped.fetch_add(1, Ordering::Relaxed);
+            self.hub.recycle(frame);
             return;
         }
+        let (hub, rng) = (&*self.hub, &mut self.rng);
+        let st = &hub.stats;
         let f = self.impair.faults;
-        if chance(&mut self.rng, f.loss) {
+        if chance(rng, f.loss) {
             st.dropped.fetch_add(1, Ordering::Relaxed);
+            hub.recycle(frame);
             return;
         }
-        if frame.len() > 14 && chance(&mut self.rng, f.corrupt) {
-            let byte = self.rng.gen_range(14..frame.len());
-            frame[byte] ^= 1 << self.rng.gen_range(0..8);
+        if frame.len() > 14 && chance(rng, f.corrupt) {
+            let byte = rng.gen_range(14..frame.len());
+            frame[byte] ^= 1 << rng.gen_range(0..8);
             st.corrupted.fetch_add(1, Ordering::Relaxed);
         }
-        if chance(&mut self.rng, f.ecn_mark) && mark_ce(&mut frame) {
+        if chance(rng, f.ecn_mark) && mark_ce(&mut frame) {
             st.ecn_marked.fetch_add(1, Ordering::Relaxed);
         }
-        let dup = chance(&mut self.rng, f.duplicate);
-        if self.held.is_none() && chance(&mut self.rng, f.reorder) {
+        let dup = chance(rng, f.duplicate);
+        if self.held.is_none() && chance(rng, f.reorder) {
             st.reordered.fetch_add(1, Ordering::Relaxed);
             self.held = Some(frame);
             return;
         }
         if dup {
             st.duplicated.fetch_add(1, Ordering::Relaxed);
-            self.hub.forward(frame.clone());
+            hub.forward(hub.buffer_with(&frame));
         }
-        self.hub.forward(frame);
+        hub.forward(frame);
         if let Some(h) = self.held.take() {
-            self.hub.forward(h);
+            hub.forward(h);
         }
     }
 }
@@ -288,7 +339,7 @@ impl Port for MemPort {
         if len > self.tx_buf.len() {
             return Err(PortError::FrameTooLarge { len, max: self.tx_buf.len() });
         }
-        let frame = self.tx_buf[..len].to_vec();
+        let frame = self.hub.buffer_with(&self.tx_buf[..len]);
         self.send_impaired(frame);
         Ok(true)
     }
@@ -298,6 +349,7 @@ impl Port for MemPort {
         while n < budget {
             let Some(frame) = self.inbox.pop() else { break };
             handler(&frame);
+            self.hub.recycle(frame);
             n += 1;
         }
         Ok(n)
@@ -353,12 +405,16 @@ mod tests {
     const B: [u8; 6] = [2, 0, 0, 0, 0, 2];
     const C: [u8; 6] = [2, 0, 0, 0, 0, 3];
 
+    /// A hub seeded with `seed` and unimpaired ports A, B and C on it.
+    fn three_ports(seed: u64) -> (Arc<MemHub>, MemPort, MemPort, MemPort) {
+        let hub = MemHub::new(seed);
+        let [a, b, c] = [A, B, C].map(|mac| hub.attach(mac, 1500, Impairments::default()));
+        (hub, a, b, c)
+    }
+
     #[test]
     fn forwards_by_mac_and_broadcasts() {
-        let hub = MemHub::new(1);
-        let mut a = hub.attach(A, 1500, Impairments::default());
-        let mut b = hub.attach(B, 1500, Impairments::default());
-        let mut c = hub.attach(C, 1500, Impairments::default());
+        let (hub, mut a, mut b, mut c) = three_ports(1);
         send(&mut a, &frame(B, A, 7));
         assert_eq!(drain(&mut b).len(), 1);
         assert!(drain(&mut c).is_empty());
@@ -368,6 +424,34 @@ mod tests {
         assert!(drain(&mut a).is_empty(), "no echo to the sender");
         send(&mut a, &frame([2, 9, 9, 9, 9, 9], A, 9));
         assert_eq!(hub.stats.unknown_dst.load(Ordering::Relaxed), 1);
+    }
+
+    #[test]
+    fn frame_buffers_are_reused() {
+        let (hub, mut a, mut b, mut c) = three_ports(2);
+        send(&mut a, &frame(B, A, 1));
+        assert_eq!(hub.spare.len(), 0, "a unicast frame is delivered itself, not a copy");
+        assert_eq!(drain(&mut b)[0][20], 1);
+        assert_eq!(hub.spare.len(), 1, "handled: its buffer is back");
+        send(&mut a, &frame(B, A, 2));
+        assert_eq!(hub.spare.len(), 0, "the next frame took it");
+        assert_eq!(drain(&mut b)[0][20], 2);
+        // A broadcast: one copy and the frame itself, both back once handled.
+        send(&mut a, &frame([0xff; 6], A, 3));
+        assert_eq!((drain(&mut b)[0][20], drain(&mut c)[0][20]), (3, 3));
+        assert_eq!(hub.spare.len(), 2);
+        // Frames the hub drops give their buffers back too.
+        send(&mut a, &frame([2, 9, 9, 9, 9, 9], A, 4));
+        a.set_impairments(Impairments::from(Faults { loss: 1.0, ..Faults::NONE }));
+        send(&mut a, &frame(B, A, 5));
+        assert_eq!(hub.spare.len(), 2);
+        assert!(drain(&mut b).is_empty());
+        // A frame longer than any spare grows the buffer it takes.
+        a.set_impairments(Impairments::default());
+        let mut long = frame(B, A, 6);
+        long.resize(1400, 0xab);
+        send(&mut a, &long);
+        assert_eq!(drain(&mut b), vec![long]);
     }
 
     #[test]
