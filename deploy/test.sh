@@ -12,6 +12,8 @@ done
 cargo fmt --all --check
 cargo build --workspace --all-targets --quiet
 cargo clippy --workspace --all-targets --quiet -- -D warnings
+# The fuzz crate sits outside the workspace: the same checks for it.
+(cd fuzz && cargo fmt --check && cargo clippy --all-targets --quiet -- -D warnings)
 cargo test --workspace --doc --quiet
 # Docs on public items resolve (no link to a private or missing item).
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --quiet

@@ -497,10 +497,10 @@ impl World {
             last_psn: [None, None],
             buf: vec![0u8; BUF],
         };
-        for i in 0..2 {
+        for (i, &count) in recvs.iter().enumerate() {
             let idle = w.hosts[i].idle_qpn;
             w.post_recv_on(i, idle, 0);
-            for k in 0..recvs[i] {
+            for k in 0..count {
                 let q = w.hosts[i].qpn;
                 w.post_recv_on(i, q, k & 1);
             }
