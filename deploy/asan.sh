@@ -30,7 +30,9 @@ root=$PWD
 host=$(rustc -vV | sed -n 's/^host: //p')
 export ASAN_OPTIONS="detect_leaks=0:suppressions=$root/deploy/asan.supp"
 # Instrumented tests in a target directory of their own. --target: build
-# scripts and proc macros stay uninstrumented.
+# scripts and proc macros stay uninstrumented. The flags are those of
+# `ibverbs-abi/link.sh asan`: keep them equal, or the library's build
+# repeats every crate's.
 asan_test() {
   CARGO_TARGET_DIR="$root/target/asan" RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=address -Cforce-frame-pointers=yes" \
     cargo test -q --release --no-fail-fast --target "$host" "$@"
@@ -66,6 +68,7 @@ lib=$(CARGO_TARGET_DIR="$root/target/asan" bash ibverbs-abi/link.sh asan)
 programs=(-p urnic-ibverbs --test c_programs --test rdmacm_c
   -p loopback-test --test verbs_programs --test rdmacm_programs --test mckey_programs
   -p urnic-tools --test cli)
+# Built once with readable errors; the second call only lists what was built.
 cargo test -q --no-run "${programs[@]}"
 cargo test -q --no-run --message-format=json "${programs[@]}" | python3 -c '
 import json, os, sys

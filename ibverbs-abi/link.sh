@@ -23,6 +23,7 @@ case "$profile" in
   asan)
     host=$(rustc -vV | sed -n 's/^host: //p')
     # --target: the sanitizer instruments the library, not build scripts.
+    # The flags are deploy/asan.sh's for its tests (one build of each crate).
     RUSTC_BOOTSTRAP=1 RUSTFLAGS="-Zsanitizer=address -Cforce-frame-pointers=yes" \
       cargo build -q --release -p urnic-ibverbs --target "$host"
     built="$target/$host/release"
