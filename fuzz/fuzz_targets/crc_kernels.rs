@@ -1,7 +1,8 @@
 //! Fuzz the CRC kernels every frame goes through (`rocev2::wire::crc`: the
 //! short PCLMULQDQ kernel, the fused copy in 256- and 512-bit registers, the
-//! masked runs), differentially: each result must equal a bit-by-bit CRC-32
-//! of the same bytes, and a copy must leave exactly the source's bytes.
+//! masked runs, the receive side's masked run that places a payload),
+//! differentially: each result must equal a bit-by-bit CRC-32 of the same
+//! bytes, and a copy must leave exactly the source's bytes.
 //!
 //! The kernels load without bounds checks and finish with loads relative to
 //! a buffer's end, so every buffer here is its own allocation ending where
@@ -66,6 +67,25 @@ fuzz_target!(|data: &[u8]| {
                     *w |= m;
                 }
                 assert_eq!(c, reference(seed, &want), "update_masked_head, {len} bytes");
+            }
+            // The receive side's form: the same run, its payload (from 16-64
+            // bytes in, a whole number of words; up to 16 bytes before the
+            // end) placed as it folds.
+            let skip = (16 + src_off % 49 / 4 * 4).min(len);
+            let n = (len - skip).saturating_sub(mask_cut % 17);
+            let mut dst = exact(dst_off, &vec![0x3c; n]);
+            // SAFETY: `dst` holds `n` writable bytes apart from `src`.
+            if let Some(c) = unsafe { crc::update_masked_place(seed, src, &head, skip, n, dst[dst_off..].as_mut_ptr()) } {
+                assert!(len >= 256, "update_masked_place took {len} bytes");
+                let mut want = src.to_vec();
+                for (w, m) in want.iter_mut().zip(head.iter()) {
+                    *w |= m;
+                }
+                assert_eq!(c, reference(seed, &want), "update_masked_place, {len} bytes");
+                assert_eq!(&dst[dst_off..], &src[skip..skip + n], "update_masked_place's copy, {n} bytes from {skip}");
+            } else {
+                assert!(len < 256 || skip + n > len || !crc::place_available(), "update_masked_place refused {len} bytes");
+                assert!(dst[dst_off..].iter().all(|&b| b == 0x3c), "update_masked_place wrote when it refused");
             }
         }
         3 => {

@@ -89,8 +89,8 @@ def forge(op, to_a=False, qpn=0, psn_base=0, delta=0, flags=0, f7=0, reth=None, 
     return b + bytes(payload)
 
 
-def mutate(link_ba=False, keep=False, what=0, m1=0):
-    return bytes([MUTATE, (1 if link_ba else 0) | (2 if keep else 0) | what << 2, m1])
+def mutate(link_ba=False, keep=False, what=0, m1=0, bad_icrc=False):
+    return bytes([MUTATE, (1 if link_ba else 0) | (2 if keep else 0) | what << 2 | (0x20 if bad_icrc else 0), m1])
 
 
 PSN_EXPECTED, PSN_NEXT_SEND, PSN_LAST_SEEN = 0, 1, 3
@@ -141,6 +141,14 @@ seeds = {
     "rc-v6-mutations": setup(RC, v6=True, s1=1, wrs=[wr(WRITE, 2000), wr(SEND, 1500)]) + bytes([DELIVER_AB])
     + mutate(what=0, m1=3) + mutate(keep=True, what=1, m1=7) + mutate(link_ba=True, what=3, m1=NAK(0)) + bytes([DELIVER_AB, DUP_AB])
     + mutate(what=5, m1=0x90) + bytes([PUMP, TIMERS, PUMP]),
+    # RC: WRITE continuations (placed as their ICRC is checked) with a bad
+    # ICRC, at the expected PSN and ahead of it, then the real ones
+    "rc-write-bad-icrc": setup(RC, wrs=[wr(WRITE, 5000), wr(WRITE, 3000, w4=4)]) + bytes([DELIVER_AB])
+    + mutate(keep=True, what=7, m1=0, bad_icrc=True) + mutate(keep=True, what=0, m1=1, bad_icrc=True)
+    + mutate(keep=True, what=7, m1=5, bad_icrc=True) + bytes([DELIVER_AB, DELIVER_AB, PUMP]),
+    "rc-write-bad-icrc-4096": setup(RC, v6=True, s1=3, wrs=[wr(WRITE, 12000)]) + bytes([DELIVER_AB])
+    + mutate(keep=True, what=7, m1=2, bad_icrc=True) + bytes([DROP_AB]) + mutate(keep=True, what=7, m1=6, bad_icrc=True)
+    + bytes([PUMP, TIMERS, PUMP]),
     # RC: retries running out (retry_cnt 0, short timeout), SQD in the middle
     "rc-retry-exhaust": setup(RC, s1=0xE0, wrs=mixed) + bytes([DROP_AB, DROP_AB, TIMERS, MODIFY, 0, DELIVER_AB, TIMERS, MODIFY, 2, PUMP]),
     # UC: a message cut by forged middles and lasts

@@ -34,7 +34,12 @@
 //!   destination is not the QP's own address changes nothing (state,
 //!   completions, events, memory, QP counters other than drops); any
 //!   response while the RC QP has nothing outstanding changes nothing; no
-//!   frame invalidates an ordinary MR.
+//!   frame invalidates an ordinary MR;
+//! - a frame with a bad ICRC changes nothing (state, completions, events,
+//!   QP counters, engine counters but one bad-ICRC drop) and no memory
+//!   outside the remote-write region: an RDMA WRITE's continuation is
+//!   placed as its ICRC is checked (`responder/placed.rs`), so its bytes
+//!   may land in the part of that WRITE's range not written yet.
 //!
 //! # Input format
 //!
@@ -108,7 +113,8 @@
 //! original queued, `m0 >> 2 & 7` what changes: PSN by `m1` as i8, opcode
 //! (same service `list[m1 % n]`), destination QP (`m1` as `f3` above), AETH
 //! syndrome `m1`, RETH va/rkey/length, payload length, source IP (a
-//! stranger), flags and P_Key.
+//! stranger), flags and P_Key; `m0` bit 5: then one bit of the frame's
+//! last byte before the ICRC flipped (`m1 & 7`), the ICRC left as it was.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::{Arc, OnceLock};
@@ -926,6 +932,11 @@ impl World {
         match repr.emit(&payload, &mut frame) {
             Ok(n) => {
                 frame.truncate(n);
+                if m0 & 0x20 != 0 {
+                    // The byte before the ICRC (payload, pad or a header's
+                    // last byte, never a masked field): the ICRC no longer holds.
+                    frame[n - 5] ^= 1 << (m1 & 7);
+                }
                 Some((t, frame))
             }
             Err(_) => None,
@@ -935,11 +946,13 @@ impl World {
     /// Deliver an injected frame to host `t` and check what it may change.
     fn inject(&mut self, t: usize, frame: &[u8], ctx: &Ctx) {
         let parsed = parse_frame(frame);
+        let bad_icrc = matches!(parsed, Err(rocev2::wire::WireError::BadIcrc { .. }));
         let info = match &parsed {
             Ok(p) => {
                 let (src, dst) = ip_gids(&p.repr.ip);
                 Some((p.repr.transport, src, dst))
             }
+            Err(_) if bad_icrc => None,
             Err(e) => {
                 // Only an unknown opcode byte makes a forged frame the parser refuses.
                 let op = rocev2::wire::peek_opcode(frame).unwrap_or(Opcode(0));
@@ -980,7 +993,9 @@ impl World {
         // rule 1, rxe check_addr); a response never sent or while nothing is
         // outstanding only the receive and stale/ghost counters (rule 2).
         const RESPONSE_DROP: &[&str] = &["rx_packets", "rx_bytes", "req_stale_responses", "req_ghost_responses", "np_ce_received"];
-        let quiet: Option<(&str, &[&str])> = if stranger {
+        let quiet: Option<(&str, &[&str])> = if bad_icrc {
+            Some(("a frame with a bad ICRC", &[]))
+        } else if stranger {
             Some(("a frame from a stranger address", &[]))
         } else if ghost {
             Some(("a response for a PSN never sent", RESPONSE_DROP))
@@ -1007,8 +1022,11 @@ impl World {
             assert_eq!(now, s, "{ctx}: host {} QP {q:#x} went {s:?} -> {now:?} on {why}", h.name);
         }
         let now_mem = h.snapshot();
-        if let Some(i) = (mem != now_mem).then(|| mem.iter().zip(&now_mem).position(|(x, y)| x != y)).flatten() {
-            panic!("{ctx}: host {} memory changed (byte {i} of the region snapshot) on {why}", h.name);
+        // A bad ICRC may leave a WRITE continuation's bytes in the
+        // remote-write region (the snapshot's first region) only.
+        let from = if bad_icrc { h.regions[RW].buf.len() } else { 0 };
+        if let Some(i) = (mem[from..] != now_mem[from..]).then(|| mem[from..].iter().zip(&now_mem[from..]).position(|(x, y)| x != y)).flatten() {
+            panic!("{ctx}: host {} memory changed (byte {} of the region snapshot) on {why}", h.name, from + i);
         }
         for ((q, b), (_, a)) in stats.iter().zip(&h.qp_stats()) {
             for ((name, x), (_, y)) in b.iter().zip(a.iter()) {
@@ -1017,10 +1035,19 @@ impl World {
                 }
             }
         }
+        if bad_icrc {
+            let mut want = estats.clone();
+            want.rx_frames += 1;
+            *want.rx_bad_frame.entry(rocev2::transport::events::WireErrorKind::BadIcrc).or_insert(0) += 1;
+            assert_eq!(h.engine.stats(), &want, "{ctx}: host {} counted more than one bad-ICRC drop on {why}", h.name);
+        }
         if stranger {
             // Dropped before the QP: exactly one engine drop counter moved.
             let drops = |e: &rocev2::transport::engine::EngineStats| -> u64 {
-                e.iter().filter(|(k, _)| !matches!(k.as_str(), "rx_frames" | "rx_cnps" | "mcast_frames" | "tx_frames")).map(|(_, v)| v).sum()
+                e.iter()
+                    .filter(|(k, _)| !matches!(k.as_str(), "rx_frames" | "rx_cnps" | "mcast_frames" | "rx_icrc_at_placement" | "tx_frames"))
+                    .map(|(_, v)| v)
+                    .sum()
             };
             let after = h.engine.stats();
             assert_eq!(after.rx_cnps, estats.rx_cnps, "{ctx}: host {} counted a CNP from a stranger", h.name);

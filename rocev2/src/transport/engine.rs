@@ -63,12 +63,12 @@ use crate::transport::mcast::{is_multicast_gid, McastLimits, McastTable, MULTICA
 use crate::transport::memory::MemoryTable;
 use crate::transport::recv::RecvQueue;
 use crate::transport::requester::SqFatal;
-use crate::transport::responder::ResponderOutcome;
+use crate::transport::responder::{Placed, Placement, ResponderOutcome};
 use crate::transport::retired::RetiredCount;
 use crate::transport::stats::QpStats;
 use crate::transport::wqe::{RecvSource, RecvWqe, SendSource, SendWqe};
 use crate::transport::wr::{Completion, WcOpcode};
-use crate::wire::{parse_frame_with, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
+use crate::wire::{parse_frame_deferring, IcrcCheck, MacAddr, Opcode, ParsedFrame, Service, VlanTag};
 
 /// Room for an ACK framed outside `poll_transmit` (Ethernet, 802.1Q, IPv6,
 /// UDP, BTH, AETH and ICRC take 98 bytes).
@@ -571,8 +571,11 @@ impl Engine {
         self.stats.rx_frames += 1;
         // Parsed in place and dispatched from inside the parse: the headers
         // are written once, neither moved out of results nor copied in first.
+        // An RDMA WRITE's continuation comes with its ICRC still to check
+        // (`responder/placed.rs`): placed and checked in one pass, or checked
+        // alone first.
         let len = frame.len();
-        if let Err(e) = parse_frame_with(frame, |p| self.dispatch(now, p, len)) {
+        if let Err(e) = parse_frame_deferring(frame, |p, check| self.dispatch(now, p, len, check)) {
             self.count_bad_frame(e);
         }
     }
@@ -586,12 +589,24 @@ impl Engine {
         *self.stats.rx_bad_frame.entry(e.into()).or_insert(0) += 1;
     }
 
-    /// A parsed, ICRC-checked frame of `len` bytes to the GSI, a multicast
-    /// group's members or its DestQP.
+    /// A parsed frame of `len` bytes to the GSI, a multicast group's
+    /// members or its DestQP, ICRC-checked unless it comes with its `check`
+    /// still to make (an RDMA WRITE's continuation: `handle_for_qp`). A bad
+    /// ICRC found here or there is counted as the parse counts it, and
+    /// nothing else happens.
     #[inline(always)]
-    fn dispatch(&mut self, now: Instant, p: &ParsedFrame<'_>, len: usize) {
+    fn dispatch(&mut self, now: Instant, p: &ParsedFrame<'_>, len: usize, check: Option<&IcrcCheck<'_>>) {
         let bth = p.repr.transport.bth;
         let qpn = bth.dest_qp;
+        if let Some(c) = check {
+            if qpn == GSI_QPN || qpn == MULTICAST_QPN {
+                // Never an RC QP's: checked before anything looks at it.
+                if let Err(e) = c.verify() {
+                    self.count_bad_frame(e);
+                    return;
+                }
+            }
+        }
         if qpn == GSI_QPN {
             // IBTA C9-42: the P_Key check applies to QP1 too; the GSI's own
             // checks (UD SEND only, GSI Q_Key, source QP 1) are in `gsi`.
@@ -607,7 +622,7 @@ impl Engine {
             return;
         }
         // An unknown DestQP is counted there (`rx_unknown_qpn`): one lookup.
-        self.handle_for_qp(now, qpn, p, len);
+        self.handle_for_qp(now, qpn, p, len, check);
     }
 
     /// A frame to DestQP 0xFFFFFF: one copy to each QP attached to the
@@ -624,19 +639,42 @@ impl Engine {
         };
         self.stats.mcast_frames += 1;
         for &qpn in &members {
-            self.handle_for_qp(now, qpn, p, len);
+            self.handle_for_qp(now, qpn, p, len, None);
         }
         self.mcast.restore(&gid, members);
     }
 
     /// The per-QP part of `handle_frame`: rxe's `hdr_check` for `qpn`, then
     /// the requester or responder.
-    fn handle_for_qp(&mut self, now: Instant, qpn: u32, p: &crate::wire::ParsedFrame<'_>, len: usize) {
+    ///
+    /// A frame with its ICRC still to check (`check`: an RC WRITE
+    /// continuation, `responder/placed.rs`) has it checked before anything
+    /// else happens: with its placement, where the responder would accept
+    /// the frame and place its payload (then the responder runs with the
+    /// placement done), or alone (then the frame goes on as any other). A
+    /// bad ICRC is counted as the parse counts it (`rx_bad_frame`), and
+    /// nothing else changes: no refusal counted, no counter of the QP's, no
+    /// CNP, no answer.
+    fn handle_for_qp(&mut self, now: Instant, qpn: u32, p: &ParsedFrame<'_>, len: usize, check: Option<&IcrcCheck<'_>>) {
+        // A bad ICRC: counted, and the frame goes no further.
+        macro_rules! bad_icrc {
+            ($e:expr) => {{
+                self.count_bad_frame($e);
+                return;
+            }};
+        }
+        // A refusal: the ICRC first (if still to check), then the counter.
+        macro_rules! refuse {
+            ($counter:expr) => {{
+                if let Some(Err(e)) = check.map(IcrcCheck::verify) {
+                    bad_icrc!(e);
+                }
+                $counter += 1;
+                return;
+            }};
+        }
         let bth = p.repr.transport.bth;
-        let Some(qp) = self.qps.get_mut(&qpn) else {
-            self.stats.rx_unknown_qpn += 1;
-            return;
-        };
+        let Some(qp) = self.qps.get_mut(&qpn) else { refuse!(self.stats.rx_unknown_qpn) };
         // The checks of rxe_recv.c `hdr_check`, in its order: service and
         // state (`check_type_state`), addresses (`check_addr`), keys
         // (`check_keys`). A frame refused here changes nothing but a counter.
@@ -649,8 +687,7 @@ impl Engine {
             _ => false,
         };
         if !service_ok {
-            self.stats.rx_wrong_service += 1;
-            return;
+            refuse!(self.stats.rx_wrong_service);
         }
         // rxe check_type_state: requests (and CNPs) from RTR on, responses
         // only once we send (RTS, SQD, SQE); nothing in RESET, INIT or ERR.
@@ -660,22 +697,45 @@ impl Engine {
             matches!(qp.state, QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe)
         };
         if !state_ok {
-            self.stats.rx_wrong_state += 1;
-            return;
+            refuse!(self.stats.rx_wrong_state);
         }
         // rxe check_addr: a connected QP hears only its peer. The IP source
         // must be the QP's destination GID and the IP destination its source
         // GID, so a stranger on the segment cannot inject requests, responses
         // or CNPs even with the right QPN, PSN and keys.
         if qp.init.qp_type != QpType::Ud && !from_peer(qp.attr.ah_attr.as_ref(), &p.repr.ip) {
-            self.stats.rx_wrong_peer += 1;
-            return;
+            refuse!(self.stats.rx_wrong_peer);
         }
         // IBTA 9.6.1.1 (C9-42), rxe check_keys: the P_Key must match the QP's
         // partition (0xffff; the membership bit is ignored).
         if bth.pkey & 0x7fff != 0x7fff {
-            self.stats.rx_bad_pkey += 1;
-            return;
+            refuse!(self.stats.rx_bad_pkey);
+        }
+        // The frame passed `hdr_check`: an RC WRITE continuation is placed
+        // with its ICRC checked where the responder would certainly accept
+        // it and place its payload (its own checks, then the memo), or has
+        // its ICRC checked alone. Either way the verdict comes before the
+        // counters and the DCQCN notification point below.
+        let mut placement = Placement::ToDo;
+        if let Some(c) = check {
+            let has_rq = qp.rq.is_some() || qp.init.srq.is_some_and(|id| self.srqs.contains_key(&id));
+            let placed = if has_rq && qp.init.qp_type == QpType::Rc {
+                qp.responder.place_write_continuation(&qp.attr, qp.init.pd, qpn, &self.memory, p, c)
+            } else {
+                Placed::NotTaken
+            };
+            match placed {
+                Placed::Done => {
+                    self.stats.rx_icrc_at_placement += 1;
+                    placement = Placement::Done;
+                }
+                Placed::BadIcrc(e) => bad_icrc!(e),
+                Placed::NotTaken => {
+                    if let Err(e) = c.verify() {
+                        bad_icrc!(e);
+                    }
+                }
+            }
         }
         if is_cnp {
             // DCQCN reaction point: a CNP from the peer cuts this QP's rate.
@@ -729,7 +789,7 @@ impl Engine {
                     mark_ready(qp, &mut self.ready);
                     return;
                 };
-                responder.handle_request(now, &mut ctx, p)
+                responder.handle_request_placed(now, &mut ctx, p, placement)
             };
             if let ResponderOutcome::QpError(_) = out {
                 // (`enter_error` puts the QP on the ready list for its NAK.)

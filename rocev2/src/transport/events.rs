@@ -98,6 +98,10 @@ pub struct EngineStats {
     /// names no group a QP of this device is attached to (rxe
     /// `rxe_rcv_mcast_pkt`: no mcg → drop).
     pub rx_mcast_no_member: u64,
+    /// RDMA WRITE continuations (RC WRITE MIDDLE and LAST) placed with
+    /// their ICRC checked in the same pass (`responder/placed.rs`), then
+    /// accepted; a bad one is counted in `rx_bad_frame` as any bad ICRC.
+    pub rx_icrc_at_placement: u64,
     /// Frames sent.
     pub tx_frames: u64,
 }
@@ -165,6 +169,7 @@ impl EngineStats {
             rx_cnps,
             mcast_frames,
             rx_mcast_no_member,
+            rx_icrc_at_placement,
             tx_frames,
         } = other;
         self.rx_frames += rx_frames;
@@ -176,6 +181,7 @@ impl EngineStats {
         self.rx_cnps += rx_cnps;
         self.mcast_frames += mcast_frames;
         self.rx_mcast_no_member += rx_mcast_no_member;
+        self.rx_icrc_at_placement += rx_icrc_at_placement;
         self.tx_frames += tx_frames;
         for (k, v) in rx_bad_frame {
             *self.rx_bad_frame.entry(*k).or_insert(0) += v;
@@ -194,6 +200,7 @@ impl EngineStats {
             ("rx_cnps", self.rx_cnps),
             ("mcast_frames", self.mcast_frames),
             ("rx_mcast_no_member", self.rx_mcast_no_member),
+            ("rx_icrc_at_placement", self.rx_icrc_at_placement),
             ("tx_frames", self.tx_frames),
         ];
         fixed

@@ -102,6 +102,12 @@ pub const FUSED: u8 = 2;
 #[cfg(target_arch = "x86_64")]
 pub const WIDE512: u8 = 8;
 
+/// [`FEATURES`] bit: AVX-512BW with [`WIDE512`]'s features (byte-masked
+/// stores: the receive side's masked run that places a frame's payload as
+/// it folds the frame).
+#[cfg(target_arch = "x86_64")]
+pub const PLACE512: u8 = 16;
+
 /// [`FEATURES`] bit: the others are valid.
 #[cfg(target_arch = "x86_64")]
 const KNOWN: u8 = 4;
@@ -129,7 +135,8 @@ fn detect() -> u8 {
     // The fused kernels finish with this one's reduction: FUSED implies SHORT.
     let fused = short && std::is_x86_feature_detected!("vpclmulqdq") && std::is_x86_feature_detected!("avx2");
     let wide512 = fused && std::is_x86_feature_detected!("avx512f");
-    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 } | if wide512 { WIDE512 } else { 0 }
+    let place512 = wide512 && std::is_x86_feature_detected!("avx512bw");
+    KNOWN | if short { SHORT } else { 0 } | if fused { FUSED } else { 0 } | if wide512 { WIDE512 } else { 0 } | if place512 { PLACE512 } else { 0 }
 }
 
 /// Whether this CPU can run [`update`].

@@ -49,7 +49,8 @@ pub struct ParsedFrame<'a> {
     pub repr: FrameRepr,
     /// The payload, without pad and ICRC.
     pub payload: &'a [u8],
-    /// The ICRC as read from the wire (already verified).
+    /// The ICRC as read from the wire (already verified, unless the frame
+    /// came with an [`IcrcCheck`] from [`parse_frame_deferring`]).
     pub icrc: u32,
 }
 
@@ -85,6 +86,87 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
     parse_frame_with(frame, |p| *p)
 }
 
+/// [`parse_frame_with`] for a receiver that places an RDMA WRITE's
+/// continuation (RC WRITE MIDDLE or LAST without immediate, a payload of
+/// [`crc::PLACE_MIN`] bytes or more, IPv6 or IPv4 without options, where
+/// the CPU has the kernel: [`crc::place_available`]) while it checks the
+/// ICRC, in one pass over the frame instead of a check and then a copy:
+/// such a frame reaches `f` with every other check done and its ICRC **not
+/// yet checked**, and an [`IcrcCheck`] for the receiver to finish with
+/// ([`IcrcCheck::place`] or [`IcrcCheck::verify`]) before the frame changes
+/// anything. Every other frame is checked in full, as [`parse_frame_with`]
+/// does, and reaches `f` with `None`.
+#[inline(always)]
+pub fn parse_frame_deferring<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>, Option<&IcrcCheck<'a>>) -> R) -> Result<R, WireError> {
+    parse_frame_impl::<true, R>(frame, f)
+}
+
+/// A WRITE continuation's ICRC, still to be checked
+/// ([`parse_frame_deferring`]): the IP packet it covers, the payload's place
+/// in it, and the value the frame carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IcrcCheck<'a> {
+    /// The IP packet, from its header to the end of the ICRC.
+    packet: &'a [u8],
+    /// Length of the IP header.
+    ip_len: usize,
+    /// Where the payload starts in `packet` (after the BTH: a continuation
+    /// has no extension header).
+    payload_at: usize,
+    /// Payload bytes (pad excluded).
+    payload_len: usize,
+    /// Where the ICRC starts in `packet` (after the pad).
+    icrc_at: usize,
+    /// The ICRC the frame carries.
+    found: u32,
+}
+
+impl IcrcCheck<'_> {
+    /// Check the ICRC on its own (IBTA A17.3.3), as [`parse_frame`] does:
+    /// for a frame that is not placed, before anything else is done with it.
+    pub fn verify(&self) -> Result<(), WireError> {
+        let expected = icrc::compute(self.packet, self.ip_len, self.icrc_at)?;
+        self.judge(expected)
+    }
+
+    /// Copy the payload to `dst` while computing the ICRC over the frame in
+    /// the same pass ([`icrc::compute_placing`]), every byte taken from the
+    /// frame: the ICRC computed, for [`judge`](Self::judge); `None`, with
+    /// nothing written, if the kernel did not take the frame (the parse
+    /// defers only frames it takes). The bytes land whatever the ICRC: the
+    /// caller places only where a frame with a bad ICRC may leave bytes (a
+    /// part of an RDMA WRITE's range that its accepted packets have not
+    /// written yet, which the packet retransmitted in its place overwrites
+    /// before the WRITE can complete) and changes nothing else for a bad
+    /// one. (A plain `u32` back, not a `Result`: the enum written through
+    /// memory and read back wider stalled every placed frame.)
+    ///
+    /// # Safety
+    /// `dst` must be valid for writes of [`payload_len`](Self::payload_len)
+    /// bytes and must not overlap the frame.
+    #[inline]
+    pub unsafe fn place(&self, dst: *mut u8) -> Option<u32> {
+        // SAFETY: the caller vouches for `dst`.
+        unsafe { icrc::compute_placing(self.packet, self.ip_len, self.icrc_at, self.payload_at, self.payload_len, dst) }
+    }
+
+    /// Payload bytes [`place`](Self::place) writes.
+    pub fn payload_len(&self) -> usize {
+        self.payload_len
+    }
+
+    /// `Ok` if `expected` (the ICRC computed over the frame, e.g. by
+    /// [`place`](Self::place)) is the one the frame carries, else
+    /// [`WireError::BadIcrc`].
+    pub fn judge(&self, expected: u32) -> Result<(), WireError> {
+        if expected == self.found {
+            Ok(())
+        } else {
+            Err(WireError::BadIcrc { expected, found: self.found })
+        }
+    }
+}
+
 /// [`parse_frame`], handing the parsed frame to `f` (by reference) and
 /// returning what `f` returns. The receive path dispatches from inside `f`:
 /// the ~230-byte headers are written once, where they are parsed, and
@@ -94,6 +176,15 @@ pub fn parse_frame(frame: &[u8]) -> Result<ParsedFrame<'_>, WireError> {
 /// 30 instructions). `f` runs only for a frame that passed every check.
 #[inline(always)]
 pub fn parse_frame_with<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>) -> R) -> Result<R, WireError> {
+    parse_frame_impl::<false, R>(frame, |p, _| f(p))
+}
+
+/// [`parse_frame_with`] and [`parse_frame_deferring`] (`DEFER`).
+#[inline(always)]
+fn parse_frame_impl<'a, const DEFER: bool, R>(
+    frame: &'a [u8],
+    f: impl FnOnce(&ParsedFrame<'a>, Option<&IcrcCheck<'a>>) -> R,
+) -> Result<R, WireError> {
     let e = EthernetHead::parse(frame)?;
     let (off, ethertype) = (e.len, e.ethertype);
     let version = match ethertype {
@@ -150,10 +241,10 @@ pub fn parse_frame_with<'a, R>(frame: &'a [u8], f: impl FnOnce(&ParsedFrame<'a>)
     // is assembled from a 2- and a 4-byte load with shifts (7 instructions).
     r.eth.dst.copy_from_slice(&e.bytes[..6]);
     r.eth.src.copy_from_slice(&e.bytes[6..12]);
-    let (payload, icrc) = parse_ip(rest, Some(version), &mut r.ip, &mut r.udp, &mut r.transport)?;
+    let (payload, icrc, check) = parse_ip::<DEFER>(rest, Some(version), &mut r.ip, &mut r.udp, &mut r.transport)?;
     p.payload = payload;
     p.icrc = icrc;
-    Ok(f(&p))
+    Ok(f(&p, check.as_ref()))
 }
 
 /// Parse and fully check a RoCEv2 packet starting at its IPv4 or IPv6 header
@@ -174,20 +265,22 @@ pub fn parse_l3(packet: &[u8]) -> Result<ParsedL3<'_>, WireError> {
     let mut ip = UNSET_IP;
     let mut udp = UNSET_UDP;
     let mut transport = UNSET_TRANSPORT;
-    let (payload, icrc) = parse_ip(packet, None, &mut ip, &mut udp, &mut transport)?;
+    let (payload, icrc, _) = parse_ip::<false>(packet, None, &mut ip, &mut udp, &mut transport)?;
     Ok(ParsedL3 { ip, udp, transport, payload, icrc })
 }
 
 /// [`parse_l3`]'s work, writing the headers into `ip`, `udp` and
-/// `transport`; returns the payload and the (verified) ICRC.
+/// `transport`; returns the payload and the (verified) ICRC, or with
+/// `DEFER`, for a WRITE continuation [`parse_frame_deferring`] leaves to its
+/// receiver, the ICRC as read and the check still to make.
 #[inline(always)]
-fn parse_ip<'a>(
+fn parse_ip<'a, const DEFER: bool>(
     packet: &'a [u8],
     want_version: Option<u8>,
     ip_out: &mut IpRepr,
     udp_out: &mut UdpRepr,
     transport: &mut TransportRepr,
-) -> Result<(&'a [u8], u32), WireError> {
+) -> Result<(&'a [u8], u32, Option<IcrcCheck<'a>>), WireError> {
     let first = *packet.first().ok_or(match want_version {
         Some(6) => WireError::Truncated(Header::Ipv6),
         _ => WireError::Truncated(Header::Ipv4),
@@ -255,11 +348,23 @@ fn parse_ip<'a>(
     }
     let payload = body.get(..body.len() - pad).unwrap_or(&[]);
     let found = u32::from_le_bytes(icrc::rd_icrc(ip_packet, icrc_at));
+    let op = transport.bth.opcode;
+    if DEFER
+        && payload.len() >= crc::PLACE_MIN
+        && (op == Opcode::RC_WRITE_MIDDLE || op == Opcode::RC_WRITE_LAST)
+        && (version == 6 || ip_len == IPV4_LEN)
+        && crc::place_available()
+    {
+        // A continuation has no extension header: its payload follows the BTH.
+        let payload_at = ib_start + hdr_len;
+        let check = IcrcCheck { packet: ip_packet, ip_len, payload_at, payload_len: payload.len(), icrc_at, found };
+        return Ok((payload, found, Some(check)));
+    }
     let expected = icrc::compute(ip_packet, ip_len, icrc_at)?;
     if found != expected {
         return Err(WireError::BadIcrc { expected, found });
     }
-    Ok((payload, found))
+    Ok((payload, found, None))
 }
 
 impl FrameRepr {

@@ -69,6 +69,26 @@ pub fn compute(packet: &[u8], ip_header_len: usize, end: usize) -> Result<u32, W
     Ok(crc::update(crc, &covered[rest..]))
 }
 
+/// [`compute`] that also copies `packet[payload_at..payload_at + len]` (a
+/// received packet's payload) to `dst` in the same pass
+/// ([`crc::update_masked_place`]): `None`, with nothing written, where that
+/// kernel does not take the packet (a CPU without it, an IPv4 header with
+/// options, a run under 256 bytes, a payload not inside `packet[..end]`).
+///
+/// # Safety
+/// `dst` must be valid for writes of `len` bytes and must not overlap `packet`.
+#[inline]
+pub unsafe fn compute_placing(packet: &[u8], ip_header_len: usize, end: usize, payload_at: usize, len: usize, dst: *mut u8) -> Option<u32> {
+    let covered = packet.get(..end)?;
+    let version = covered.first()? >> 4;
+    let head = mask_for(version, ip_header_len).first_chunk::<{ crc::MASK_HEAD }>()?;
+    if end < ip_header_len + UDP_LEN + BTH_LEN || payload_at < ip_header_len + UDP_LEN + BTH_LEN {
+        return None;
+    }
+    // SAFETY: the caller vouches for `dst`.
+    unsafe { crc::update_masked_place(LRH_CRC, covered, head, payload_at, len, dst) }
+}
+
 /// Longest header run [`headers`] takes: an IPv4 header with options, UDP,
 /// BTH and the longest extension headers a packet carries (AtomicETH, 28).
 pub const HEADERS_MAX: usize = 60 + UDP_LEN + BTH_LEN + 28;

@@ -42,7 +42,8 @@ pub use ext::{
     IethPacket, ImmDtPacket, NakCode, RethPacket, RethRepr,
 };
 pub use frame::{
-    pad_for, parse_frame, parse_frame_with, parse_l3, peek_dest_qpn, peek_opcode, CopyOnly, FrameRepr, ParsedFrame, ParsedL3, PayloadFill,
+    pad_for, parse_frame, parse_frame_deferring, parse_frame_with, parse_l3, peek_dest_qpn, peek_opcode, CopyOnly, FrameRepr, IcrcCheck, ParsedFrame,
+    ParsedL3, PayloadFill,
 };
 pub use icrc::ICRC_LEN;
 pub use ip::{ipv4_mapped, IpRepr, IPPROTO_UDP};

@@ -78,17 +78,9 @@ impl MemoryTable {
     pub fn remote_write_memo(&self, memo: &WriteMemo, pd: PdId, qpn: u32, rkey: u32, va: u64, data: &[u8]) -> Result<(), AccessError> {
         let t = self.read();
         let generation = self.generation.load(Ordering::Acquire);
-        let off = va.wrapping_sub(memo.va);
-        let fresh = memo.generation == generation
-            && memo.pd == pd
-            && memo.qpn == qpn
-            && memo.rkey == rkey
-            && va >= memo.va
-            && off.checked_add(data.len() as u64).is_some_and(|end| end <= memo.len);
-        let dst = if fresh {
-            (memo.host as *mut u8).wrapping_add(off as usize)
-        } else {
-            t.resolve_remote(pd, qpn, rkey, va, data.len() as u64, Access::REMOTE_WRITE)?
+        let dst = match memo.place_of(generation, pd, qpn, rkey, va, data.len() as u64) {
+            Some(dst) => dst,
+            None => t.resolve_remote(pd, qpn, rkey, va, data.len() as u64, Access::REMOTE_WRITE)?,
         };
         // SAFETY: `[dst, dst + data.len())` lies in a registered region: either
         // resolved just now, or a part (`off + data.len() <= memo.len`) of
@@ -98,6 +90,40 @@ impl MemoryTable {
         // guard). `data` is a Rust slice; `copy` tolerates overlap.
         unsafe { std::ptr::copy(data.as_ptr(), dst, data.len()) };
         Ok(())
+    }
+
+    /// Where [`remote_write_memo`](Self::remote_write_memo) would place
+    /// `len` bytes at `va` through the memo alone (fresh, and the range a
+    /// part of the memo's), hand that destination to `place` under the
+    /// table's read guard and return what it returns; `None`, placing
+    /// nothing, where it would need the checker (a changed table), or where
+    /// the destination overlaps `src` (the bytes to place, which `place`
+    /// must not copy onto themselves). The receive side's fused placement
+    /// and ICRC check (`IcrcCheck::place`) of an RDMA WRITE's continuation;
+    /// the caller takes the ordinary path on `None`.
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub fn remote_place_memo<R>(
+        &self,
+        memo: &WriteMemo,
+        pd: PdId,
+        qpn: u32,
+        rkey: u32,
+        va: u64,
+        src: &[u8],
+        place: impl FnOnce(*mut u8) -> R,
+    ) -> Option<R> {
+        let _t = self.read();
+        let generation = self.generation.load(Ordering::Acquire);
+        let dst = memo.place_of(generation, pd, qpn, rkey, va, src.len() as u64)?;
+        let (d, s) = (dst as usize, src.as_ptr() as usize);
+        if d < s.wrapping_add(src.len()) && s < d.wrapping_add(src.len()) {
+            return None;
+        }
+        // `[dst, dst + len)` lies in the range resolved at `memo.generation`,
+        // still the table's under this read guard, which keeps the region
+        // valid until `place` returns (as in `remote_write_memo`).
+        Some(place(dst))
     }
 
     /// Read `out.len()` bytes at `va` through `rkey` (needs REMOTE_READ).
@@ -354,4 +380,26 @@ pub struct WriteMemo {
     /// Host address of `va` (a pointer kept as an integer: it is
     /// dereferenced only under the guard that revalidates it).
     host: usize,
+}
+
+impl WriteMemo {
+    /// The host address of `[va, va + len)` through this memo, if the memo
+    /// still holds for it: the table is still at the memo's `generation`
+    /// (no registration, deregistration, re-registration, bind or
+    /// invalidation since: every writer bumps it before it changes the
+    /// table), the PD, QP and R_Key are the memo's, and the range is a part
+    /// of the memo's (an address space is linear: the host address of `va`
+    /// is the range's plus `va - memo.va`). Read `generation` under the
+    /// table's read guard and use the address only under it.
+    #[inline(always)]
+    fn place_of(&self, generation: u64, pd: PdId, qpn: u32, rkey: u32, va: u64, len: u64) -> Option<*mut u8> {
+        let off = va.wrapping_sub(self.va);
+        let fresh = self.generation == generation
+            && self.pd == pd
+            && self.qpn == qpn
+            && self.rkey == rkey
+            && va >= self.va
+            && off.checked_add(len).is_some_and(|end| end <= self.len);
+        fresh.then(|| (self.host as *mut u8).wrapping_add(off as usize))
+    }
 }

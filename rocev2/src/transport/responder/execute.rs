@@ -219,13 +219,15 @@ impl Responder {
         Ok(())
     }
 
-    /// Execute an RDMA WRITE packet (sequence, access and length already checked).
+    /// Execute an RDMA WRITE packet (sequence, access and length already
+    /// checked); with [`Placement::Done`], its payload is in place already
+    /// (`place_write_continuation` put it exactly where this would).
     /// Inlined into `handle_request` (with the placement,
     /// [`MemoryTable::remote_write_memo`]): out of line, its call, saved
     /// registers and spills around the copy were about 25 instructions of
     /// every WRITE packet.
     #[inline(always)]
-    pub(super) fn exec_write(&mut self, ctx: &mut ResponderCtx<'_>, f: &ParsedFrame<'_>) -> Result<(), Fault> {
+    pub(super) fn exec_write(&mut self, ctx: &mut ResponderCtx<'_>, f: &ParsedFrame<'_>, placement: Placement) -> Result<(), Fault> {
         let t = &f.repr.transport;
         let op = t.bth.opcode;
         let seg = op.segment();
@@ -277,7 +279,12 @@ impl Responder {
             return Err(Fault::Rnr);
         }
         if len > 0 {
-            ctx.memory.remote_write_memo(&self.write_memo, ctx.init.pd, ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
+            // A continuation placed before it came passed these same checks
+            // there (`place_write_continuation`: state, fit, the memo).
+            debug_assert!(placement == Placement::ToDo || matches!(self.msg, MsgState::Write { .. }));
+            if placement == Placement::ToDo {
+                ctx.memory.remote_write_memo(&self.write_memo, ctx.init.pd, ctx.qpn, rkey, va, f.payload).map_err(|_| Fault::RemoteAccess)?;
+            }
             ctx.stats.resp_bytes_placed += len;
         }
         if matches!(seg, Segment::First | Segment::Middle) {

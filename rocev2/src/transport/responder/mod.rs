@@ -36,7 +36,10 @@ use crate::wire::{Opcode, ParsedFrame, Segment, Service};
 
 mod acknowledge;
 mod execute;
+mod placed;
 mod unreliable;
+
+pub(crate) use placed::{Placed, Placement};
 
 #[cfg(test)]
 mod rxe_captures;
@@ -266,14 +269,31 @@ impl Responder {
         self.error = true;
     }
 
-    /// A request for this QP (already ICRC-checked and dispatched by DestQP).
-    pub(crate) fn handle_request(&mut self, _now: Instant, ctx: &mut ResponderCtx<'_>, frame: &ParsedFrame<'_>) -> ResponderOutcome {
+    /// A request for this QP (already ICRC-checked and dispatched by
+    /// DestQP), its payload still to place (the unit tests' entry; the
+    /// engine calls [`handle_request_placed`](Self::handle_request_placed)).
+    #[cfg(test)]
+    pub(crate) fn handle_request(&mut self, now: Instant, ctx: &mut ResponderCtx<'_>, frame: &ParsedFrame<'_>) -> ResponderOutcome {
+        self.handle_request_placed(now, ctx, frame, Placement::ToDo)
+    }
+
+    /// [`handle_request`](Self::handle_request) for a frame whose payload
+    /// may already be in place ([`Placement::Done`]: an RC WRITE
+    /// continuation that [`Responder::place_write_continuation`] placed and
+    /// checked; every check runs as for any frame, the copy is skipped).
+    pub(crate) fn handle_request_placed(
+        &mut self,
+        _now: Instant,
+        ctx: &mut ResponderCtx<'_>,
+        frame: &ParsedFrame<'_>,
+        placement: Placement,
+    ) -> ResponderOutcome {
         if self.error {
             ctx.stats.resp_dropped_in_error += 1;
             return ResponderOutcome::Ok;
         }
         match ctx.init.qp_type {
-            QpType::Rc => self.rc(ctx, frame),
+            QpType::Rc => self.rc(ctx, frame, placement),
             QpType::Uc => self.uc(ctx, frame),
             QpType::Ud => self.ud(ctx, frame),
         }
@@ -281,7 +301,7 @@ impl Responder {
 
     // ------------------------------------------------------------------ RC
 
-    fn rc(&mut self, ctx: &mut ResponderCtx<'_>, f: &ParsedFrame<'_>) -> ResponderOutcome {
+    fn rc(&mut self, ctx: &mut ResponderCtx<'_>, f: &ParsedFrame<'_>, placement: Placement) -> ResponderOutcome {
         let bth = f.repr.transport.bth;
         let op = bth.opcode;
         let psn = bth.psn;
@@ -332,7 +352,7 @@ impl Responder {
         let result = if op.is_send() {
             self.exec_send(ctx, f)
         } else if op.is_write() {
-            self.exec_write(ctx, f)
+            self.exec_write(ctx, f, placement)
         } else if op == Opcode::RC_READ_REQUEST {
             return self.rc_read(ctx, f);
         } else {

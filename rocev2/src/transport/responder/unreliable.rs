@@ -41,7 +41,7 @@ impl Responder {
             self.abandon(ctx);
             return self.uc_drop_msg(ctx);
         }
-        let result = if op.is_send() { self.exec_send(ctx, f) } else { self.exec_write(ctx, f) };
+        let result = if op.is_send() { self.exec_send(ctx, f) } else { self.exec_write(ctx, f, Placement::ToDo) };
         match result {
             Ok(()) => {
                 self.epsn = bth.psn.next();
