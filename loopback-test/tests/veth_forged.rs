@@ -204,8 +204,9 @@ impl Role {
 }
 
 /// Engine counters real traffic moves (the rest must hold exactly what was
-/// injected).
-const ENGINE_TRAFFIC: [&str; 2] = ["rx_frames", "tx_frames"];
+/// injected): frames in and out, and WRITE continuations placed as their
+/// ICRC is checked.
+const ENGINE_TRAFFIC: [&str; 3] = ["rx_frames", "rx_icrc_at_placement", "tx_frames"];
 
 /// QP counters a forged frame could move: for the busy QP those real
 /// traffic leaves at zero; for the idle victim (real traffic only after the

@@ -317,7 +317,7 @@ impl Snap {
             .filter(|k| {
                 k.starts_with("port.xdp_impair_")
                     || matches!(*k, "port.xsk_rx_dropped" | "port.xsk_rx_ring_full" | "port.xsk_rx_multibuffer_dropped")
-                    || (k.starts_with("tr.rx_") && !matches!(*k, "tr.rx_frames" | "tr.rx_cnps"))
+                    || (k.starts_with("tr.rx_") && !matches!(*k, "tr.rx_frames" | "tr.rx_cnps" | "tr.rx_icrc_at_placement"))
                     || (k.starts_with("qp.") && ["dropped", "duplicate", "ghost", "stale", "bad_"].iter().any(|w| k.contains(w)))
                     || matches!(*k, "dp.port_errors" | "dp.cq_overruns" | "dp.rx_handoff_drops" | "dp.completions_orphaned")
             })
