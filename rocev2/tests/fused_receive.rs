@@ -18,7 +18,7 @@ use rocev2::transport::attr::{Mtu, QpState};
 use rocev2::transport::events::WireErrorKind;
 use rocev2::transport::path::PathHeaders;
 use rocev2::transport::wr::*;
-use rocev2::wire::{crc, icrc, parse_frame, parse_frame_deferring, AckSyndrome, BthRepr, NakCode, Opcode, RethRepr, TransportRepr, WireError};
+use rocev2::wire::{crc, parse_frame, parse_frame_deferring, AckSyndrome, BthRepr, NakCode, Opcode, RethRepr, TransportRepr, WireError};
 use std::time::Duration;
 
 const BUF: usize = 256 * 1024;
@@ -169,11 +169,6 @@ fn bad_icrcs(p: &Pair) -> u64 {
     p.b.engine.stats().rx_bad_frame.get(&WireErrorKind::BadIcrc).copied().unwrap_or(0)
 }
 
-/// Where the BTH starts in a frame of the pair (Ethernet without a tag).
-fn bth_at(f: &[u8]) -> usize {
-    14 + if f[14] >> 4 == 6 { 40 } else { usize::from(f[14] & 0xf) * 4 } + 8
-}
-
 /// Flip a bit in the payload's last 16 bytes (the fused check's tail).
 fn corrupt(f: &[u8]) -> Vec<u8> {
     let mut f = f.to_vec();
@@ -182,13 +177,15 @@ fn corrupt(f: &[u8]) -> Vec<u8> {
     f
 }
 
-/// Set the PSN (and, with `fix`, the ICRC to match).
-fn with_psn(f: &[u8], psn: Psn) -> Vec<u8> {
-    let mut f = f.to_vec();
-    let b = bth_at(&f);
-    f[b + 9..b + 12].copy_from_slice(&psn.value().to_be_bytes()[1..]);
-    icrc::fill_frame(&mut f).unwrap();
-    f
+/// Frame `f` again with its BTH changed by `edit`, its ICRC made right.
+fn with_bth(f: &[u8], edit: impl FnOnce(&mut BthRepr)) -> Vec<u8> {
+    let p = parse_frame(f).unwrap();
+    let mut repr = p.repr;
+    edit(&mut repr.transport.bth);
+    let mut out = vec![0u8; repr.frame_len(p.payload.len())];
+    let n = repr.emit(p.payload, &mut out).unwrap();
+    out.truncate(n);
+    out
 }
 
 /// What `b` has to send now, parsed.
@@ -298,12 +295,9 @@ fn a_refused_continuation_with_a_bad_icrc_is_counted_as_one_and_never_answered()
     let mut p = pair(Mtu::Mtu1024);
     let rest = first_delivered(&mut p, len);
     let before = p.b.mem()[..len].to_vec();
-    let mut f = rest[0].clone();
-    let b = bth_at(&f);
-    f[b + 2..b + 4].copy_from_slice(&0x1234u16.to_be_bytes());
-    p.b.engine.handle_frame(p.now, &f);
+    let f = with_bth(&rest[0], |b| b.pkey = 0x1234);
+    p.b.engine.handle_frame(p.now, &corrupt(&f));
     assert_eq!((bad_icrcs(&p), p.b.engine.stats().rx_bad_pkey), (1, 0));
-    icrc::fill_frame(&mut f).unwrap();
     p.b.engine.handle_frame(p.now, &f);
     assert_eq!((bad_icrcs(&p), p.b.engine.stats().rx_bad_pkey), (1, 1));
     assert_eq!(p.b.qp_state(), QpState::Rts);
@@ -319,7 +313,8 @@ fn a_refused_continuation_with_a_bad_icrc_is_counted_as_one_and_never_answered()
     }
     p.run();
     assert_eq!(p.a.completions()[0].status, WcStatus::Success);
-    let stray = with_psn(&rest[0], p.b.rq_psn());
+    let psn = p.b.rq_psn();
+    let stray = with_bth(&rest[0], |b| b.psn = psn);
     p.b.mem_mut()[..len].fill(0);
     p.b.engine.handle_frame(p.now, &corrupt(&stray));
     assert_eq!((bad_icrcs(&p), p.b.qp_state()), (1, QpState::Rts));

@@ -127,9 +127,9 @@ pub fn place_available() -> bool {
 /// [`update_masked_head`] over `data` (a received packet's ICRC run: from
 /// its IP header to its ICRC) that also copies `data[skip..skip + len]` (its
 /// payload) to `dst` as it folds, in the same pass: each 64 bytes loaded
-/// once, folded, and stored whole where they belong (the payload's last
-/// partial piece copied plainly). Every byte of the CRC and of the copy comes from
-/// `data`; nothing is read from `dst` (registered memory, which the
+/// once, folded, and stored whole where they belong (the payload's last 64
+/// bytes stored once more, overlapping). Every byte of the CRC and of the
+/// copy comes from `data`; nothing is read from `dst` (registered memory, which the
 /// application may touch at any time). `None`, with nothing written, where
 /// this CPU lacks the kernel ([`place_available`]) or the run does not fit
 /// it: `data` shorter than 256 bytes, the payload starting before byte 16,
@@ -680,9 +680,11 @@ mod fused {
     /// zeros leave a CRC alone once the register is zero, so the register
     /// enters as a change to the run's first 4 bytes, as in
     /// [`fold_masked512`]; the first piece is a zeroing masked load that
-    /// reads nothing before `data`. The payload bytes of a piece that holds
-    /// its end, and those after the last whole 256-byte block, are copied
-    /// plainly from `data`.
+    /// reads nothing before `data`. The pieces after the last one that is
+    /// payload throughout are stored after the fold, reloaded from `data`,
+    /// the payload's last 64 bytes with one store that overlaps the piece
+    /// before (no byte-masked store; a payload under 64 bytes is copied
+    /// plainly).
     ///
     /// # Safety
     /// As [`fold_masked512`] ([`available_place512`]), with `data.len() >=
@@ -699,7 +701,7 @@ mod fused {
         let (run, end) = (n + pre, 64 + len);
         let p = data.as_ptr();
         // Store piece `v` at `o >= 64` if it is payload throughout (the
-        // pieces after are stored at the end, `rest`).
+        // pieces after are stored after the fold, below).
         let place = |v: __m512i, o: usize| {
             if o + 64 <= end {
                 // SAFETY: `dst[o - 64..o]` is inside `len` bytes.

@@ -155,6 +155,12 @@ impl IcrcCheck<'_> {
         self.payload_len
     }
 
+    /// The bytes [`place`](Self::place) reads (the IP packet, from its
+    /// header to its ICRC): its destination must lie apart from them.
+    pub fn frame_bytes(&self) -> &[u8] {
+        self.packet
+    }
+
     /// `Ok` if `expected` (the ICRC computed over the frame, e.g. by
     /// [`place`](Self::place)) is the one the frame carries, else
     /// [`WireError::BadIcrc`].

@@ -82,7 +82,8 @@ pub unsafe fn compute_placing(packet: &[u8], ip_header_len: usize, end: usize, p
     let covered = packet.get(..end)?;
     let version = covered.first()? >> 4;
     let head = mask_for(version, ip_header_len).first_chunk::<{ crc::MASK_HEAD }>()?;
-    if end < ip_header_len + UDP_LEN + BTH_LEN || payload_at < ip_header_len + UDP_LEN + BTH_LEN {
+    // The payload after the BTH (and inside `end`: the kernel checks that).
+    if payload_at < ip_header_len + UDP_LEN + BTH_LEN {
         return None;
     }
     // SAFETY: the caller vouches for `dst`.

@@ -97,10 +97,11 @@ impl MemoryTable {
     /// part of the memo's), hand that destination to `place` under the
     /// table's read guard and return what it returns; `None`, placing
     /// nothing, where it would need the checker (a changed table), or where
-    /// the destination overlaps `src` (the bytes to place, which `place`
-    /// must not copy onto themselves). The receive side's fused placement
-    /// and ICRC check (`IcrcCheck::place`) of an RDMA WRITE's continuation;
-    /// the caller takes the ordinary path on `None`.
+    /// the destination overlaps `apart_from` (every byte `place` reads: it
+    /// must not read what it writes). The receive side's fused placement
+    /// and ICRC check (`IcrcCheck::place`, reading the whole frame) of an
+    /// RDMA WRITE's continuation; the caller takes the ordinary path on
+    /// `None`.
     #[inline]
     #[allow(clippy::too_many_arguments)]
     pub fn remote_place_memo<R>(
@@ -110,14 +111,15 @@ impl MemoryTable {
         qpn: u32,
         rkey: u32,
         va: u64,
-        src: &[u8],
+        len: usize,
+        apart_from: &[u8],
         place: impl FnOnce(*mut u8) -> R,
     ) -> Option<R> {
         let _t = self.read();
         let generation = self.generation.load(Ordering::Acquire);
-        let dst = memo.place_of(generation, pd, qpn, rkey, va, src.len() as u64)?;
-        let (d, s) = (dst as usize, src.as_ptr() as usize);
-        if d < s.wrapping_add(src.len()) && s < d.wrapping_add(src.len()) {
+        let dst = memo.place_of(generation, pd, qpn, rkey, va, len as u64)?;
+        let (d, s) = (dst as usize, apart_from.as_ptr() as usize);
+        if d < s.wrapping_add(apart_from.len()) && s < d.wrapping_add(len) {
             return None;
         }
         // `[dst, dst + len)` lies in the range resolved at `memo.generation`,

@@ -883,6 +883,45 @@ fn a_write_memo_places_as_the_checker_and_follows_registration_changes() {
     drop((b, b2));
 }
 
+/// The receive side's placement through a memo
+/// ([`MemoryTable::remote_place_memo`]) hands over exactly the address
+/// `remote_write_memo` writes, and nothing where that one would need the
+/// checker (another QP or key, a range past the memo's, a changed table)
+/// or where the destination overlaps the bytes the placement reads.
+#[test]
+fn a_placement_through_a_memo_gets_the_memos_address_or_nothing() {
+    let t = MemoryTable::new();
+    let mut b = Buf::new(8192);
+    let base = b.ptr() as usize;
+    let k = reg(&t, &mut b, 0x10_000, ALL);
+    let memo = t.remote_check_write(PD, 3, k.rkey, 0x10_100, 6000).unwrap();
+    let frame = [0u8; 64];
+    let at = |va: u64, len: usize, apart: &[u8]| t.remote_place_memo(&memo, PD, 3, k.rkey, va, len, apart, |dst| dst as usize);
+    assert_eq!(at(0x10_100, 1024, &frame), Some(base + 0x100));
+    assert_eq!(at(0x10_500, 3952, &frame), Some(base + 0x500));
+    // Past the memo's range, before it; another QP, key or PD.
+    assert_eq!(at(0x11_800, 200, &frame), None);
+    assert_eq!(at(0x10_0ff, 2, &frame), None);
+    assert_eq!(t.remote_place_memo(&memo, PD, 4, k.rkey, 0x10_100, 8, &frame, |_| ()), None);
+    assert_eq!(t.remote_place_memo(&memo, PD, 3, k.rkey ^ 1, 0x10_100, 8, &frame, |_| ()), None);
+    assert_eq!(t.remote_place_memo(&memo, OTHER_PD, 3, k.rkey, 0x10_100, 8, &frame, |_| ()), None);
+    // The destination overlapping what the placement reads, at either end.
+    // SAFETY: the slices lie inside `b`'s 8192 bytes, which outlive them
+    // (read only as addresses: the placement closure touches nothing).
+    let inside = |off: usize, len: usize| unsafe { std::slice::from_raw_parts((base + off) as *const u8, len) };
+    assert_eq!(at(0x10_100, 1024, inside(0x4ff, 1)), None);
+    assert_eq!(at(0x10_100, 1024, inside(0x80, 0x81)), None);
+    assert_eq!(at(0x10_100, 1024, inside(0x500, 64)), Some(base + 0x100));
+    assert_eq!(at(0x10_100, 1024, inside(0x80, 0x80)), Some(base + 0x100));
+    // After a change to the table the memo is stale: nothing.
+    let mut b2 = Buf::new(64);
+    let k2 = reg(&t, &mut b2, 0x90_000, ALL);
+    assert_eq!(at(0x10_100, 1024, &frame), None);
+    t.deregister(k2.lkey).unwrap();
+    t.deregister(k.lkey).unwrap();
+    drop((b, b2));
+}
+
 /// A memo serves only the table it was taken on: two tables with the same
 /// keys (the same seed) and as many changes each, a WRITE memo and a gather
 /// memo taken on one are stale on the other, so the other's own region is

@@ -64,7 +64,7 @@ impl Responder {
     /// Place the payload of RC WRITE continuation `f` (MIDDLE or LAST,
     /// checked by the engine's `hdr_check` already) while checking its ICRC
     /// (`check`), if the ordinary path would accept it and place it here
-    /// and now: the checks of [`Responder::handle_request`] for this frame,
+    /// and now: the checks of [`Responder::handle_request_placed`] for this frame,
     /// in its order, each a refusal here (not in error; PSN the expected
     /// one; a WRITE in progress (opcode sequence); the QP grants
     /// REMOTE_WRITE; the packet length against the path MTU; the packet
@@ -100,8 +100,8 @@ impl Responder {
             return Placed::NotTaken;
         }
         // SAFETY: `remote_place_memo` hands over `len` writable bytes of
-        // registered memory that do not overlap the frame's payload.
-        match memory.remote_place_memo(&self.write_memo, pd, qpn, rkey, va, f.payload, |dst| unsafe { check.place(dst) }) {
+        // registered memory apart from every byte of the frame `place` reads.
+        match memory.remote_place_memo(&self.write_memo, pd, qpn, rkey, va, len, check.frame_bytes(), |dst| unsafe { check.place(dst) }) {
             None | Some(None) => Placed::NotTaken,
             Some(Some(icrc)) => match check.judge(icrc) {
                 Ok(()) => Placed::Done,
